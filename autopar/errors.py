@@ -1,0 +1,57 @@
+"""User-facing errors.
+
+Every error a user can cause derives from `AutoparError` and says three things: what was
+expected, what was given, and how to fix it. Each subclass is also a `ValueError` or
+`TypeError` so callers that catch the builtin kinds keep working. Internal invariants use
+`assert`, never these classes.
+"""
+
+from __future__ import annotations
+
+
+class AutoparError(Exception):
+    """Base class of every error autopar raises on bad input."""
+
+    def __init__(self, what: str, *, expected: str | None = None, got: str | None = None,
+                 fix: str | None = None) -> None:
+        self.what, self.expected, self.got, self.fix = what, expected, got, fix
+        parts = [what]
+        if expected is not None:
+            parts.append(f"expected: {expected}")
+        if got is not None:
+            parts.append(f"got: {got}")
+        if fix is not None:
+            parts.append(f"fix: {fix}")
+        super().__init__("\n  ".join(parts))
+
+
+class MeshError(AutoparError, ValueError):
+    """A mesh whose shape, axis names or link mapping is invalid or does not match."""
+
+
+class HardwareError(AutoparError, ValueError):
+    """An unknown or malformed hardware profile."""
+
+
+class CaptureError(AutoparError, TypeError):
+    """The model could not be captured as a graph by torch.export."""
+
+
+class ShardingError(AutoparError, ValueError):
+    """A requested placement is impossible for the tensor it is asked of."""
+
+
+class InfeasiblePlanError(AutoparError, ValueError):
+    """No plan fits in the device memory; `min_bytes` is the least memory any plan needs."""
+
+    def __init__(self, what: str, *, min_bytes: float | None = None, **kwargs: str) -> None:
+        self.min_bytes = min_bytes
+        super().__init__(what, **kwargs)
+
+
+class PlanFormatError(AutoparError, ValueError):
+    """A plan file that is corrupt, or written by a newer autopar."""
+
+
+class ProblemFormatError(AutoparError, ValueError):
+    """A sharding-problem file (IOPDDL format) that is malformed."""

@@ -1,0 +1,69 @@
+"""Value types that describe a captured graph to the later passes.
+
+`capture` and `annotate` write these into `node.meta`; the strategy, problem and plan passes
+read them. Meta keys (all prefixed `autopar_`):
+
+- `autopar_role` (capture): "parameter", "buffer", "constant", "input", "op" or "output".
+- `autopar_names` (capture): for parameters, buffers and constants, every fully qualified
+  name the tensor has in the model (tied weights have several), first one canonical.
+- `autopar_module` (capture): dotted path of the innermost module that produced the node
+  ("" at top level), e.g. "layers.3.attn"; the unit for grouping and layer folding.
+- `autopar_tensor` (annotate): the `TensorSpec` of the node's value, a tuple of them for a
+  node with several tensor outputs (None in the positions that are not tensors), or None.
+- `autopar_flops`, `autopar_bytes` (annotate): forward FLOPs and bytes moved (read + written)
+  by the node on one device running it whole; an int, or a sympy expression over the graph's
+  symbolic sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+ROLE = "autopar_role"
+NAMES = "autopar_names"
+MODULE = "autopar_module"
+TENSOR = "autopar_tensor"
+FLOPS = "autopar_flops"
+BYTES = "autopar_bytes"
+
+Size = int | sympy.Expr
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one tensor value.
+
+    `shape` holds concrete sizes (for a dynamic dim, the size of the example input);
+    `sym_shape` holds the symbolic sizes when any dim is dynamic, else None.
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    sym_shape: tuple[Size, ...] | None = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    @property
+    def sym_nbytes(self) -> Size:
+        """Bytes as a sympy expression when symbolic, else the int."""
+        if self.sym_shape is None:
+            return self.nbytes
+        return sympy.Mul(*self.sym_shape) * self.itemsize
