@@ -1,0 +1,62 @@
+"""The public entry points: `plan` (no process group needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch.nn as nn
+
+from autopar.errors import InfeasiblePlanError
+from autopar.mesh import Mesh
+from autopar.passes.annotate import annotate, size_hints
+from autopar.passes.build_problem import build_problem
+from autopar.passes.capture import capture
+from autopar.passes.constrain import constrain
+from autopar.passes.extract_plan import extract_plan
+from autopar.passes.find_strategies import find_strategies
+from autopar.plan import Plan
+from autopar.solver import min_peak_usage, solve
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
+         memory_budget: float | None = None, time_limit: float = 30.0,
+         dynamic_shapes=None, constraints: Mapping[str, str] | None = None,
+         fold_layers: bool = True, seed: int = 0,
+         progress: Callable[[str], None] | None = None) -> Plan:
+    """Choose how every op and tensor of `model` is split over `mesh`.
+
+    `example_inputs` may live on the meta device (and the model too), so plans for large
+    models need no memory. The plan minimises the modelled training step time such that
+    every device holds at most `memory_budget` bytes (default: the hardware's memory).
+    `constraints` pins named tensors' placements (see `autopar.passes.constrain`);
+    `fold_layers` makes identical blocks share one decision. Raises `InfeasiblePlanError`
+    with the least memory any plan needs when nothing fits.
+    """
+    say = progress or (lambda message: None)
+    budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
+    say("capturing the model with torch.export")
+    gm = annotate(capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes))
+    hints = size_hints(gm)
+    say("finding strategies")
+    table = find_strategies(gm, mesh)
+    if constraints:
+        table = constrain(gm, table, mesh, constraints)
+    say("building the sharding problem")
+    build = build_problem(gm, table, mesh, memory_budget=budget, hints=hints,
+                          fold_layers=fold_layers)
+    say(f"solving ({build.problem.num_nodes} decisions, {build.problem.num_edges} edges)")
+    solution = solve(build.problem, time_limit=time_limit, seed=seed, progress=progress)
+    if not solution.choices:
+        least = min_peak_usage(build.problem, time_limit=time_limit)
+        raise InfeasiblePlanError(
+            f"no plan of {type(model).__name__} fits in {_gib(budget)} per device",
+            min_bytes=least, expected=f"a memory budget of at least {_gib(least)}",
+            got=_gib(budget),
+            fix="raise memory_budget, use more devices, or shrink the batch or model")
+    warnings = tuple(f"no sharding rule for {op}: kept replicated" for op in table.unsupported)
+    return extract_plan(gm, build, solution, model_name=type(model).__name__,
+                        sizes={str(k): v for k, v in hints.items()}, warnings=warnings)

@@ -1,0 +1,179 @@
+"""The cost model: pure functions from sizes and hardware to seconds and bytes.
+
+Compute is a roofline, max(FLOPs / (peak x efficiency), bytes / (bandwidth x efficiency)),
+plus a launch floor. Collectives over one mesh axis of n devices, link bandwidth beta and
+latency alpha, with B the per-rank buffer (the larger side: the gathered output of an
+all-gather, the input of a reduce-scatter):
+
+    all_reduce       2 (n-1)/n B / beta + 2 (n-1) alpha
+    all_gather       (n-1)/n B / beta + (n-1) alpha
+    reduce_scatter   (n-1)/n B / beta + (n-1) alpha
+    all_to_all       (n-1)/n B / beta + (n-1) alpha
+
+Redistribution between two shardings is a list of `Transfer`s, one per mesh axis whose
+placement changes, and its backward is derived, never guessed: the gradient arriving at a
+consumer's input has the input's placement, except that a replicated input of a consumer
+whose output is split (Shard or Partial) on that axis receives a Partial gradient, and a
+Partial input receives a replicated one; the producer needs its gradient in its own output
+placement with Partial read as Replicate. Converting the first into the second gives exactly
+the table of DESIGN.md (all-reduce <-> nothing, all-gather <-> reduce-scatter or slice,
+slice <-> all-gather, all-to-all <-> all-to-all, replicated use by a split op <-> all-reduce).
+
+Every function accepts plain numbers or sympy expressions for sizes, so the same formulas
+are evaluated for the solve and kept symbolic in the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from autopar.hardware import HardwareProfile
+from autopar.mesh import Mesh
+from autopar.placement import Partial, Placement, Placements, Replicate, Shard
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+# Backward compute of a differentiable op is about twice its forward (two matmuls per matmul).
+BACKWARD_FLOPS_FACTOR = 2
+
+
+def _max(a, b):
+    if isinstance(a, sympy.Basic) or isinstance(b, sympy.Basic):
+        return sympy.Max(a, b)
+    return max(a, b)
+
+
+def compute_time(flops, nbytes, dtype: torch.dtype, hardware: HardwareProfile):
+    """Roofline time of one kernel moving `nbytes` and doing `flops`, with the launch floor."""
+    peak = hardware.flops_per_second(dtype) * hardware.compute_efficiency
+    bandwidth = hardware.memory_bandwidth * hardware.memory_efficiency
+    return _max(flops / peak, nbytes / bandwidth) + hardware.launch_overhead_s
+
+
+def training_compute_time(flops, nbytes, dtype: torch.dtype, hardware: HardwareProfile,
+                          *, differentiable: bool):
+    """Forward plus (when the op is on the gradient path) backward compute time."""
+    forward = compute_time(flops, nbytes, dtype, hardware)
+    if not differentiable:
+        return forward
+    backward = compute_time(BACKWARD_FLOPS_FACTOR * flops, BACKWARD_FLOPS_FACTOR * nbytes,
+                            dtype, hardware)
+    return forward + backward
+
+
+def collective_time(kind: str, nbytes, n: int, bandwidth: float, latency: float):
+    """alpha-beta time of one collective over `n` devices; `nbytes` per rank as above."""
+    assert kind in COLLECTIVES, kind
+    if n == 1:
+        return 0
+    steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
+    return steps * nbytes / (n * bandwidth) + steps * latency
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One collective over one mesh axis; `nbytes` is the per-rank buffer B of the formulas."""
+
+    kind: str
+    axis: int
+    nbytes: object
+    backward: bool
+
+    def time(self, mesh: Mesh):
+        link = mesh.axis_links[self.axis]
+        return collective_time(self.kind, self.nbytes, mesh.shape[self.axis], link.bandwidth,
+                               link.latency)
+
+
+def _local_bytes(nbytes, placements: Placements, mesh_shape: tuple[int, ...]):
+    pieces = 1
+    for placement, size in zip(placements, mesh_shape):
+        if isinstance(placement, Shard):
+            pieces *= size
+    if isinstance(nbytes, int) and nbytes % pieces == 0:
+        return nbytes // pieces  # keep byte counts exact integers where they divide
+    return nbytes / pieces
+
+
+def _axis_collective(src: Placement, dst: Placement) -> str | None:
+    """The collective that turns `src` into `dst` on one axis (None: free, a local op)."""
+    if src == dst or isinstance(dst, Partial) or (isinstance(src, Replicate)
+                                                  and isinstance(dst, Shard)):
+        return None  # R -> P keeps the value on one rank (zeros elsewhere); R -> S slices
+    if isinstance(src, Partial):
+        return "all_reduce" if isinstance(dst, Replicate) else "reduce_scatter"
+    assert isinstance(src, Shard)
+    return "all_gather" if isinstance(dst, Replicate) else "all_to_all"
+
+
+def _shrinks_first(item: tuple[int, Placement, Placement]) -> int:
+    # Do the steps that cut the buffer (slices, reduce-scatters) before the ones that grow it.
+    _, _, dst = item
+    return 0 if isinstance(dst, Shard) else 1
+
+
+def redistribute(nbytes, src: Placements, dst: Placements, mesh_shape: tuple[int, ...],
+                 *, backward: bool = False) -> tuple[Transfer, ...]:
+    """Collectives that turn a tensor of `nbytes` (global) sharded `src` into `dst`."""
+    current = list(src)
+    steps = sorted(((axis, s, d) for axis, (s, d) in enumerate(zip(src, dst)) if s != d),
+                   key=_shrinks_first)
+    transfers = []
+    for axis, s, d in steps:
+        kind = _axis_collective(s, d)
+        if kind is not None:
+            before = _local_bytes(nbytes, tuple(current), mesh_shape)
+            # B is the larger side: all-gather's output is n times its input.
+            size = before * mesh_shape[axis] if kind == "all_gather" else before
+            transfers.append(Transfer(kind, axis, size, backward))
+        current[axis] = d
+    return tuple(transfers)
+
+
+def arriving_grad(input_placements: Placements, consumer_output: Placements) -> Placements:
+    """Placement of the gradient a consumer hands back for one of its inputs."""
+    grads = []
+    for placement, out in zip(input_placements, consumer_output):
+        if isinstance(placement, Partial):
+            grads.append(Replicate())
+        elif isinstance(placement, Replicate) and not isinstance(out, Replicate):
+            grads.append(Partial())
+        else:
+            grads.append(placement)
+    return tuple(grads)
+
+
+def needed_grad(output_placements: Placements) -> Placements:
+    """Placement a producer needs its output's gradient in (Partial reads as Replicate)."""
+    return tuple(Replicate() if isinstance(p, Partial) else p for p in output_placements)
+
+
+def edge_transfers(nbytes, src: Placements, dst: Placements, consumer_output: Placements,
+                   mesh_shape: tuple[int, ...], *, requires_grad: bool) -> tuple[Transfer, ...]:
+    """Forward and (for tensors on the gradient path) backward collectives of one edge."""
+    forward = redistribute(nbytes, src, dst, mesh_shape)
+    if not requires_grad:
+        return forward
+    backward = redistribute(nbytes, arriving_grad(dst, consumer_output), needed_grad(src),
+                            mesh_shape, backward=True)
+    return forward + backward
+
+
+def compute_divisor(inputs: tuple[Placements, ...], output: Placements,
+                    mesh_shape: tuple[int, ...]) -> int:
+    """How many ways an op's work is divided: axes where its output is Shard, or Partial
+    from a Sharded input (a contraction split). Partial from Partial inputs is not divided."""
+    divisor = 1
+    for axis, (out, size) in enumerate(zip(output, mesh_shape)):
+        if isinstance(out, Shard) or (isinstance(out, Partial) and any(
+                isinstance(placements[axis], Shard) for placements in inputs)):
+            divisor *= size
+    return divisor
+
+
+def local_bytes(nbytes, placements: Placements, mesh_shape: tuple[int, ...]):
+    """Bytes one rank holds of a tensor of `nbytes` (global) sharded `placements`."""
+    return _local_bytes(nbytes, placements, mesh_shape)

@@ -1,0 +1,176 @@
+"""`Plan`: how every node of a model is split over a mesh, and what that is modelled to cost.
+
+A plan is a frozen value. It is saved as versioned JSON (never pickle): `plan.save(path)`,
+`Plan.load(path)`; a file from a newer autopar, or a corrupt one, raises `PlanFormatError`.
+Each node keeps the formula of its chosen cost over the graph's symbolic sizes (when the
+model was captured with dynamic dims), so `plan.step_time(batch=64)` re-evaluates the
+prediction at other sizes without solving again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import sympy
+
+from autopar.errors import PlanFormatError
+from autopar.mesh import Mesh
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TransferRecord:
+    """One collective the plan performs: kind, mesh axis name, per-rank buffer bytes."""
+
+    kind: str
+    axis: str
+    nbytes: float
+    backward: bool
+    tensor: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """The decision for one graph node and its modelled cost on one device."""
+
+    name: str
+    op: str
+    role: str
+    module: str
+    inputs: tuple[str, ...]
+    output: str
+    compute_s: float
+    comm_s: float
+    memory_bytes: float
+    transfers: tuple[TransferRecord, ...]
+    formula: str
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+@dataclass(frozen=True)
+class SolverReport:
+    """What the solver proved: objective (s), lower bound, relative gap, status, wall time."""
+
+    objective: float
+    bound: float
+    gap: float
+    status: str
+    wall_time_s: float
+    decisions: int
+    tied: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A solved sharding plan. `nodes` are in graph order."""
+
+    model: str
+    mesh: Mesh
+    nodes: tuple[NodePlan, ...]
+    solver: SolverReport
+    memory_limit_bytes: float
+    peak_memory_bytes: float
+    sizes: tuple[tuple[str, int], ...] = ()
+    warnings: tuple[str, ...] = ()
+    version: int = FORMAT_VERSION
+
+    @property
+    def compute_s(self) -> float:
+        return sum(n.compute_s for n in self.nodes)
+
+    @property
+    def comm_s(self) -> float:
+        return sum(n.comm_s for n in self.nodes)
+
+    @property
+    def step_time_s(self) -> float:
+        """Predicted time of one training step (forward + backward), seconds."""
+        return self.compute_s + self.comm_s
+
+    def node(self, name: str) -> NodePlan:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def comm_bytes(self) -> dict[tuple[str, str, str], float]:
+        """Per-rank bytes by (collective kind, mesh axis, "forward"/"backward")."""
+        totals: dict[tuple[str, str, str], float] = defaultdict(float)
+        for node in self.nodes:
+            for t in node.transfers:
+                totals[(t.kind, t.axis, "backward" if t.backward else "forward")] += t.nbytes
+        return dict(sorted(totals.items()))
+
+    def step_time(self, **sizes: int) -> float:
+        """Predicted step time at other symbolic sizes (by symbol name, e.g. `s0=64`)."""
+        values = dict(self.sizes) | sizes
+        symbols = {sympy.Symbol(k): v for k, v in values.items()}
+        return float(sum(sympy.sympify(n.formula).subs(symbols) for n in self.nodes))
+
+    def summary(self, *, width: int = 120) -> str:
+        from autopar.summary import render_summary
+
+        return render_summary(self, width=width)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["mesh"] = self.mesh.to_dict()
+        return {"format": "autopar-plan", **data}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Plan:
+        if not isinstance(data, dict) or data.get("format") != "autopar-plan":
+            raise PlanFormatError("not an autopar plan", expected='{"format": "autopar-plan"}',
+                                  got=type(data).__name__, fix="pass a file made by plan.save")
+        version = data.get("version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise PlanFormatError(
+                f"plan format version {version!r} is newer than this autopar reads",
+                expected=f"version <= {FORMAT_VERSION}", got=repr(version),
+                fix="upgrade autopar, or re-plan the model with this version")
+        try:
+            nodes = tuple(NodePlan(**{**n, "inputs": tuple(n["inputs"]),
+                                      "transfers": tuple(TransferRecord(**t)
+                                                         for t in n["transfers"])})
+                          for n in data["nodes"])
+            return cls(model=data["model"], mesh=Mesh.from_dict(data["mesh"]), nodes=nodes,
+                       solver=SolverReport(**data["solver"]),
+                       memory_limit_bytes=data["memory_limit_bytes"],
+                       peak_memory_bytes=data["peak_memory_bytes"],
+                       sizes=tuple((k, v) for k, v in data["sizes"]),
+                       warnings=tuple(data["warnings"]), version=version)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanFormatError(f"plan file is corrupt: {exc!r}",
+                                  expected=f"the fields {[f.name for f in fields(cls)]}",
+                                  got=", ".join(sorted(data)),
+                                  fix="re-create it with autopar.plan(...).save(path)") from exc
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PlanFormatError(f"cannot read plan file {path}: {exc}",
+                                  expected="a JSON file written by Plan.save", got=str(path),
+                                  fix="check the path, or re-create the plan") from exc
+        return cls.from_dict(data)
+
+
+_INDEX = re.compile(r"\.\d+(?=\.|$)")
+
+
+def layer_pattern(module: str) -> str:
+    """`"layers.3.attn"` -> `"layers.*.attn"`: repeated blocks summarised as one row."""
+    return _INDEX.sub(".*", module)

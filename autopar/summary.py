@@ -1,0 +1,91 @@
+"""Text rendering of a `Plan`: per op group placements and costs, then the totals."""
+
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+
+from rich.console import Console
+from rich.table import Table
+
+from autopar.plan import NodePlan, Plan, layer_pattern
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.3f}"
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:,.2f} {unit}"
+    return f"{nbytes:,.0f} B"
+
+
+def _placements(node: NodePlan) -> str:
+    inputs = " ".join(f"[{p}]" for p in node.inputs)
+    return f"{inputs} -> [{node.output}]" if inputs else f"[{node.output}]"
+
+
+def _group_table(plan: Plan) -> Table:
+    axes = ",".join(plan.mesh.axis_names)
+    table = Table(title=f"Plan for {plan.model} on {plan.mesh.describe()}", title_justify="left")
+    table.add_column("op group")
+    table.add_column("x", justify="right")
+    table.add_column(f"heaviest op: placements per axis ({axes})")
+    for name in ("compute ms", "comm ms", "memory"):
+        table.add_column(name, justify="right")
+    groups: dict[str, list[NodePlan]] = defaultdict(list)
+    blocks: dict[str, set[str]] = defaultdict(set)
+    for node in plan.nodes:
+        pattern = layer_pattern(node.module) or "(top)"
+        groups[pattern].append(node)
+        blocks[pattern].add(node.module)
+    for pattern, nodes in groups.items():
+        ops = [n for n in nodes if n.role == "op"] or nodes
+        heaviest = max(ops, key=lambda n: (n.compute_s, n.comm_s))
+        table.add_row(pattern, str(len(blocks[pattern])),
+                      f"{heaviest.op.removeprefix('aten.')} {_placements(heaviest)}",
+                      _ms(sum(n.compute_s for n in nodes)), _ms(sum(n.comm_s for n in nodes)),
+                      _size(sum(n.memory_bytes for n in nodes)))
+    return table
+
+
+def _totals_table(plan: Plan) -> Table:
+    table = Table(title="Totals (per device, one training step)", title_justify="left")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    solver = plan.solver
+    rows = [
+        ("predicted step time", f"{_ms(plan.step_time_s)} ms"),
+        ("  compute", f"{_ms(plan.compute_s)} ms"),
+        ("  communication", f"{_ms(plan.comm_s)} ms"),
+        ("peak memory", f"{_size(plan.peak_memory_bytes)} of {_size(plan.memory_limit_bytes)}"),
+        ("solver", f"{solver.status}, gap {solver.gap:.2%}, {solver.wall_time_s:.2f} s, "
+                   f"{solver.decisions} decisions ({solver.tied} tied)"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _comm_table(plan: Plan) -> Table:
+    table = Table(title="Bytes moved per device", title_justify="left")
+    for name in ("collective", "axis", "direction", "bytes"):
+        table.add_column(name, justify="right" if name == "bytes" else "left")
+    for (kind, axis, direction), nbytes in plan.comm_bytes().items():
+        table.add_row(kind, axis, direction, _size(nbytes))
+    if not plan.comm_bytes():
+        table.add_row("none", "", "", "0 B")
+    return table
+
+
+def render_summary(plan: Plan, *, width: int = 120) -> str:
+    """The plan as plain-text tables (no colour codes), `width` columns wide."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, no_color=True, color_system=None)
+    for table in (_group_table(plan), _totals_table(plan), _comm_table(plan)):
+        console.print(table)
+    for warning in plan.warnings:
+        console.print(f"warning: {warning}")
+    return buffer.getvalue()

@@ -1,0 +1,210 @@
+"""Problem pass: turn the strategy table into a `ShardingProblem` of seconds and bytes.
+
+Reads `autopar_role`, `autopar_names`, `autopar_module`, `autopar_tensor`, `autopar_flops`
+and `autopar_bytes`. Writes nothing into the graph; returns a `ProblemBuild` that keeps the
+map from problem indices back to graph nodes and tensors.
+
+- Node cost of a strategy: forward plus backward compute of one rank (roofline), the work
+  divided over the axes where the strategy splits it (`cost.compute_divisor`). Ops off the
+  gradient path (masks, position tables) pay no backward.
+- Edge cost: the forward collectives that turn the producer's placement into the one the
+  consumer's strategy wants, plus the backward collectives derived in `autopar.cost`.
+- Memory per device: parameters with their gradient and optimizer states, buffers, user
+  inputs, and every activation on the gradient path that is kept for the backward (views
+  share their base's storage and add nothing). Stored tensors live for the whole step, kept
+  activations from their op to the end of the forward, others until their last use.
+- Ties: the blocks of a `ModuleList` (module paths `<list>.<i>...`) whose nodes and
+  strategies match the first block's are tied node by node, so identical transformer blocks
+  are one decision (the plan is uniform across them).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import torch.fx as fx
+from autopar.passes.find_strategies import STORED_ROLES, Strategy, StrategyTable
+
+from autopar import cost
+from autopar.mesh import Mesh
+from autopar.solver import ShardingProblem
+from autopar.specs import BYTES, FLOPS, MODULE, NAMES, ROLE, TENSOR, TensorSpec
+
+# fp32 Adam keeps two moments per parameter element.
+ADAM_STATE_BYTES = 8
+
+_LAYER = re.compile(r"^(?P<list>(?:[^.]+\.)*?[^.]+)\.(?P<index>\d+)(?:\.|$)")
+
+
+@dataclass(frozen=True)
+class EdgeRef:
+    """Problem edge `index`: tensor input `position` of `consumer`, made by `producer`."""
+
+    producer: str
+    consumer: str
+    position: int
+    tensor: TensorSpec
+    requires_grad: bool
+
+
+@dataclass(frozen=True, eq=False)
+class ProblemBuild:
+    """The problem with the bookkeeping that maps its indices back to the graph."""
+
+    problem: ShardingProblem
+    nodes: tuple[str, ...]
+    edges: tuple[EdgeRef, ...]
+    strategies: tuple[tuple[Strategy, ...], ...]
+    requires_grad: dict[str, bool]
+    mesh: Mesh
+    optimizer_state_bytes: int
+
+
+def module_of(node: fx.Node) -> str:
+    """Module path of a node; for stored tensors, the module owning the canonical name."""
+    names = node.meta.get(NAMES)
+    if names:
+        return names[0].rpartition(".")[0]
+    return node.meta.get(MODULE, "")
+
+
+def gradient_path(gm: fx.GraphModule) -> dict[str, bool]:
+    """Which nodes' values depend on a parameter, so carry a gradient."""
+    on_path: dict[str, bool] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            on_path[node.name] = node.meta.get(ROLE) == "parameter"
+        else:
+            on_path[node.name] = any(on_path[n.name] for n in node.all_input_nodes)
+    return on_path
+
+
+def _outputs(node: fx.Node) -> tuple[TensorSpec, ...]:
+    spec = node.meta.get(TENSOR)
+    specs = spec if isinstance(spec, tuple) else (spec,)
+    return tuple(s for s in specs if s is not None)
+
+
+def _number(value, hints) -> float:
+    return float(value.subs(hints)) if hasattr(value, "subs") else float(value)
+
+
+class _Builder:
+    def __init__(self, gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
+                 optimizer_state_bytes: int, hints: dict) -> None:
+        self.gm, self.table, self.mesh, self.hints = gm, table, mesh, hints
+        self.optimizer_state_bytes = optimizer_state_bytes
+        self.by_name = {n.name: n for n in gm.graph.nodes}
+        self.order = [n.name for n in gm.graph.nodes if n.name in table.strategies]
+        self.index = {name: i for i, name in enumerate(self.order)}
+        self.on_path = gradient_path(gm)
+        self.edge_cache: dict[tuple, float] = {}
+
+    def node_cost(self, node: fx.Node, strategy: Strategy) -> float:
+        if node.op != "call_function":
+            return 0.0
+        divisor = cost.compute_divisor(strategy.inputs, strategy.output, self.mesh.shape)
+        flops = _number(node.meta.get(FLOPS, 0), self.hints) / divisor
+        nbytes = _number(node.meta.get(BYTES, 0), self.hints) / divisor
+        if flops == 0 and nbytes == 0:
+            return 0.0  # views and metadata ops launch no kernel
+        return float(cost.training_compute_time(
+            flops, nbytes, _outputs(node)[0].dtype, self.mesh.hardware,
+            differentiable=self.on_path[node.name]))
+
+    def node_usage(self, node: fx.Node, strategy: Strategy) -> float:
+        role = node.meta.get(ROLE)
+        held = sum(cost.local_bytes(s.nbytes, strategy.output, self.mesh.shape)
+                   for s in _outputs(node)) if node.op != "output" else 0
+        if role == "parameter":
+            elements = sum(cost.local_bytes(s.numel, strategy.output, self.mesh.shape)
+                           for s in _outputs(node))
+            return float(2 * held + elements * self.optimizer_state_bytes)
+        if role in STORED_ROLES or role == "input":
+            return float(held)
+        kept = self.on_path[node.name] and _number(node.meta.get(BYTES, 0), self.hints) > 0
+        return float(held) if kept or not self.on_path[node.name] else 0.0
+
+    def interval(self, node: fx.Node) -> tuple[int, int]:
+        end = len(self.order)
+        if node.op == "placeholder":
+            return (0, end)
+        start = self.index[node.name]
+        if self.on_path[node.name] or node.op == "output":
+            return (start, end)
+        users = [self.index[u] for u in self._decision_users(node)]
+        return (start, max(users, default=start) + 1)
+
+    def _decision_users(self, node: fx.Node):
+        for user in node.users:
+            if user.name in self.index:
+                yield user.name
+            else:  # getitem and other pass-through nodes
+                yield from self._decision_users(user)
+
+    def edge_matrix(self, ref: EdgeRef) -> np.ndarray:
+        src = self.table.strategies[ref.producer]
+        dst = self.table.strategies[ref.consumer]
+        matrix = np.empty((len(src), len(dst)))
+        for k, s in enumerate(src):
+            for m, d in enumerate(dst):
+                key = (ref.tensor.nbytes, s.output, d.inputs[ref.position], d.output,
+                       ref.requires_grad)
+                value = self.edge_cache.get(key)
+                if value is None:
+                    transfers = cost.edge_transfers(ref.tensor.nbytes, *key[1:4], self.mesh.shape,
+                                                    requires_grad=ref.requires_grad)
+                    value = float(sum(t.time(self.mesh) for t in transfers))
+                    self.edge_cache[key] = value
+                matrix[k, m] = value
+        return matrix
+
+    def ties(self, strategies) -> tuple[tuple[int, ...], ...]:
+        blocks: dict[str, dict[int, list[int]]] = {}
+        for i, name in enumerate(self.order):
+            match = _LAYER.match(module_of(self.by_name[name]))
+            if match:
+                blocks.setdefault(match["list"], {}).setdefault(int(match["index"]), []).append(i)
+        groups: list[tuple[int, ...]] = []
+        for by_index in blocks.values():
+            ordered = [by_index[i] for i in sorted(by_index)]
+            reference = self._signature(ordered[0], strategies)
+            same = [b for b in ordered if self._signature(b, strategies) == reference]
+            if len(same) > 1:
+                groups.extend(zip(*same))
+        return tuple(groups)
+
+    def _signature(self, nodes: list[int], strategies) -> tuple:
+        return tuple((self.by_name[self.order[i]].target, strategies[i]) for i in nodes)
+
+
+def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
+                  memory_budget: float | None, hints: dict | None = None,
+                  optimizer_state_bytes: int = ADAM_STATE_BYTES,
+                  fold_layers: bool = True) -> ProblemBuild:
+    """The sharding problem of an annotated graph over `mesh` (see the module docstring).
+
+    `hints` maps the graph's size symbols to the values the solve uses.
+    """
+    builder = _Builder(gm, table, mesh, optimizer_state_bytes, hints or {})
+    strategies = tuple(table.strategies[name] for name in builder.order)
+    nodes = [builder.by_name[name] for name in builder.order]
+    edges = tuple(
+        EdgeRef(producer, node.name, position, spec, builder.on_path[producer])
+        for node in nodes for position, (producer, spec) in enumerate(table.inputs[node.name]))
+    problem = ShardingProblem(
+        node_costs=tuple(np.array([builder.node_cost(n, s) for s in ss], dtype=float)
+                         for n, ss in zip(nodes, strategies)),
+        node_usages=tuple(np.array([builder.node_usage(n, s) for s in ss], dtype=float)
+                          for n, ss in zip(nodes, strategies)),
+        intervals=tuple(builder.interval(n) for n in nodes),
+        edges=tuple((builder.index[e.producer], builder.index[e.consumer]) for e in edges),
+        edge_costs=tuple(builder.edge_matrix(e) for e in edges),
+        usage_limit=memory_budget,
+        ties=builder.ties(strategies) if fold_layers else (),
+        name=type(gm).__name__,
+    )
+    return ProblemBuild(problem, tuple(builder.order), edges, strategies, builder.on_path, mesh,
+                        optimizer_state_bytes)

@@ -1,0 +1,156 @@
+"""Strategy pass: the candidate shardings of every node over the whole mesh.
+
+Reads `autopar_role` and `autopar_tensor` (capture, annotate). Returns a `StrategyTable`,
+not a graph: for each node that becomes a decision of the sharding problem (tensor
+placeholders, ops, the output) a tuple of `Strategy`, the all-replicated one first.
+
+Ops get their strategies from the rule registry (`autopar.rules`): the rule's single-axis
+strategies, plus all-replicated, are multiplied over the mesh axes and combinations that
+cut some dim unevenly are dropped (every shard has the same shape, so local shapes are
+exact). An op without a rule keeps only the replicated strategy, and one warning per op
+names it. Parameters, buffers and constants may be stored replicated or sharded along any
+dim on each axis (ZeRO-3/FSDP-style storage); user inputs arrive whole on every rank, so
+they are replicated. `operator.getitem` nodes that pick one output of a multi-output op are
+not decisions: they carry their producer's placement.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from autopar import rules
+from autopar.mesh import Mesh
+from autopar.placement import Placements, Replicate, Shard, format_placements, shard_count
+from autopar.rules.base import AxisStrategy, OpSpec
+from autopar.specs import ROLE, TENSOR, TensorSpec
+
+STORED_ROLES = ("parameter", "buffer", "constant")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A placement for each tensor input of a node and for its output(s), over the mesh."""
+
+    inputs: tuple[Placements, ...]
+    output: Placements
+
+    @property
+    def name(self) -> str:
+        return format_placements(self.output)
+
+
+@dataclass(frozen=True)
+class StrategyTable:
+    """Per decision node (by fx node name): its strategies and its tensor inputs' producers."""
+
+    strategies: dict[str, tuple[Strategy, ...]]
+    inputs: dict[str, tuple[tuple[str, TensorSpec], ...]]  # (producer decision, tensor) per input
+    unsupported: tuple[str, ...]  # ops that fell back to replicated
+
+
+def is_decision(node: fx.Node) -> bool:
+    """Nodes that choose a sharding: tensor placeholders, ops with tensor outputs, output."""
+    if node.op == "output":
+        return True
+    if node.target is operator.getitem:
+        return False
+    return node.op in ("placeholder", "call_function") and node.meta.get(TENSOR) is not None
+
+
+def _producer(node: fx.Node) -> fx.Node:
+    return node.args[0] if node.target is operator.getitem else node
+
+
+def _op_spec(node: fx.Node) -> OpSpec:
+    def convert(value):
+        if isinstance(value, fx.Node):
+            spec = value.meta.get(TENSOR)
+            if spec is None:  # a symbolic int or other non-tensor value: its concrete value
+                val = value.meta.get("val")
+                return int(val.node.hint) if isinstance(val, torch.SymInt) else val
+            return spec
+        return value
+
+    args = pytree.tree_map(convert, tuple(node.args))
+    kwargs = pytree.tree_map(convert, dict(node.kwargs))
+    tensors = [n for n in pytree.tree_leaves((node.args, node.kwargs))
+               if isinstance(n, fx.Node) and isinstance(n.meta.get(TENSOR), TensorSpec)]
+    out = node.meta[TENSOR]
+    outputs = out if isinstance(out, tuple) else (out,)
+    return OpSpec(node.target, args, kwargs, tuple(n.meta[TENSOR] for n in tensors),
+                  tuple(o for o in outputs if o is not None))
+
+
+def _tensor_inputs(node: fx.Node) -> tuple[tuple[str, TensorSpec], ...]:
+    leaves = pytree.tree_leaves((node.args, node.kwargs))
+    return tuple((_producer(n).name, n.meta[TENSOR]) for n in leaves
+                 if isinstance(n, fx.Node) and isinstance(n.meta.get(TENSOR), TensorSpec))
+
+
+def _fits(spec: TensorSpec, placements: Placements, mesh_shape: tuple[int, ...]) -> bool:
+    for placement in placements:
+        if isinstance(placement, Shard) and not 0 <= placement.dim < spec.ndim:
+            return False
+    return all(spec.shape[d] % shard_count(placements, mesh_shape, d) == 0
+               and spec.shape[d] >= shard_count(placements, mesh_shape, d)
+               for d in range(spec.ndim))
+
+
+def _combine(per_axis: list[list[AxisStrategy]], op: OpSpec, mesh: Mesh) -> tuple[Strategy, ...]:
+    seen: dict[Strategy, None] = {}
+    for combo in itertools.product(*per_axis):
+        strategy = Strategy(
+            inputs=tuple(tuple(s.inputs[i] for s in combo) for i in range(len(op.inputs))),
+            output=tuple(s.output for s in combo))
+        tensors = [*zip(op.inputs, strategy.inputs), *((o, strategy.output) for o in op.outputs)]
+        if all(_fits(spec, placements, mesh.shape) for spec, placements in tensors):
+            seen.setdefault(strategy)
+    return tuple(seen)
+
+
+def _replicated(op: OpSpec) -> AxisStrategy:
+    return AxisStrategy(tuple(Replicate() for _ in op.inputs), Replicate())
+
+
+def _stored_strategies(spec: TensorSpec, mesh: Mesh) -> tuple[Strategy, ...]:
+    choices = [Replicate(), *(Shard(d) for d in range(spec.ndim))]
+    per_axis = [[AxisStrategy((), c) for c in choices] for _ in mesh.shape]
+    return _combine(per_axis, OpSpec(None, (), outputs=(spec,)), mesh)
+
+
+def find_strategies(gm: fx.GraphModule, mesh: Mesh) -> StrategyTable:
+    """Candidate strategies of every decision node of an annotated graph."""
+    strategies: dict[str, tuple[Strategy, ...]] = {}
+    inputs: dict[str, tuple[tuple[str, TensorSpec], ...]] = {}
+    unsupported: dict[str, None] = {}
+    all_replicated = tuple(Replicate() for _ in mesh.shape)
+    for node in gm.graph.nodes:
+        if not is_decision(node):
+            continue
+        inputs[node.name] = _tensor_inputs(node)
+        if node.op == "output":
+            strategies[node.name] = (Strategy(tuple(all_replicated for _ in inputs[node.name]),
+                                              all_replicated),)
+        elif node.op == "placeholder":
+            spec = node.meta[TENSOR]
+            strategies[node.name] = (_stored_strategies(spec, mesh)
+                                     if node.meta.get(ROLE) in STORED_ROLES
+                                     else (Strategy((), all_replicated),))
+        else:
+            op = _op_spec(node)
+            rule = rules.lookup(node.target)
+            if rule is None:
+                unsupported.setdefault(str(node.target))
+            axis = [_replicated(op), *(rule(op) if rule else ())]
+            strategies[node.name] = _combine([axis] * mesh.ndim, op, mesh)
+    if unsupported:
+        warnings.warn(f"no sharding rule for {', '.join(unsupported)}: replicated",
+                      stacklevel=2)
+    return StrategyTable(strategies, inputs, tuple(unsupported))
