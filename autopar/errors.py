@@ -55,3 +55,7 @@ class PlanFormatError(AutoparError, ValueError):
 
 class ProblemFormatError(AutoparError, ValueError):
     """A sharding-problem file (IOPDDL format) that is malformed."""
+
+
+class ModelFileError(AutoparError, ValueError):
+    """A model file given to the CLI that can't be loaded or has no `build()`."""

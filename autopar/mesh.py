@@ -44,7 +44,9 @@ class Mesh:
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "axis_names", names)
         object.__setattr__(self, "hardware", hardware)
-        object.__setattr__(self, "axis_links", self._resolve_links(hardware))
+        axis_links = self._resolve_links(hardware)
+        object.__setattr__(self, "axis_links", axis_links)
+        object.__setattr__(self, "links", tuple(link.name for link in axis_links))
 
     def _resolve_links(self, hardware: HardwareProfile) -> tuple[LinkLevel, ...]:
         by_name = {link.name: link for link in hardware.links}
