@@ -17,6 +17,9 @@ from autopar.passes.find_strategies import find_strategies
 from autopar.plan import Plan
 from autopar.solver import min_peak_usage, solve
 
+# Prefix of the progress messages that start a pass (benchmarks time the passes by them).
+STAGE = "[stage]"
+
 
 def _gib(nbytes: float) -> str:
     return f"{nbytes / 2**30:.2f} GiB"
@@ -33,22 +36,25 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     models need no memory. The plan minimises the modelled training step time such that
     every device holds at most `memory_budget` bytes (default: the hardware's memory).
     `constraints` pins named tensors' placements (see `autopar.passes.constrain`);
-    `fold_layers` makes identical blocks share one decision. Raises `InfeasiblePlanError`
+    `fold_layers` makes identical blocks share one decision. `progress` receives a message
+    as each pass starts (prefixed `STAGE`) and the solver's progress lines. Raises `InfeasiblePlanError`
     with the least memory any plan needs when nothing fits.
     """
     say = progress or (lambda message: None)
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
-    say("capturing the model with torch.export")
-    gm = annotate(capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes))
+    say(f"{STAGE} capture")
+    gm = capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+    say(f"{STAGE} annotate")
+    gm = annotate(gm)
     hints = size_hints(gm)
-    say("finding strategies")
+    say(f"{STAGE} find_strategies")
     table = find_strategies(gm, mesh)
     if constraints:
         table = constrain(gm, table, mesh, constraints)
-    say("building the sharding problem")
+    say(f"{STAGE} build_problem")
     build = build_problem(gm, table, mesh, memory_budget=budget, hints=hints,
                           fold_layers=fold_layers)
-    say(f"solving ({build.problem.num_nodes} decisions, {build.problem.num_edges} edges)")
+    say(f"{STAGE} solve ({build.problem.num_nodes} decisions, {build.problem.num_edges} edges)")
     solution = solve(build.problem, time_limit=time_limit, seed=seed, progress=progress)
     if not solution.choices:
         least = min_peak_usage(build.problem, time_limit=time_limit)
@@ -57,6 +63,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
             min_bytes=least, expected=f"a memory budget of at least {_gib(least)}",
             got=_gib(budget),
             fix="raise memory_budget, use more devices, or shrink the batch or model")
+    say(f"{STAGE} extract_plan")
     warnings = tuple(f"no sharding rule for {op}: kept replicated" for op in table.unsupported)
     return extract_plan(gm, build, solution, model_name=type(model).__name__,
                         sizes={str(k): v for k, v in hints.items()}, warnings=warnings)

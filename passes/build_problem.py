@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch.fx as fx
-from autopar.passes.find_strategies import STORED_ROLES, Strategy, StrategyTable
 
 from autopar import cost
 from autopar.mesh import Mesh
+from autopar.passes.find_strategies import STORED_ROLES, Strategy, StrategyTable
 from autopar.solver import ShardingProblem
 from autopar.specs import BYTES, FLOPS, MODULE, NAMES, ROLE, TENSOR, TensorSpec
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch.fx as fx
-from autopar.passes.find_strategies import StrategyTable
 
 from autopar.errors import ShardingError
 from autopar.mesh import Mesh
+from autopar.passes.find_strategies import StrategyTable
 from autopar.placement import (
     Placements,
     Shard,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import sympy
 import torch.fx as fx
-from autopar.passes.build_problem import ProblemBuild, module_of
 
 from autopar import cost
+from autopar.passes.build_problem import ProblemBuild, module_of
 from autopar.placement import format_placements
 from autopar.plan import NodePlan, Plan, SolverReport, TransferRecord
 from autopar.solver import Solution

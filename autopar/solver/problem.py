@@ -1,0 +1,207 @@
+"""`ShardingProblem`: the generic strategy-selection problem the solver works on.
+
+Pick one strategy per node to minimise the sum of the chosen node costs and of the edge costs
+of the chosen pairs, such that at every time step the summed memory usage of the nodes live
+at that step stays within `usage_limit`. It is the problem of the IOPDDL contest; the torch
+planner builds the same object from a model. Forbidden choices cost `math.inf`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.errors import ProblemFormatError
+
+
+def _vector(value: object, what: str) -> np.ndarray:
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ProblemFormatError(f"{what} is not numeric", expected="a list of numbers",
+                                 got=repr(value)[:80], fix="give numbers only") from exc
+    if array.ndim != 1 or array.size == 0 or np.isnan(array).any():
+        raise ProblemFormatError(f"{what} is not a non-empty list of numbers",
+                                 expected="a 1-d array without NaN",
+                                 got=f"shape {array.shape}", fix="give one value per strategy")
+    return array
+
+
+@dataclass(frozen=True, eq=False)
+class ShardingProblem:
+    """Pick one strategy per node to minimise node costs + edge costs s.t. memory.
+
+    Contract: `node_costs[i]` and `node_usages[i]` are float64 vectors of the same length
+    (the strategies of node i; cost `inf` forbids one). Node i's usage counts at the time
+    steps `intervals[i][0] <= t < intervals[i][1]` (none when lo >= hi). `edge_costs[e]` has
+    shape `(len(node_costs[a]), len(node_costs[b]))` for `edges[e] == (a, b)`; several edges
+    may join the same pair and their costs add. `ties` lists groups of nodes that must pick
+    the same strategy index. Inputs are converted to read-only float64 arrays; malformed data
+    raises `ProblemFormatError`.
+    """
+
+    node_costs: tuple[np.ndarray, ...]
+    node_usages: tuple[np.ndarray, ...]
+    intervals: tuple[tuple[int, int], ...]
+    edges: tuple[tuple[int, int], ...]
+    edge_costs: tuple[np.ndarray, ...]
+    usage_limit: float | None = None
+    ties: tuple[tuple[int, ...], ...] = ()
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        costs = tuple(_vector(c, f"cost vector of node {i}")
+                      for i, c in enumerate(self.node_costs))
+        usages = tuple(_vector(u, f"usage vector of node {i}")
+                       for i, u in enumerate(self.node_usages))
+        n = len(costs)
+        if len(usages) != n or len(self.intervals) != n:
+            raise ProblemFormatError("nodes are described inconsistently",
+                                     expected=f"{n} usage vectors and {n} intervals",
+                                     got=f"{len(usages)} and {len(self.intervals)}",
+                                     fix="give costs, usages and an interval for every node")
+        for i, (c, u) in enumerate(zip(costs, usages)):
+            if c.shape != u.shape:
+                raise ProblemFormatError(f"node {i} has {c.size} costs but {u.size} usages",
+                                         expected="one usage per strategy", got=f"{u.size}",
+                                         fix="make both lists the same length")
+            if (c == -math.inf).any() or np.isinf(u).any():
+                raise ProblemFormatError(f"node {i} has an infinite usage or -inf cost",
+                                         expected="finite usages, costs > -inf",
+                                         got="inf", fix="use inf costs to forbid a strategy")
+        intervals = tuple(self._interval(i, iv) for i, iv in enumerate(self.intervals))
+        edges, matrices = self._edges(costs)
+        limit = self.usage_limit
+        if limit is not None:
+            limit = float(limit)
+            if math.isnan(limit):
+                raise ProblemFormatError("usage_limit is NaN", expected="a number or None",
+                                         got="nan", fix="give a number or None")
+        ties = self._ties(costs)
+        for name, value in (("node_costs", costs), ("node_usages", usages),
+                            ("intervals", intervals), ("edges", edges),
+                            ("edge_costs", matrices), ("usage_limit", limit), ("ties", ties)):
+            object.__setattr__(self, name, value)
+        for array in (*costs, *usages, *matrices):
+            array.flags.writeable = False
+
+    @staticmethod
+    def _interval(i: int, interval: object) -> tuple[int, int]:
+        try:
+            lo, hi = interval  # type: ignore[misc]
+            if int(lo) != lo or int(hi) != hi:
+                raise ValueError
+            return int(lo), int(hi)
+        except (TypeError, ValueError) as exc:
+            raise ProblemFormatError(f"interval of node {i} is malformed",
+                                     expected="a pair of integers [lo, hi)",
+                                     got=repr(interval)[:80], fix="give [lo, hi]") from exc
+
+    def _edges(self, costs: tuple[np.ndarray, ...]) -> tuple[tuple, tuple]:
+        if len(self.edges) != len(self.edge_costs):
+            raise ProblemFormatError("edges and edge costs differ in number",
+                                     expected=f"{len(self.edges)} cost matrices",
+                                     got=f"{len(self.edge_costs)}",
+                                     fix="give one cost matrix per edge")
+        edges, matrices = [], []
+        for e, (pair, matrix) in enumerate(zip(self.edges, self.edge_costs)):
+            try:
+                a, b = (int(x) for x in pair)
+            except (TypeError, ValueError) as exc:
+                raise ProblemFormatError(f"edge {e} is not a pair of node indices",
+                                         expected="(a, b)", got=repr(pair)[:80],
+                                         fix="give two node indices") from exc
+            if not (0 <= a < len(costs) and 0 <= b < len(costs)) or a == b:
+                raise ProblemFormatError(f"edge {e} joins invalid nodes",
+                                         expected=f"two distinct nodes in [0, {len(costs)})",
+                                         got=f"({a}, {b})", fix="fix the node indices")
+            shape = (costs[a].size, costs[b].size)
+            try:
+                m = np.asarray(matrix, dtype=np.float64).reshape(shape)
+            except (TypeError, ValueError) as exc:
+                raise ProblemFormatError(f"cost matrix of edge {e} has the wrong size",
+                                         expected=f"{shape[0]} x {shape[1]} numbers",
+                                         got=f"{np.size(matrix)} values",
+                                         fix="one cost per strategy pair, row-major") from exc
+            if np.isnan(m).any() or (m == -math.inf).any():
+                raise ProblemFormatError(f"cost matrix of edge {e} has NaN or -inf",
+                                         expected="numbers or inf", got="NaN/-inf",
+                                         fix="use inf to forbid a pair")
+            edges.append((a, b))
+            matrices.append(m)
+        return tuple(edges), tuple(matrices)
+
+    def _ties(self, costs: tuple[np.ndarray, ...]) -> tuple[tuple[int, ...], ...]:
+        ties = []
+        for group in self.ties:
+            members = tuple(int(i) for i in group)
+            if any(not 0 <= i < len(costs) for i in members):
+                raise ProblemFormatError("a tie group names an unknown node",
+                                         expected=f"node indices in [0, {len(costs)})",
+                                         got=repr(members), fix="fix the tie group")
+            if len({costs[i].size for i in members}) > 1:
+                raise ProblemFormatError("tied nodes have different strategy counts",
+                                         expected="equal strategy counts within a group",
+                                         got=repr([costs[i].size for i in members]),
+                                         fix="tie only identical layers")
+            ties.append(members)
+        return tuple(ties)
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes."""
+        return len(self.node_costs)
+
+    @property
+    def num_edges(self) -> int:
+        """Number of edges (parallel edges counted separately)."""
+        return len(self.edges)
+
+    def _check(self, choices: Sequence[int]) -> list[int]:
+        picked = [int(k) for k in choices]
+        if len(picked) != self.num_nodes or any(
+                not 0 <= k < c.size for k, c in zip(picked, self.node_costs)):
+            raise ProblemFormatError("an assignment does not fit the problem",
+                                     expected=f"{self.num_nodes} valid strategy indices",
+                                     got=f"{len(picked)} indices",
+                                     fix="give one strategy index per node")
+        return picked
+
+    def cost(self, choices: Sequence[int]) -> float:
+        """Node plus edge cost of a full assignment; `inf` if it uses a forbidden choice."""
+        picked = self._check(choices)
+        total = math.fsum(float(c[k]) for c, k in zip(self.node_costs, picked))
+        total += math.fsum(float(m[picked[a], picked[b]])
+                           for (a, b), m in zip(self.edges, self.edge_costs))
+        return total
+
+    def usage_profile(self, choices: Sequence[int]) -> np.ndarray:
+        """Summed usage at every time step from the earliest `lo` to the latest `hi` - 1."""
+        picked = self._check(choices)
+        live = [(lo, hi, u[k]) for (lo, hi), u, k in
+                zip(self.intervals, self.node_usages, picked) if lo < hi]
+        if not live:
+            return np.zeros(0)
+        start = min(lo for lo, _, _ in live)
+        diff = np.zeros(max(hi for _, hi, _ in live) - start + 1)
+        for lo, hi, usage in live:
+            diff[lo - start] += usage
+            diff[hi - start] -= usage
+        return np.cumsum(diff)[:-1]
+
+    def peak_usage(self, choices: Sequence[int]) -> float:
+        """Largest summed usage over all time steps (0 when no node has an interval)."""
+        profile = self.usage_profile(choices)
+        return float(profile.max()) if profile.size else 0.0
+
+    def is_feasible(self, choices: Sequence[int]) -> bool:
+        """Finite cost, peak usage within the limit, and every tie group respected."""
+        picked = self._check(choices)
+        if any(len({picked[i] for i in group}) > 1 for group in self.ties):
+            return False
+        if not math.isfinite(self.cost(picked)):
+            return False
+        return self.usage_limit is None or self.peak_usage(picked) <= self.usage_limit
