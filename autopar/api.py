@@ -37,8 +37,8 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     every device holds at most `memory_budget` bytes (default: the hardware's memory).
     `constraints` pins named tensors' placements (see `autopar.passes.constrain`);
     `fold_layers` makes identical blocks share one decision. `progress` receives a message
-    as each pass starts (prefixed `STAGE`) and the solver's progress lines. Raises `InfeasiblePlanError`
-    with the least memory any plan needs when nothing fits.
+    as each pass starts (prefixed `STAGE`) and the solver's progress lines. Raises
+    `InfeasiblePlanError` with the least memory any plan needs when nothing fits.
     """
     say = progress or (lambda message: None)
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
