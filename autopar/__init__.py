@@ -6,15 +6,18 @@ from autopar.errors import (
     HardwareError,
     InfeasiblePlanError,
     MeshError,
+    ModelFileError,
     PlanFormatError,
     ProblemFormatError,
     ShardingError,
 )
 from autopar.hardware import HardwareProfile, available_hardware, load_hardware
 from autopar.mesh import Mesh
+from autopar.plan import Plan
+from autopar.api import plan  # noqa: E402  (after the value types it imports)
 
 __all__ = [
     "AutoparError", "CaptureError", "HardwareError", "HardwareProfile", "InfeasiblePlanError",
-    "Mesh", "MeshError", "PlanFormatError", "ProblemFormatError", "ShardingError",
+    "Mesh", "MeshError", "ModelFileError", "Plan", "plan", "PlanFormatError", "ProblemFormatError", "ShardingError",
     "available_hardware", "load_hardware",
 ]
