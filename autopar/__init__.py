@@ -13,8 +13,7 @@ from autopar.errors import (
 )
 from autopar.hardware import HardwareProfile, available_hardware, load_hardware
 from autopar.mesh import Mesh
-from autopar.plan import Plan
-from autopar.api import plan  # noqa: E402  (after the value types it imports)
+from autopar.plan_types import Plan
 
 __all__ = [
     "AutoparError", "CaptureError", "HardwareError", "HardwareProfile", "InfeasiblePlanError",

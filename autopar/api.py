@@ -14,7 +14,7 @@ from autopar.passes.capture import capture
 from autopar.passes.constrain import constrain
 from autopar.passes.extract_plan import extract_plan
 from autopar.passes.find_strategies import find_strategies
-from autopar.plan import Plan
+from autopar.plan_types import Plan
 from autopar.solver import min_peak_usage, solve
 
 # Prefix of the progress messages that start a pass (benchmarks time the passes by them).

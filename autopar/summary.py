@@ -8,7 +8,7 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
-from autopar.plan import NodePlan, Plan, layer_pattern
+from autopar.plan_types import NodePlan, Plan, layer_pattern
 
 
 def _ms(seconds: float) -> str:

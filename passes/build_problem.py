@@ -29,7 +29,7 @@ import torch.fx as fx
 from autopar import cost
 from autopar.mesh import Mesh
 from autopar.passes.find_strategies import STORED_ROLES, Strategy, StrategyTable
-from autopar.solver import ShardingProblem
+from autopar.solver.problem import ShardingProblem
 from autopar.specs import BYTES, FLOPS, MODULE, NAMES, ROLE, TENSOR, TensorSpec
 
 # fp32 Adam keeps two moments per parameter element.
@@ -101,6 +101,7 @@ class _Builder:
         self.index = {name: i for i, name in enumerate(self.order)}
         self.on_path = gradient_path(gm)
         self.edge_cache: dict[tuple, float] = {}
+        self.matrix_cache: dict[tuple, np.ndarray] = {}
 
     def node_cost(self, node: fx.Node, strategy: Strategy) -> float:
         if node.op != "call_function":
@@ -147,6 +148,13 @@ class _Builder:
     def edge_matrix(self, ref: EdgeRef) -> np.ndarray:
         src = self.table.strategies[ref.producer]
         dst = self.table.strategies[ref.consumer]
+        # Strategy tuples are shared between identical ops, so repeated blocks hit this cache.
+        key = (id(src), id(dst), ref.position, ref.tensor.nbytes, ref.requires_grad)
+        if key not in self.matrix_cache:
+            self.matrix_cache[key] = self._edge_matrix(src, dst, ref)
+        return self.matrix_cache[key]
+
+    def _edge_matrix(self, src, dst, ref: EdgeRef) -> np.ndarray:
         matrix = np.empty((len(src), len(dst)))
         for k, s in enumerate(src):
             for m, d in enumerate(dst):
@@ -177,7 +185,9 @@ class _Builder:
         return tuple(groups)
 
     def _signature(self, nodes: list[int], strategies) -> tuple:
-        return tuple((self.by_name[self.order[i]].target, strategies[i]) for i in nodes)
+        def what(node: fx.Node):
+            return node.target if node.op == "call_function" else node.op
+        return tuple((what(self.by_name[self.order[i]]), strategies[i]) for i in nodes)
 
 
 def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,

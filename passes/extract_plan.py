@@ -15,7 +15,7 @@ import torch.fx as fx
 from autopar import cost
 from autopar.passes.build_problem import ProblemBuild, module_of
 from autopar.placement import format_placements
-from autopar.plan import NodePlan, Plan, SolverReport, TransferRecord
+from autopar.plan_types import NodePlan, Plan, SolverReport, TransferRecord
 from autopar.solver import Solution
 from autopar.specs import BYTES, FLOPS, ROLE, TENSOR
 

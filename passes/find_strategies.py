@@ -130,6 +130,9 @@ def find_strategies(gm: fx.GraphModule, mesh: Mesh) -> StrategyTable:
     strategies: dict[str, tuple[Strategy, ...]] = {}
     inputs: dict[str, tuple[tuple[str, TensorSpec], ...]] = {}
     unsupported: dict[str, None] = {}
+    # Repeated blocks repeat the same ops on the same shapes: one rule call each, and one
+    # shared tuple, which later passes recognise by identity.
+    known: dict[str, tuple[Strategy, ...]] = {}
     all_replicated = tuple(Replicate() for _ in mesh.shape)
     for node in gm.graph.nodes:
         if not is_decision(node):
@@ -140,16 +143,22 @@ def find_strategies(gm: fx.GraphModule, mesh: Mesh) -> StrategyTable:
                                               all_replicated),)
         elif node.op == "placeholder":
             spec = node.meta[TENSOR]
-            strategies[node.name] = (_stored_strategies(spec, mesh)
-                                     if node.meta.get(ROLE) in STORED_ROLES
-                                     else (Strategy((), all_replicated),))
+            stored = node.meta.get(ROLE) in STORED_ROLES
+            key = repr((stored, spec))
+            if key not in known:
+                known[key] = (_stored_strategies(spec, mesh) if stored
+                              else (Strategy((), all_replicated),))
+            strategies[node.name] = known[key]
         else:
             op = _op_spec(node)
+            key = repr((op.target, op.args, op.kwargs))
             rule = rules.lookup(node.target)
             if rule is None:
                 unsupported.setdefault(str(node.target))
-            axis = [_replicated(op), *(rule(op) if rule else ())]
-            strategies[node.name] = _combine([axis] * mesh.ndim, op, mesh)
+            if key not in known:
+                axis = [_replicated(op), *(rule(op) if rule else ())]
+                known[key] = _combine([axis] * mesh.ndim, op, mesh)
+            strategies[node.name] = known[key]
     if unsupported:
         warnings.warn(f"no sharding rule for {', '.join(unsupported)}: replicated",
                       stacklevel=2)

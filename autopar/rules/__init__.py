@@ -1,0 +1,94 @@
+"""The sharding-rule registry: for an ATen op, the ways to split it over one mesh axis.
+
+Each family file (`matmul`, `pointwise`, `views`, `slicing`, `indexing`, `reductions`,
+`norms`, `attention`, `embedding`, `losses`, `factories`) exports `RULES`, keyed by an
+`OpOverload` (one overload) or an `OpOverloadPacket` (all its overloads). `lookup` prefers
+the exact overload, then its packet. An op with no rule gets `None`: the strategy pass then
+replicates it (and warns). The contract a rule honours is in `autopar.rules.base`.
+
+What the lowering must do beyond placing tensors as a strategy says (its obligations):
+
+1. Local size arguments: ops that carry global sizes (view/reshape/_unsafe_view shape,
+   expand size, unflatten sizes, repeat_interleave output_size) must be called with the
+   rank's local sizes: `local_args(op, pieces)`, with `pieces[d]` the number of chunks the
+   output's dim d is cut into over the whole mesh.
+2. Vocab-parallel embedding: `embedding` with its weight `Shard(0)` on an axis runs
+   `embedding.masked_embedding` with the rank's first row, not a plain lookup (with dim 0
+   split over several axes, the row offset of the rank's chunk in their combined order).
+3. A replicated input of a split computation is used whole on every rank; its gradient is
+   then a summand (all-reduce). A `P` input a rule asks for where the producer is `R` (the
+   bias of a row-split linear) is a conversion R -> P: the value on one rank, zeros on the
+   others (or the value / n on each).
+4. Random ops (dropout, rand_like, rand...) under `R` must draw the same numbers on every
+   rank; under a split each rank draws its own chunk's.
+
+No rule splits a mean over a split dim (a local mean is not a summand), so a mean loss
+(F.cross_entropy, F.mse_loss, x.mean()) forces a gather of its input under data
+parallelism. `decompositions.DECOMPOSITIONS` rewrites those means as sum / global count,
+exactly; capture applies it with `ExportedProgram.run_decompositions(DECOMPOSITIONS)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from autopar.rules import (
+    attention,
+    embedding,
+    factories,
+    indexing,
+    losses,
+    matmul,
+    norms,
+    pointwise,
+    reductions,
+    slicing,
+    views,
+)
+from autopar.rules.base import AxisStrategy, OpSpec, Rule
+from autopar.rules.decompositions import DECOMPOSITIONS
+
+__all__ = ["DECOMPOSITIONS", "AxisStrategy", "OpSpec", "RULES", "Rule", "local_args", "lookup"]
+
+_FAMILIES = (
+    pointwise, matmul, views, slicing, indexing, reductions, norms, attention, embedding,
+    losses, factories,
+)
+
+
+def _merge() -> Mapping[Any, Rule]:
+    merged: dict[Any, Rule] = {}
+    for family in _FAMILIES:
+        clash = merged.keys() & family.RULES.keys()
+        assert not clash, f"{family.__name__} redefines {sorted(map(str, clash))}"
+        merged.update(family.RULES)
+    return MappingProxyType(merged)
+
+
+RULES: Mapping[Any, Rule] = _merge()
+_LOCAL_ARGS = MappingProxyType({**views.LOCAL_ARGS, **slicing.LOCAL_ARGS})
+
+
+def lookup(target: Any) -> Rule | None:
+    """The rule for an fx node target: exact OpOverload first, then its packet; None for
+    anything without one (including non-ATen targets such as `operator.getitem`)."""
+    try:
+        rule = RULES.get(target)
+    except TypeError:  # unhashable target
+        return None
+    if rule is None and hasattr(target, "overloadpacket"):
+        rule = RULES.get(target.overloadpacket)
+    return rule
+
+
+def local_args(op: OpSpec, pieces: Sequence[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The (args, kwargs) a rank calls `op.target` with, given that the op's (first) output
+    dim d is cut into `pieces[d]` chunks. Tensor arguments stay as `TensorSpec`s for the
+    caller to substitute; for ops without size arguments the args come back unchanged."""
+    assert not op.outputs or len(pieces) == op.outputs[0].ndim, (op.name, pieces)
+    rewrite = _LOCAL_ARGS.get(op.target)
+    if rewrite is None or all(p == 1 for p in pieces):
+        return tuple(op.args), dict(op.kwargs)
+    return rewrite(op, pieces)

@@ -1,0 +1,110 @@
+"""Ops that cut or join along one dim: split, chunk, unbind, slice, narrow, select, cat,
+stack, repeat_interleave. All are linear (`P -> P`).
+
+The dim being cut (or joined) cannot be split: a rank's chunk would not hold the positions
+the op names. Any other dim keeps its split. Two exceptions, both exact: a `slice` that keeps
+the whole dim (start 0, step 1, end past the size; what `x[:T]` gives when T is the full
+length) is the identity there, and `repeat_interleave` with an int count repeats each element
+in place, so chunk i of the input gives chunk i of the output along the repeated dim too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from autopar.rules.base import AxisStrategy, OpSpec, Rule
+from autopar.rules.common import P, R, S, argument, finish, is_float, norm_dim, unary_moves
+
+aten = torch.ops.aten
+
+
+def _cut(keep_cut: bool = False, drops_dim: bool = False):
+    """Rule for a one-input op that cuts `dim`: every other dim maps to itself (shifted down
+    when the op removes `dim`)."""
+
+    def rule(op: OpSpec) -> list[AxisStrategy]:
+        src, dst = op.inputs[0], op.outputs[0]
+        dim = norm_dim(argument(op, "dim", 0), src.ndim)
+        pairs = []
+        for d in range(src.ndim):
+            if d == dim and not (keep_cut and _whole_slice(op, src.shape[dim])):
+                continue
+            pairs.append((d, d - 1 if drops_dim and d > dim else d))
+        return unary_moves(pairs, src, dst, partial=True)
+
+    return rule
+
+
+def _whole_slice(op: OpSpec, size: int) -> bool:
+    start, end, step = argument(op, "start"), argument(op, "end"), argument(op, "step", 1)
+    return start in (None, 0) and step == 1 and (end is None or end >= size)
+
+
+def _join(new_dim: bool):
+    """cat (new_dim False) or stack (True): every input split the same way on a dim other
+    than the joined one."""
+
+    def rule(op: OpSpec) -> list[AxisStrategy]:
+        out = op.outputs[0]
+        dim = norm_dim(argument(op, "dim", 0), out.ndim)
+        # Legacy cat accepts empty 1-D inputs of any other shape; they are replicated.
+        joined = [s.ndim == out.ndim - new_dim for s in op.inputs]
+        strategies = []
+        for d in range(out.ndim):
+            if d == dim or out.shape[d] <= 1:
+                continue
+            src = d - 1 if new_dim and d > dim else d
+            ins = tuple(S(src) if j else R for j in joined)
+            strategies.append(AxisStrategy(ins, S(d)))
+        if all(map(is_float, op.inputs)):
+            strategies.append(AxisStrategy((P,) * len(op.inputs), P))
+        return finish(strategies)
+
+    return rule
+
+
+def _repeat_interleave(op: OpSpec) -> list[AxisStrategy]:
+    """repeat_interleave(x, int, dim): any dim keeps its split, the repeated one included."""
+    src, dst = op.inputs[0], op.outputs[0]
+    if argument(op, "dim") is None:
+        # Flattens first: only the leading dim maps to a contiguous output range.
+        return unary_moves([(0, 0)] if src.ndim else [], src, dst, partial=True)
+    return unary_moves([(d, d) for d in range(src.ndim)], src, dst, partial=True)
+
+
+def _repeat_interleave_args(op: OpSpec, pieces: Sequence[int]) -> tuple[tuple, dict[str, Any]]:
+    """A given `output_size` is the global length of the repeated dim: use the local one."""
+    size = argument(op, "output_size")
+    args, kwargs = tuple(op.args), dict(op.kwargs)
+    if size is None:
+        return args, kwargs
+    dim = argument(op, "dim")
+    dim = 0 if dim is None else norm_dim(dim, op.outputs[0].ndim)
+    names = [a.name for a in op.target._schema.arguments]
+    index = names.index("output_size")
+    local = size // pieces[dim]
+    if index < len(args):
+        args = (*args[:index], local, *args[index + 1:])
+    else:
+        kwargs["output_size"] = local
+    return args, kwargs
+
+
+RULES: dict[object, Rule] = {
+    aten.split.Tensor: _cut(),
+    aten.split_with_sizes.default: _cut(),
+    aten.chunk.default: _cut(),
+    aten.unsafe_split.Tensor: _cut(),
+    aten.narrow.default: _cut(),
+    aten.slice.Tensor: _cut(keep_cut=True),
+    aten.select.int: _cut(drops_dim=True),
+    aten.unbind.int: _cut(drops_dim=True),
+    aten.cat.default: _join(new_dim=False),
+    aten.stack.default: _join(new_dim=True),
+    aten.repeat_interleave.self_int: _repeat_interleave,
+}
+
+LOCAL_ARGS = {aten.repeat_interleave.self_int: _repeat_interleave_args}

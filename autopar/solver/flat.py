@@ -1,0 +1,121 @@
+"""`Flat`: a reduced problem laid out in flat numpy arrays for fast evaluation.
+
+Strategies of all nodes are concatenated (node i owns `offsets[i] .. offsets[i+1]`), edge
+matrices are concatenated row-major, usage terms' vectors too. With that layout the cost,
+the usage profile and the memory-priced node costs of an assignment are a few vectorised
+numpy calls, which the heuristics evaluate thousands of times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.solver.reduced import ReducedProblem
+
+
+@dataclass(frozen=True, eq=False)
+class Flat:
+    """Flat arrays of a `ReducedProblem`; `nbrs[i]` lists (j, matrix rows i) per edge."""
+
+    problem: ReducedProblem
+    sizes: np.ndarray
+    offsets: np.ndarray
+    cost_flat: np.ndarray
+    edge_a: np.ndarray
+    edge_b: np.ndarray
+    edge_off: np.ndarray
+    edge_cols: np.ndarray
+    edge_flat: np.ndarray
+    nbrs: tuple[tuple[tuple[int, np.ndarray], ...], ...]
+    term_node: np.ndarray
+    term_lo: np.ndarray
+    term_hi: np.ndarray
+    term_off: np.ndarray
+    term_flat: np.ndarray
+    term_pos: np.ndarray
+
+    @staticmethod
+    def build(problem: ReducedProblem) -> Flat:
+        sizes = problem.sizes
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        cost_flat = np.concatenate(problem.costs) if sizes.size else np.zeros(0)
+        mats = problem.matrices
+        edge_a = np.array([a for a, _ in problem.edges], dtype=np.int64)
+        edge_b = np.array([b for _, b in problem.edges], dtype=np.int64)
+        lengths = np.array([m.size for m in mats], dtype=np.int64)
+        edge_off = np.concatenate([[0], np.cumsum(lengths)])[:-1].astype(np.int64)
+        edge_cols = np.array([m.shape[1] for m in mats], dtype=np.int64)
+        edge_flat = np.concatenate([m.ravel() for m in mats]) if mats else np.zeros(0)
+        nbrs: list[list[tuple[int, np.ndarray]]] = [[] for _ in sizes]
+        for (a, b), m in zip(problem.edges, mats):
+            nbrs[a].append((b, m))
+            nbrs[b].append((a, m.T))
+        term_sizes = sizes[problem.term_node] if problem.term_node.size else np.zeros(0, int)
+        term_off = np.concatenate([[0], np.cumsum(term_sizes)])[:-1].astype(np.int64)
+        term_flat = (np.concatenate(problem.term_usage) if problem.term_usage
+                     else np.zeros(0))
+        # Flat strategy position of every entry of every term vector.
+        term_pos = (np.concatenate([offsets[i] + np.arange(sizes[i]) for i in problem.term_node])
+                    if problem.term_node.size else np.zeros(0, dtype=np.int64))
+        return Flat(problem, sizes, offsets, cost_flat, edge_a, edge_b, edge_off, edge_cols,
+                    edge_flat, tuple(tuple(n) for n in nbrs), problem.term_node,
+                    problem.term_lo, problem.term_hi, term_off, term_flat, term_pos)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.sizes.size
+
+    @property
+    def limit(self) -> float:
+        limit = self.problem.limit
+        return np.inf if limit is None else float(limit)
+
+    def split(self, flat: np.ndarray) -> list[np.ndarray]:
+        """Per-node views of a flat strategy vector."""
+        return [flat[self.offsets[i]:self.offsets[i + 1]] for i in range(self.num_nodes)]
+
+    def objective(self, x: np.ndarray) -> float:
+        """Reduced cost of assignment x (offset included)."""
+        nodes = self.cost_flat[self.offsets[:-1] + x].sum()
+        edges = self.edge_flat[self.edge_off + x[self.edge_a] * self.edge_cols
+                               + x[self.edge_b]].sum()
+        return float(self.problem.offset + nodes + edges)
+
+    def term_values(self, x: np.ndarray) -> np.ndarray:
+        return self.term_flat[self.term_off + x[self.term_node]]
+
+    def profile(self, x: np.ndarray) -> np.ndarray:
+        """Usage per segment of assignment x."""
+        nseg = self.problem.base.size
+        values = self.term_values(x)
+        diff = (np.bincount(self.term_lo, values, nseg + 1)
+                - np.bincount(self.term_hi, values, nseg + 1))
+        return self.problem.base + np.cumsum(diff)[:-1]
+
+    def term_prices(self, lam: np.ndarray) -> np.ndarray:
+        """Price of each term: the sum of the segment prices over its range."""
+        prefix = np.concatenate([[0.0], np.cumsum(lam)])
+        return prefix[self.term_hi] - prefix[self.term_lo]
+
+    def priced(self, lam: np.ndarray | None) -> np.ndarray:
+        """Flat node costs plus usage times segment price (memory as a cost)."""
+        if lam is None or self.term_node.size == 0:
+            return self.cost_flat.copy()
+        prices = np.repeat(self.term_prices(lam), self.sizes[self.term_node])
+        extra = np.bincount(self.term_pos, prices * self.term_flat, self.cost_flat.size)
+        return self.cost_flat + extra
+
+    def local(self, i: int, x: np.ndarray, costs: np.ndarray) -> np.ndarray:
+        """Cost of each strategy of node i with every other node fixed as in x."""
+        out = costs[self.offsets[i]:self.offsets[i + 1]].copy()
+        for j, m in self.nbrs[i]:
+            out += m[:, x[j]]
+        return out
+
+    def node_usage_at(self, i: int) -> list[tuple[int, int, np.ndarray]]:
+        """Usage terms (lo, hi, vec) of node i."""
+        idx = np.flatnonzero(self.term_node == i)
+        return [(int(self.term_lo[t]), int(self.term_hi[t]),
+                 self.term_flat[self.term_off[t]:self.term_off[t] + self.sizes[i]]) for t in idx]

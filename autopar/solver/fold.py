@@ -1,0 +1,84 @@
+"""Best responses of a node to its neighbours, the arithmetic behind node elimination.
+
+A node whose choice can be decided once its neighbours' choices are known can be removed
+exactly: its best response is folded into the neighbours. With memory limits that is only
+exact when, for every neighbour choice, one response is at least as good as every other in
+cost *and* in every usage term (a single Pareto-optimal response); otherwise the cheaper
+response might not fit in memory. These functions compute such responses, or say None.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Largest broadcast (in elements) a single fold may build; bigger nodes are left alone.
+MAX_CELLS = 20_000_000
+
+
+def pareto_mask(total: np.ndarray, usage: np.ndarray) -> np.ndarray | None:
+    """Which strategies are Pareto-optimal for some neighbour choice.
+
+    `total` is K x P (cost of strategy k when the neighbour picks p), `usage` K x T.
+    Returns a K x P boolean mask: [k, p] when k is on the Pareto front of (cost, usage)
+    for neighbour choice p (ties keep the lowest index), or None when too big to compute.
+    """
+    k, p = total.shape
+    if k * k * p > MAX_CELLS:
+        return None
+    finite = np.isfinite(total)
+    usage_le = (usage[:, None, :] <= usage[None, :, :]).all(axis=2)  # [k', k]
+    usage_eq = (usage[:, None, :] == usage[None, :, :]).all(axis=2)
+    cost_le = total[:, None, :] <= total[None, :, :]  # [k', k, p]
+    cost_eq = total[:, None, :] == total[None, :, :]
+    lower = np.arange(k)[:, None] < np.arange(k)[None, :]
+    # k' beats k: weakly better everywhere, and strictly somewhere or an earlier equal.
+    equal = cost_eq & usage_eq[:, :, None]
+    beats = cost_le & usage_le[:, :, None] & (~equal | lower[:, :, None])
+    beats &= finite[:, None, :]
+    beats[np.arange(k), np.arange(k), :] = False
+    return finite & ~beats.any(axis=0)
+
+
+def leaf_response(total: np.ndarray, usage: np.ndarray) -> np.ndarray | None:
+    """Per neighbour choice p, the single dominant strategy of a leaf, or None if none.
+
+    Contract as `pareto_mask`; the response is 0 where no strategy has finite cost.
+    """
+    if usage.shape[1] == 0:
+        return np.argmin(total, axis=0)
+    front = pareto_mask(total, usage)
+    if front is None or (front.sum(axis=0) > 1).any():
+        return None
+    return np.argmax(front, axis=0)
+
+
+def chain_response(left: np.ndarray, cost: np.ndarray, right: np.ndarray,
+                   usage: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Best response of a degree-2 node to the pair (a, b) of its neighbours' choices.
+
+    `left` is Ka x K (edge a-node), `right` K x Kb (edge node-b), `cost` K, `usage` K x T.
+    Returns (response Ka x Kb, folded edge cost Ka x Kb), or None when no single dominant
+    response exists for some pair or the arrays would be too big.
+    """
+    ka, k = left.shape
+    kb = right.shape[1]
+    if ka * k * kb * max(usage.shape[1], 1) > MAX_CELLS:
+        return None
+    total = left[:, :, None] + cost[None, :, None] + right[None, :, :]  # ka, k, kb
+    best = total.min(axis=1)
+    if usage.shape[1] == 0:
+        return np.argmin(total, axis=1), best
+    # Among the cheapest responses take the one with the least total usage, then require
+    # it to use no more memory in any term than any finite-cost alternative.
+    weight = usage.sum(axis=1)
+    tied = total == best[:, None, :]
+    score = np.where(tied, weight[None, :, None], np.inf)
+    response = np.argmin(score, axis=1)
+    finite = np.isfinite(total)
+    masked = np.where(finite[..., None], usage[None, :, None, :], np.inf)  # ka,k,kb,T
+    least = masked.min(axis=1)  # ka, kb, T
+    chosen = usage[response]  # ka, kb, T
+    ok = np.isfinite(best)[..., None] <= (chosen <= least)
+    if not ok.all():
+        return None
+    return response, best

@@ -1,0 +1,249 @@
+"""annotate: shapes, dtypes, forward FLOPs and bytes of every node of a captured graph.
+
+Reads `node.meta["val"]` (the FakeTensor, or tuple of them, torch.export records). Writes on
+every node of a copy of the graph:
+- `autopar_tensor`: `TensorSpec` of the value, a tuple of them (None for non-tensor items)
+  for multi-output ops, None for nodes without a tensor value.
+- `autopar_flops`, `autopar_bytes`: forward cost of the whole (unsharded) op. Plain ints for
+  static graphs; sympy expressions over the graph's size symbols when dims are dynamic
+  (evaluate them with `size_hints`).
+
+FLOPs come from torch.utils.flop_counter's registry where it has a formula (mm, addmm, bmm,
+baddbmm, convolution, fused attention) and follow its conventions (a multiply-add is 2 FLOPs,
+attention counts the full score matrix even when causal); the ops the training IR keeps
+whole (linear, matmul, scaled_dot_product_attention, norms, losses) are counted here. Bytes
+are read (each distinct input once) plus written; views move none, embedding reads its rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import operator
+from collections.abc import Callable
+
+import sympy
+import torch
+import torch.utils._pytree as pytree
+from torch import fx
+from torch.utils import flop_counter
+
+from autopar.specs import BYTES, FLOPS, TENSOR, Size, TensorSpec
+
+aten = torch.ops.aten
+
+# Registry ops whose formulas take shapes (register_flop_formula without get_raw).
+_REGISTRY = frozenset({
+    aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution, aten._convolution,
+    aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_cudnn_attention,
+})
+# Aliases and metadata changes: nothing moves. Whether a reshape copies depends on strides
+# the device's kernels chose; only a materialised broadcast is counted (on any device).
+_VIEWS = frozenset({
+    aten.view, aten._unsafe_view, aten.reshape, aten.transpose, aten.permute, aten.expand,
+    aten.expand_as, aten.unsqueeze, aten.squeeze, aten.t, aten.alias, aten.view_as,
+    aten.slice, aten.select, aten.narrow, aten.split, aten.split_with_sizes, aten.chunk,
+    aten.unbind, aten.unflatten, aten.flatten, aten.as_strided, aten.detach, aten.detach_,
+    aten.movedim, aten.diagonal, aten.lift_fresh, aten.broadcast_tensors,
+})
+# Data movement without arithmetic: bytes in + out, no FLOPs.
+_COPIES = frozenset({
+    aten.clone, aten.contiguous, aten._to_copy, aten.to, aten.cat, aten.stack, aten.repeat,
+    aten.repeat_interleave, aten.index_select, aten.gather, aten.index, aten.copy,
+    aten.copy_, aten.lift_fresh_copy, aten.tril, aten.triu, aten.pad, aten.constant_pad_nd,
+    aten.roll, aten.flip,
+})
+# New tensors from nothing: only the output is written.
+_FACTORIES = frozenset({
+    aten.arange, aten.zeros, aten.ones, aten.full, aten.empty, aten.empty_strided,
+    aten.zeros_like, aten.ones_like, aten.full_like, aten.empty_like, aten.new_zeros,
+    aten.new_ones, aten.new_full, aten.new_empty, aten.scalar_tensor, aten.eye,
+    aten.linspace, aten.rand, aten.randn, aten.randint, aten.rand_like, aten.randn_like,
+})
+# FLOPs per element of the largest tensor involved, for ops worth more than one.
+_PER_ELEMENT = {
+    aten.layer_norm: 8, aten.native_layer_norm: 8, aten.group_norm: 8,
+    aten.native_group_norm: 8, aten.batch_norm: 8, aten.native_batch_norm: 8,
+    aten._native_batch_norm_legit: 8, aten._native_batch_norm_legit_no_training: 8,
+    aten.rms_norm: 5, aten._fused_rms_norm: 5,
+    aten.softmax: 5, aten._softmax: 5, aten._safe_softmax: 5, aten.log_softmax: 5,
+    aten._log_softmax: 5, aten.mse_loss: 3,
+}
+_SOFTMAX_FLOPS = 5  # max, subtract, exp, sum, divide (or log) per element
+
+
+def annotate(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of `gm` whose nodes carry `autopar_tensor`, `autopar_flops`, `autopar_bytes`."""
+    # A deep-copied graph has shallow copies of the meta dicts: FakeTensors shared, input intact.
+    result = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    result.meta.update(gm.meta)
+    for node in result.graph.nodes:
+        node.meta[TENSOR] = _spec_of(node.meta.get("val"))
+        flops, nbytes = _cost(node)
+        node.meta[FLOPS], node.meta[BYTES] = _normalise(flops), _normalise(nbytes)
+    return result
+
+
+def size_hints(gm: fx.GraphModule) -> dict[sympy.Symbol, int]:
+    """Each size symbol of `gm` mapped to its value in the example inputs."""
+    for node in gm.graph.nodes:
+        for value in pytree.tree_leaves(node.meta.get("val")):
+            shape_env = getattr(getattr(value, "fake_mode", None), "shape_env", None)
+            if shape_env is not None:
+                hints = (shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val")
+                         else shape_env.var_to_val)
+                # A symbol export found equal to another is replaced in every expression.
+                return {symbol: int(hint) for symbol, hint in hints.items()
+                        if symbol not in shape_env.replacements}
+    return {}
+
+
+def _spec_of(value: object) -> TensorSpec | tuple[TensorSpec | None, ...] | None:
+    if isinstance(value, torch.Tensor):
+        return _tensor_spec(value)
+    if isinstance(value, (tuple, list)):
+        return tuple(_tensor_spec(v) if isinstance(v, torch.Tensor) else None for v in value)
+    return None
+
+
+def _tensor_spec(value: torch.Tensor) -> TensorSpec:
+    concrete: list[int] = []
+    symbolic: list[Size] = []
+    for size in value.shape:
+        expr = size.node.expr if isinstance(size, torch.SymInt) else size
+        if isinstance(expr, sympy.Expr) and not expr.is_number:
+            # The example's value; a size first computed after tracing asks the shape env.
+            hint = size.node.hint
+            concrete.append(int(hint if hint is not None else
+                                size.node.shape_env.size_hint(expr)))
+            symbolic.append(expr)
+        else:
+            concrete.append(int(expr))
+            symbolic.append(int(expr))
+    dynamic = any(isinstance(size, sympy.Expr) for size in symbolic)
+    return TensorSpec(tuple(concrete), value.dtype, tuple(symbolic) if dynamic else None)
+
+
+def _cost(node: fx.Node) -> tuple[Size, Size]:
+    """(FLOPs, bytes) of one node."""
+    outputs = _tensors(node.meta[TENSOR])
+    if node.op != "call_function" or not outputs or node.target is operator.getitem:
+        return 0, 0
+    packet = getattr(node.target, "overloadpacket", None)
+    inputs = _input_specs(node)
+    read = sum((s.sym_nbytes for s in inputs), 0)
+    written = sum((s.sym_nbytes for s in outputs), 0)
+    if packet in _FACTORIES:
+        return 0, written
+    if packet is aten.embedding:  # reads the indices and the gathered rows, not the table
+        return 0, _arg_spec(node, 1).sym_nbytes + 2 * written
+    if packet in _VIEWS:
+        return 0, read + written if _materialises_broadcast(node, packet) else 0
+    if packet is aten.to and inputs and inputs[0].dtype == outputs[0].dtype:
+        return 0, 0  # returns its input unchanged
+    if packet in _COPIES:
+        return 0, read + written
+    formula = _FORMULAS.get(packet)
+    if formula is not None:
+        flops = formula(node)
+    elif packet in _REGISTRY:
+        flops = _registry_flops(node, packet)
+    else:
+        largest = max((*inputs, *outputs), key=lambda s: s.numel)
+        flops = _PER_ELEMENT.get(packet, 1) * _numel(largest)
+    return flops, read + written
+
+
+def _registry_flops(node: fx.Node, packet: object) -> Size:
+    # The registered formulas read `.shape` of tensor arguments; shape tuples (with sympy
+    # sizes for dynamic dims) pass through unchanged, so the result is symbolic too.
+    def shape_of(arg: object) -> object:
+        spec = arg.meta.get(TENSOR) if isinstance(arg, fx.Node) else None
+        return _dims(spec) if isinstance(spec, TensorSpec) else arg
+
+    args, kwargs = pytree.tree_map(shape_of, (node.args, node.kwargs))
+    out = node.meta[TENSOR]
+    out_shape = tuple(s and _dims(s) for s in out) if isinstance(out, tuple) else _dims(out)
+    return flop_counter.flop_registry[packet](*args, out_val=out_shape, **kwargs)
+
+
+def _linear_flops(node: fx.Node) -> Size:
+    x, out = _arg_spec(node, 0), node.meta[TENSOR]
+    has_bias = _arg_spec(node, 2, "bias") is not None
+    return _numel(out) * (2 * _dims(x)[-1] + (1 if has_bias else 0))
+
+
+def _matmul_flops(node: fx.Node) -> Size:
+    # Every output element is a dot product over the contracted dim, whatever the ranks.
+    return 2 * _numel(node.meta[TENSOR]) * _dims(_arg_spec(node, 0))[-1]
+
+
+def _sdpa_flops(node: fx.Node) -> Size:
+    q, k, v = (_dims(_arg_spec(node, i)) for i in range(3))
+    return flop_counter.sdpa_flop_count(_as_4d(q), _as_4d(k), _as_4d(v))
+
+
+def _cross_entropy_flops(node: fx.Node) -> Size:
+    logits, target = _arg_spec(node, 0), _arg_spec(node, 1)
+    return _SOFTMAX_FLOPS * _numel(logits) + _numel(target)
+
+
+_FORMULAS: dict[object, Callable[[fx.Node], Size]] = {
+    aten.linear: _linear_flops, aten.matmul: _matmul_flops,
+    aten.scaled_dot_product_attention: _sdpa_flops, aten.cross_entropy_loss: _cross_entropy_flops,
+}
+
+
+def _as_4d(dims: tuple[Size, ...]) -> tuple[Size, ...]:
+    """(..., heads, seq, dim) -> (batch, heads, seq, dim), as torch's attention formula wants."""
+    if len(dims) >= 4:
+        return (math.prod(dims[:-3]), *dims[-3:])
+    return (1,) * (4 - len(dims)) + tuple(dims)
+
+
+def _materialises_broadcast(node: fx.Node, packet: object) -> bool:
+    """A reshape that folds an expanded (stride 0) dim into others must copy, on any device.
+
+    This is how grouped-query attention repeats its key/value heads (expand + reshape).
+    """
+    if packet not in (aten.reshape, aten.flatten):
+        return False
+
+    def broadcast(arg: fx.Node) -> bool:
+        # Concrete sizes and literal strides only: comparing SymInts would add shape guards.
+        sizes, strides = arg.meta[TENSOR].shape, arg.meta["val"].stride()
+        return any(type(st) is int and st == 0 and n != 1 for n, st in zip(sizes, strides))
+
+    return broadcast(node.args[0]) and not broadcast(node)
+
+
+def _arg_spec(node: fx.Node, index: int, name: str | None = None) -> TensorSpec | None:
+    arg = node.args[index] if index < len(node.args) else node.kwargs.get(name)
+    return arg.meta.get(TENSOR) if isinstance(arg, fx.Node) else None
+
+
+def _input_specs(node: fx.Node) -> list[TensorSpec]:
+    seen = dict.fromkeys(n for n in pytree.tree_leaves((node.args, node.kwargs))
+                         if isinstance(n, fx.Node))
+    return [n.meta[TENSOR] for n in seen if isinstance(n.meta.get(TENSOR), TensorSpec)]
+
+
+def _tensors(spec: object) -> list[TensorSpec]:
+    specs = spec if isinstance(spec, tuple) else (spec,)
+    return [s for s in specs if s is not None]
+
+
+def _dims(spec: TensorSpec) -> tuple[Size, ...]:
+    return spec.sym_shape if spec.sym_shape is not None else spec.shape
+
+
+def _numel(spec: TensorSpec) -> Size:
+    return math.prod(_dims(spec))
+
+
+def _normalise(value: Size) -> Size:
+    """Plain ints for static sizes; sympy only where a symbol remains."""
+    if isinstance(value, sympy.Basic):
+        return int(value) if value.is_number else value
+    return int(value)

@@ -1,0 +1,215 @@
+"""capture: a model and example inputs -> an ATen-level torch.fx GraphModule.
+
+The model is traced with `torch.export.export(strict=False)` to the training IR, which keeps
+high-level ops (aten.linear, aten.layer_norm, aten.scaled_dot_product_attention, ...) and the
+model's train/eval behaviour. The only decompositions run are the rules' `DECOMPOSITIONS`
+(means as sums over a global count, so that a split batch reduces to summands). Parameters and example inputs may
+live on the meta device, so the largest models are captured without their memory.
+
+Reads `node.meta["nn_module_stack"]` (written by torch.export). Writes on every node:
+- `autopar_role`: "parameter", "buffer", "constant" or "input" for placeholders, "op" for
+  every computing node, "output" for the output node.
+- `autopar_names`: placeholders of parameters, buffers and constants only; every fully
+  qualified name of the tensor (tied weights have several), the canonical one first.
+- `autopar_module`: dotted path of the innermost module that produced the node, "" at top.
+
+Calling convention of the returned GraphModule: its placeholders are the parameters, buffers
+and constants the graph uses, in signature order (a tied tensor appears once; one never used
+is dropped), then one per flattened user input (every leaf torch.export made a placeholder
+of, tensor or not, used or not). Look a state placeholder up by `autopar_names[0]` in
+`model.named_parameters()` / `named_buffers()`, or for constants in
+`gm.meta["autopar_constants"]` (canonical name -> tensor). It returns the flat tuple of the
+model's outputs, non-tensor leaves (None) included. Buffer mutations stay in-place ops.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.export.graph_signature import InputKind
+
+from autopar.errors import CaptureError
+from autopar.rules import DECOMPOSITIONS
+from autopar.specs import MODULE, NAMES, ROLE
+
+CONSTANTS = "autopar_constants"
+
+_ROLES = {
+    InputKind.PARAMETER: "parameter",
+    InputKind.BUFFER: "buffer",
+    InputKind.CONSTANT_TENSOR: "constant",
+    InputKind.USER_INPUT: "input",
+}
+_STATE_ROLES = ("parameter", "buffer", "constant")
+
+
+def capture(model: nn.Module, example_inputs: tuple, *,
+            dynamic_shapes: Any = None) -> fx.GraphModule:
+    """Trace `model(*example_inputs)` into a GraphModule with autopar meta on every node.
+
+    `dynamic_shapes` is passed to torch.export as is (e.g. `({0: Dim("batch")}, ...)`).
+    Raises `CaptureError` when torch.export cannot trace the model.
+    """
+    if not isinstance(example_inputs, tuple):
+        raise CaptureError(
+            "example_inputs must be the positional arguments of model.forward",
+            expected="a tuple", got=type(example_inputs).__name__,
+            fix="wrap them in a tuple, e.g. (x,)")
+    try:
+        with _without_stack_traces():
+            program = torch.export.export(model, _distinct(example_inputs),
+                                          dynamic_shapes=dynamic_shapes, strict=False)
+            # Means become sums over a global count, so a split batch reduces to summands.
+            with warnings.catch_warnings():  # torch's own deprecation noise from re-tracing
+                warnings.simplefilter("ignore", FutureWarning)
+                program = program.run_decompositions(DECOMPOSITIONS)
+    except Exception as error:  # any tracing failure is the user's model, reported as one
+        raise _capture_error(model, error) from error
+
+    gm = program.graph_module
+    roles = {spec.arg.name: (_ROLES.get(spec.kind), spec.target)
+             for spec in program.graph_signature.input_specs}
+    state = _state_names(model, program)
+    constants: dict[str, Any] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            role, target = roles[node.name]
+            assert role is not None, f"unexpected input kind for {node.name}"
+            node.meta[ROLE] = role
+            if role in _STATE_ROLES:
+                node.meta[NAMES] = state[role][target]
+                if role == "constant":
+                    constants[node.meta[NAMES][0]] = program.constants[target]
+        else:
+            node.meta[ROLE] = "output" if node.op == "output" else "op"
+        node.meta[MODULE] = _module_path(node)
+    _merge_aliases(gm.graph)
+    gm.graph.lint()
+    gm.recompile()
+    gm.meta[CONSTANTS] = constants
+    return gm
+
+
+def _distinct(example_inputs: tuple) -> tuple:
+    """The inputs with a repeated tensor object replaced by a copy of it.
+
+    One placeholder per input position, whatever tracing makes of aliased inputs, keeps the
+    calling convention the same as the model's.
+    """
+    seen: set[int] = set()
+
+    def fresh(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        if id(value) in seen:
+            return value.clone()
+        seen.add(id(value))
+        return value
+
+    return torch.utils._pytree.tree_map(fresh, example_inputs)
+
+
+@contextmanager
+def _without_stack_traces() -> Iterator[None]:
+    # Recording a Python stack per node is about a quarter of export time on large models;
+    # autopar_module already says where a node comes from.
+    config = torch.fx.config
+    if not hasattr(config, "do_not_emit_stack_traces"):  # older torch: always records
+        yield
+        return
+    saved = config.do_not_emit_stack_traces
+    config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        config.do_not_emit_stack_traces = saved
+
+
+def _state_names(model: nn.Module, program: torch.export.ExportedProgram,
+                 ) -> dict[str, dict[str, tuple[str, ...]]]:
+    """For each state role, export target -> every name of that tensor, canonical first."""
+    by_role = {
+        "parameter": model.named_parameters(remove_duplicate=False),
+        "buffer": model.named_buffers(remove_duplicate=False),
+        # torch.export lists an aliased constant under each of its names.
+        "constant": program.constants.items(),
+    }
+    result = {}
+    for role, named in by_role.items():
+        aliases: dict[int, list[str]] = {}
+        tensor_of: dict[str, Any] = {}
+        for name, tensor in named:
+            aliases.setdefault(id(tensor), []).append(name)
+            tensor_of[name] = tensor
+        result[role] = {name: tuple(aliases[id(t)]) for name, t in tensor_of.items()}
+    return result
+
+
+def _merge_aliases(graph: fx.Graph) -> None:
+    """Keep one placeholder per state tensor and drop state placeholders nothing uses.
+
+    torch.export gives each name of a tied weight its own placeholder but routes every use
+    through one of them; user inputs always stay so the calling convention is predictable.
+    """
+    first: dict[tuple[str, ...], fx.Node] = {}
+    for node in list(graph.nodes):
+        if node.op != "placeholder" or node.meta[ROLE] not in _STATE_ROLES:
+            continue
+        kept = first.get(node.meta[NAMES])
+        if kept is None and node.users:
+            first[node.meta[NAMES]] = node
+        elif kept is not None:
+            node.replace_all_uses_with(kept)
+    for node in list(graph.nodes):
+        if node.op == "placeholder" and node.meta[ROLE] in _STATE_ROLES and not node.users:
+            graph.erase_node(node)
+
+
+def _module_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path, _ = next(reversed(stack.values()))
+    # A module called twice is recorded as "name@1"; the module itself is what matters.
+    return re.sub(r"@\d+$", "", path)
+
+
+def _capture_error(model: nn.Module, error: Exception) -> CaptureError:
+    message = str(error).strip()
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    # The first line says what failed; "- " lines right after it say which guard or value.
+    details = list(dict.fromkeys(line for line in lines[1:4] if line.startswith("- ")))
+    got = f"{type(error).__name__}: {' '.join(lines[:1] + details)[:400] or '(no message)'}"
+    where = re.search(r"The following call raised this error:\s*\n\s*(File [^\n]+)", message)
+    if where:
+        got += f" ({where.group(1)})"
+    fix = _fix_hint(error, message)
+    suggested = re.search(r"Suggested fixes:\s*\n(.*?)(?:\n\s*\n|$)", message, re.S)
+    if suggested:
+        fix += f"; torch suggests: {' '.join(suggested.group(1).split())}"
+    return CaptureError(
+        f"torch.export could not capture {type(model).__name__}",
+        expected="a forward that torch.export can trace (non-strict)", got=got, fix=fix)
+
+
+def _fix_hint(error: Exception, message: str) -> str:
+    lowered = message.lower()
+    if re.search(r"specialized it to be a constant \([01]\)", message):
+        return ("torch.export treats sizes 0 and 1 as constants: give the example input at "
+                "least 2 along every dimension declared dynamic")
+    if "data-dependent" in lowered or "data dependent" in lowered:
+        return ("make the control flow independent of tensor values (branch on shapes or "
+                "config), or express the branch with torch.cond")
+    if "constraint" in lowered or "specializ" in lowered or "dynamic_shapes" in lowered:
+        return ("a dimension declared dynamic is fixed or bounded by the model; give its Dim "
+                "those bounds, drop it from dynamic_shapes, or use Dim.AUTO to let export decide")
+    if isinstance(error, (TypeError, ValueError, RuntimeError, AssertionError)):
+        return ("check that model(*example_inputs) runs eagerly with these inputs; if it "
+                "does, rewrite the Python that export rejects (see the message)")
+    return "rewrite the Python that torch.export rejects (see the message)"

@@ -1,0 +1,86 @@
+"""The example models: they train on CPU, are deterministic, and capture (on CPU and meta)."""
+
+import functools
+import math
+
+import pytest
+import torch
+
+from autopar.passes.annotate import annotate
+from autopar.passes.capture import capture
+from autopar.specs import FLOPS, MODULE, NAMES, ROLE
+from examples import gpt, llama, mlp
+
+EXAMPLES = [mlp, gpt, llama]
+
+
+@functools.cache
+def _captured(example):
+    """(model, inputs, annotated graph) of the default config, shared by the tests."""
+    model, inputs = example.build()
+    return model, inputs, annotate(capture(model, inputs))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.__name__)
+def test_forward_backward_gives_a_finite_scalar_loss(example):
+    model, inputs = example.build()
+    loss = model(*inputs)
+    loss.backward()
+    assert loss.ndim == 0 and math.isfinite(loss.item())
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.__name__)
+def test_build_is_deterministic_in_its_seed(example):
+    (a, inputs_a), (b, inputs_b) = example.build(seed=3), example.build(seed=3)
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+    assert all(torch.equal(x, y) for x, y in zip(inputs_a, inputs_b, strict=True))
+    c, _ = example.build(seed=4)
+    assert not all(torch.equal(pa, pc) for pa, pc in zip(a.parameters(), c.parameters()))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.__name__)
+def test_captured_graph_computes_the_loss(example):
+    model, inputs, gm = _captured(example)
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    args = [state[n.meta[NAMES][0]] for n in gm.graph.nodes
+            if n.op == "placeholder" and n.meta[ROLE] != "input"]
+    (loss,) = gm(*args, *inputs)
+    torch.testing.assert_close(loss, model(*inputs))
+    assert sum(n.meta[FLOPS] for n in gm.graph.nodes) > 0
+
+
+@pytest.mark.parametrize("example", [gpt, llama], ids=lambda e: e.__name__)
+def test_meta_build_captures_with_layers_as_modules_layers_i(example):
+    model, inputs = example.build(layers=3, device="meta")
+    assert all(p.is_meta for p in model.parameters())
+    gm = capture(model, inputs)
+    blocks = {n.meta[MODULE].split(".")[1] for n in gm.graph.nodes
+              if n.meta[MODULE].startswith("layers.")}
+    assert blocks == {"0", "1", "2"}
+
+
+def test_gpt_head_is_tied_to_the_token_embedding():
+    model, _, gm = _captured(gpt)
+    assert model.lm_head.weight is model.wte.weight
+    names = [n.meta.get(NAMES) for n in gm.graph.nodes if n.op == "placeholder"]
+    assert ("wte.weight", "lm_head.weight") in names
+
+
+def test_llama_uses_grouped_query_attention_and_fused_norms():
+    model, _, gm = _captured(llama)
+    attention = model.layers[0].attn
+    assert attention.kv_heads < attention.heads
+    targets = {str(n.target) for n in gm.graph.nodes}
+    assert {"aten.rms_norm.default", "aten.scaled_dot_product_attention.default",
+            "aten.silu.default"} <= targets
+
+
+def test_llama_3_8b_shape_builds_on_meta():
+    model, (idx, targets) = llama.build(layers=32, hidden=4096, heads=32, kv_heads=8,
+                                        ffn=14336, vocab=128256, seq=4096, batch=1,
+                                        device="meta", dtype=torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    assert 8.0e9 < params < 8.1e9
+    assert idx.shape == targets.shape == (1, 4096) and idx.is_meta
