@@ -152,14 +152,22 @@ def needed_grad(output_placements: Placements) -> Placements:
 
 
 def edge_transfers(nbytes, src: Placements, dst: Placements, consumer_output: Placements,
-                   mesh_shape: tuple[int, ...], *, requires_grad: bool) -> tuple[Transfer, ...]:
-    """Forward and (for tensors on the gradient path) backward collectives of one edge."""
+                   mesh_shape: tuple[int, ...], *, requires_grad: bool,
+                   regather: bool = False) -> tuple[Transfer, ...]:
+    """Forward and (for tensors on the gradient path) backward collectives of one edge.
+
+    `regather` is for parameters stored sharded (ZeRO-3/FSDP): the gathered copy is freed
+    after its forward use and gathered again for the backward, so it never counts against
+    memory and its all-gathers are paid twice.
+    """
     forward = redistribute(nbytes, src, dst, mesh_shape)
     if not requires_grad:
         return forward
+    again = tuple(Transfer(t.kind, t.axis, t.nbytes, True) for t in forward
+                  if regather and t.kind == "all_gather")
     backward = redistribute(nbytes, arriving_grad(dst, consumer_output), needed_grad(src),
                             mesh_shape, backward=True)
-    return forward + backward
+    return forward + again + backward
 
 
 def compute_divisor(inputs: tuple[Placements, ...], output: Placements,

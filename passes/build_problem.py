@@ -47,6 +47,7 @@ class EdgeRef:
     position: int
     tensor: TensorSpec
     requires_grad: bool
+    regather: bool  # a parameter: gathered again for the backward (see cost.edge_transfers)
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,7 +150,8 @@ class _Builder:
         src = self.table.strategies[ref.producer]
         dst = self.table.strategies[ref.consumer]
         # Strategy tuples are shared between identical ops, so repeated blocks hit this cache.
-        key = (id(src), id(dst), ref.position, ref.tensor.nbytes, ref.requires_grad)
+        key = (id(src), id(dst), ref.position, ref.tensor.nbytes, ref.requires_grad,
+               ref.regather)
         if key not in self.matrix_cache:
             self.matrix_cache[key] = self._edge_matrix(src, dst, ref)
         return self.matrix_cache[key]
@@ -159,11 +161,12 @@ class _Builder:
         for k, s in enumerate(src):
             for m, d in enumerate(dst):
                 key = (ref.tensor.nbytes, s.output, d.inputs[ref.position], d.output,
-                       ref.requires_grad)
+                       ref.requires_grad, ref.regather)
                 value = self.edge_cache.get(key)
                 if value is None:
                     transfers = cost.edge_transfers(ref.tensor.nbytes, *key[1:4], self.mesh.shape,
-                                                    requires_grad=ref.requires_grad)
+                                                    requires_grad=ref.requires_grad,
+                                                    regather=ref.regather)
                     value = float(sum(t.time(self.mesh) for t in transfers))
                     self.edge_cache[key] = value
                 matrix[k, m] = value
@@ -202,7 +205,8 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     strategies = tuple(table.strategies[name] for name in builder.order)
     nodes = [builder.by_name[name] for name in builder.order]
     edges = tuple(
-        EdgeRef(producer, node.name, position, spec, builder.on_path[producer])
+        EdgeRef(producer, node.name, position, spec, builder.on_path[producer],
+                builder.by_name[producer].meta.get(ROLE) == "parameter")
         for node in nodes for position, (producer, spec) in enumerate(table.inputs[node.name]))
     problem = ShardingProblem(
         node_costs=tuple(np.array([builder.node_cost(n, s) for s in ss], dtype=float)

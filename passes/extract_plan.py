@@ -35,7 +35,8 @@ def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound) -> sym
     for ref, src, dst in inbound:
         for transfer in cost.edge_transfers(ref.tensor.sym_nbytes, src.output,
                                             dst.inputs[ref.position], dst.output, mesh.shape,
-                                            requires_grad=ref.requires_grad):
+                                            requires_grad=ref.requires_grad,
+                                            regather=ref.regather):
             total += transfer.time(mesh)
     return sympy.sympify(total)
 
@@ -63,7 +64,8 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
             for ref, src, dst, _ in inbound[name]
             for t in cost.edge_transfers(ref.tensor.nbytes, src.output, dst.inputs[ref.position],
                                          dst.output, mesh.shape,
-                                         requires_grad=ref.requires_grad))
+                                         requires_grad=ref.requires_grad,
+                                         regather=ref.regather))
         nodes.append(NodePlan(
             name=name, op=str(node.target) if node.op == "call_function" else node.op,
             role=node.meta.get(ROLE, node.op), module=module_of(node),

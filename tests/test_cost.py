@@ -80,7 +80,7 @@ def test_costs_are_symbolic_over_symbolic_sizes():
     (transfer,) = cost.redistribute(4 * batch, (P,), (R,), (8,))
     t = transfer.time(autopar.Mesh((8,), ("tp",), hardware="h100-sxm"))
     assert float(t.subs(batch, 1024)) == pytest.approx(
-        cost.collective_time("all_reduce", 4096, 8, 4.5e11, 3e-6))
+        cost.collective_time("all_reduce", 4096, 8, 4.5e11, 1e-6))
 
 
 def test_compute_divisor():
@@ -88,3 +88,11 @@ def test_compute_divisor():
     assert cost.compute_divisor(((S1,), (S0,)), (P,), (4,)) == 4   # contraction split
     assert cost.compute_divisor(((P,), (P,)), (P,), (4,)) == 1     # P + P: full work
     assert cost.compute_divisor(((S0, R),), (S0, R), (2, 4)) == 2
+
+
+def test_sharded_parameters_are_gathered_again_for_the_backward():
+    # ZeRO-3: all-gather forward, all-gather again and reduce-scatter backward.
+    transfers = cost.edge_transfers(1024, (S0,), (R,), (S1,), (4,), requires_grad=True,
+                                    regather=True)
+    assert [(t.kind, t.backward) for t in transfers] == [
+        ("all_gather", False), ("all_gather", True), ("reduce_scatter", True)]

@@ -193,6 +193,11 @@ def _freeze(g: WorkGraph, tol: float) -> ReducedProblem:
     starts_arr = np.asarray(starts, dtype=np.int64)
     lo_new = np.searchsorted(starts_arr, [t[1] for t in terms]).astype(np.int64)
     hi_new = np.searchsorted(starts_arr, [t[2] for t in terms]).astype(np.int64)
+    base_arr = np.asarray(base, dtype=np.float64)
+    if all((t[3] >= 0).all() for t in terms):
+        keep = _undominated(lo_new, hi_new, base_arr)
+        rank = np.concatenate([[0], np.cumsum(keep)])
+        lo_new, hi_new, base_arr = rank[lo_new], rank[hi_new], base_arr[keep]
     live = lo_new < hi_new
     kept_terms = [t for t, ok in zip(terms, live) if ok]
     return ReducedProblem(
@@ -200,6 +205,28 @@ def _freeze(g: WorkGraph, tol: float) -> ReducedProblem:
         term_node=np.array([t[0] for t in kept_terms], dtype=np.int64),
         term_lo=lo_new[live], term_hi=hi_new[live],
         term_usage=tuple(t[3] for t in kept_terms),
-        base=np.asarray(base, dtype=np.float64), limit=g.limit, offset=g.offset,
+        base=base_arr, limit=g.limit, offset=g.offset,
         original=tuple(int(i) for i in nodes), keep=tuple(g.keep[i] for i in nodes),
         log=tuple(g.log), num_original=len(g.costs))
+
+
+def _undominated(lo: np.ndarray, hi: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """Segments whose memory constraint is not implied by a neighbouring segment's.
+
+    With non-negative usages, segment q's constraint follows from q+1's when every term
+    live at q is still live at q+1 (none ends at q+1) and q's base is no larger; likewise
+    from q-1's when none starts at q and q's base is strictly smaller. The two rules never
+    drop both members of a pair, so every dropped constraint stays implied by a kept one.
+    """
+    n = base.size
+    keep = np.ones(n, dtype=bool)
+    if n < 2:
+        return keep
+    live = lo < hi
+    ends = np.bincount(hi[live], minlength=n + 1)
+    begins = np.bincount(lo[live], minlength=n + 1)
+    forward = (ends[1:n] == 0) & (base[:-1] <= base[1:])
+    backward = (begins[1:n] == 0) & (base[1:] < base[:-1])
+    keep[:-1] &= ~forward
+    keep[1:] &= ~backward
+    return keep

@@ -1,0 +1,179 @@
+"""CP-SAT on a reduced problem, or on the free part of it with the other nodes fixed.
+
+Model: a boolean per (free node, strategy) with finite cost, exactly one per node; a
+boolean per finite strategy pair of every edge between free nodes, tied to its endpoints by
+`sum_l y[k, l] == x_a[k]` and `sum_k y[k, l] == x_b[l]` (the local-polytope linearisation,
+whose LP relaxation is the tightest of the usual ones); edges to fixed nodes become node
+costs. Memory: one linear constraint per requested segment, with the fixed nodes' usage
+moved to the right-hand side. Determinism: CP-SAT is run with `interleave_search` and a
+deterministic-time limit, so the same input gives the same answer; the wall-clock limit is
+only a safety net (a run that hits it may differ between machines).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from autopar.solver.flat import Flat
+from autopar.solver.scaling import Scales
+
+STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
+          cp_model.INFEASIBLE: "infeasible", cp_model.UNKNOWN: "unknown"}
+
+
+@dataclass(frozen=True, eq=False)
+class SubResult:
+    """Outcome of one CP-SAT run: the new assignment (None if none found), CP-SAT's status,
+    and a lower bound on the reduced objective with the fixed nodes as given."""
+
+    x: np.ndarray | None
+    status: str
+    bound: float
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Search budget: deterministic time (the real limit) and a wall-clock safety cap."""
+
+    deterministic: float
+    wall: float
+    seed: int = 0
+    workers: int = 1
+
+
+def _unaries(flat: Flat, x: np.ndarray, free: np.ndarray) -> dict[int, np.ndarray]:
+    out = {}
+    for i in np.flatnonzero(free):
+        u = flat.cost_flat[flat.offsets[i]:flat.offsets[i + 1]].copy()
+        for j, m in flat.nbrs[i]:
+            if not free[j]:
+                u += m[:, x[j]]
+        out[int(i)] = u
+    return out
+
+
+def _fixed_cost(flat: Flat, x: np.ndarray, free: np.ndarray) -> float:
+    nodes = flat.cost_flat[flat.offsets[:-1] + x][~free].sum()
+    both = ~free[flat.edge_a] & ~free[flat.edge_b]
+    idx = flat.edge_off + x[flat.edge_a] * flat.edge_cols + x[flat.edge_b]
+    return float(flat.problem.offset + nodes + flat.edge_flat[idx][both].sum())
+
+
+class SubModel:
+    """The CP-SAT model of the free nodes of `flat` given assignment x for the rest."""
+
+    def __init__(self, flat: Flat, scales: Scales, x: np.ndarray, free: np.ndarray) -> None:
+        self.flat, self.scales, self.x, self.free = flat, scales, x, free
+        self.model = cp_model.CpModel()
+        self.const = _fixed_cost(flat, x, free)
+        self.infeasible = False
+        self.lits: dict[int, dict[int, cp_model.IntVar]] = {}
+        terms: list[tuple[int, cp_model.IntVar]] = []
+        for i, u in _unaries(flat, x, free).items():
+            ks = np.flatnonzero(np.isfinite(u))
+            if ks.size == 0:
+                self.infeasible = True
+                return
+            low = float(u[ks].min())
+            self.const += low
+            coef = scales.cost_int(u[ks] - low)
+            self.lits[i] = {int(k): self.model.NewBoolVar("") for k in ks}
+            self.model.AddExactlyOne(self.lits[i].values())
+            terms += [(int(c), self.lits[i][int(k)]) for k, c in zip(ks, coef) if c]
+            if free[i] and np.isfinite(u[x[i]]):
+                for k, v in self.lits[i].items():
+                    self.model.AddHint(v, k == x[i])
+        for e in np.flatnonzero(free[flat.edge_a] & free[flat.edge_b]):
+            terms += self._edge(int(e))
+        self.model.Minimize(sum(c * v for c, v in terms))
+
+    def _edge(self, e: int) -> list[tuple[int, cp_model.IntVar]]:
+        flat = self.flat
+        a, b = int(flat.edge_a[e]), int(flat.edge_b[e])
+        la, lb = self.lits[a], self.lits[b]
+        m = flat.edge_flat[flat.edge_off[e]:flat.edge_off[e] + flat.sizes[a] * flat.sizes[b]]
+        m = m.reshape(flat.sizes[a], flat.sizes[b])
+        rows, cols = np.fromiter(la, int), np.fromiter(lb, int)
+        sub = m[np.ix_(rows, cols)]
+        finite = np.isfinite(sub)
+        if not finite.any():
+            self.infeasible = True
+            return []
+        low = float(sub[finite].min())
+        self.const += low
+        coef = self.scales.cost_int(np.where(finite, sub - low, 0.0))
+        by_row: list[list] = [[] for _ in rows]
+        by_col: list[list] = [[] for _ in cols]
+        out = []
+        hint = self.x[a] in la and self.x[b] in lb
+        for r, c in zip(*np.nonzero(finite)):
+            y = self.model.NewBoolVar("")
+            by_row[r].append(y)
+            by_col[c].append(y)
+            if coef[r, c]:
+                out.append((int(coef[r, c]), y))
+            if hint:
+                self.model.AddHint(y, rows[r] == self.x[a] and cols[c] == self.x[b])
+        for r, ys in enumerate(by_row):
+            self.model.Add(sum(ys) == la[int(rows[r])])
+        for c, ys in enumerate(by_col):
+            self.model.Add(sum(ys) == lb[int(cols[c])])
+        return out
+
+    def add_memory(self, segments: np.ndarray) -> None:
+        """Constrain usage on the given segments (fixed nodes' usage as a constant)."""
+        flat, scales, x, free = self.flat, self.scales, self.x, self.free
+        limit = flat.limit
+        if self.infeasible or not math.isfinite(limit):
+            return
+        base = flat.problem.base
+        for s in segments:
+            live = np.flatnonzero((flat.term_lo <= s) & (s < flat.term_hi))
+            fixed = 0
+            per_node: dict[int, np.ndarray] = {}
+            for t in live:
+                i = int(flat.term_node[t])
+                vec = flat.term_flat[flat.term_off[t]:flat.term_off[t] + flat.sizes[i]]
+                if free[i]:
+                    per_node[i] = per_node.get(i, 0) + vec
+                else:
+                    fixed += int(scales.usage_int(vec[x[i]:x[i] + 1])[0])
+            rhs = scales.capacity_int(limit - float(base[s])) - fixed
+            expr = []
+            for i, vec in per_node.items():
+                ks = np.fromiter(self.lits[i], int)
+                coef = scales.usage_int(vec[ks])
+                low = int(coef.min())
+                rhs -= low
+                expr += [(int(c - low), self.lits[i][int(k)]) for k, c in zip(ks, coef)
+                         if c > low]
+            if rhs < 0:
+                self.infeasible = True
+                return
+            if expr and sum(c for c, _ in expr) > rhs:
+                self.model.Add(sum(c * v for c, v in expr) <= rhs)
+
+    def solve(self, limits: Limits) -> SubResult:
+        if self.infeasible:
+            return SubResult(None, "infeasible", math.inf)
+        solver = cp_model.CpSolver()
+        params = solver.parameters
+        params.max_time_in_seconds = max(limits.wall, 0.01)
+        params.max_deterministic_time = max(limits.deterministic, 0.01)
+        params.num_workers = limits.workers
+        params.random_seed = limits.seed
+        params.interleave_search = limits.workers > 1
+        status = STATUS.get(solver.Solve(self.model), "unknown")
+        bound = self.const + solver.BestObjectiveBound() / self.scales.cost
+        if status == "infeasible":
+            return SubResult(None, status, math.inf)
+        if status == "unknown":
+            return SubResult(None, status, bound)
+        y = self.x.copy()
+        for i, lits in self.lits.items():
+            y[i] = next(k for k, v in lits.items() if solver.BooleanValue(v))
+        return SubResult(y, status, bound)
