@@ -126,8 +126,9 @@ class _Builder:
             return float(2 * held + elements * self.optimizer_state_bytes)
         if role in STORED_ROLES or role == "input":
             return float(held)
-        kept = self.on_path[node.name] and _number(node.meta.get(BYTES, 0), self.hints) > 0
-        return float(held) if kept or not self.on_path[node.name] else 0.0
+        if _number(node.meta.get(BYTES, 0), self.hints) == 0:
+            return 0.0  # a view shares its base's storage
+        return float(held)
 
     def interval(self, node: fx.Node) -> tuple[int, int]:
         end = len(self.order)
