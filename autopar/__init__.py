@@ -17,6 +17,7 @@ from autopar.plan_types import Plan
 
 __all__ = [
     "AutoparError", "CaptureError", "HardwareError", "HardwareProfile", "InfeasiblePlanError",
-    "Mesh", "MeshError", "ModelFileError", "Plan", "plan", "PlanFormatError", "ProblemFormatError", "ShardingError",
+    "Mesh", "MeshError", "ModelFileError", "Plan", "PlanFormatError", "ProblemFormatError",
+    "ShardingError",
     "available_hardware", "load_hardware",
 ]

@@ -98,7 +98,7 @@ def _local_bytes(nbytes, placements: Placements, mesh_shape: tuple[int, ...]):
     return nbytes / pieces
 
 
-def _axis_collective(src: Placement, dst: Placement) -> str | None:
+def axis_collective(src: Placement, dst: Placement) -> str | None:
     """The collective that turns `src` into `dst` on one axis (None: free, a local op)."""
     if src == dst or isinstance(dst, Partial) or (isinstance(src, Replicate)
                                                   and isinstance(dst, Shard)):
@@ -109,21 +109,44 @@ def _axis_collective(src: Placement, dst: Placement) -> str | None:
     return "all_gather" if isinstance(dst, Replicate) else "all_to_all"
 
 
-def _shrinks_first(item: tuple[int, Placement, Placement]) -> int:
-    # Do the steps that cut the buffer (slices, reduce-scatters) before the ones that grow it.
-    _, _, dst = item
-    return 0 if isinstance(dst, Shard) else 1
+Step = tuple[int, Placement, Placement]  # (mesh axis, placement before, placement after)
+
+
+def conversion_steps(src: Placements, dst: Placements) -> tuple[Step, ...] | None:
+    """The per-axis steps turning `src` into `dst`, in execution order, or None.
+
+    Steps that cut the buffer (to Shard) go first, outer axes first; the others (gathers,
+    reductions) innermost axis first. A dim sharded over axes a < b is cut outer axis first
+    (a rank holds chunk i_a * n_b + i_b, DTensor's order), so a step touching dim d is one
+    collective only on the innermost axis that shards d: when the order needs anything else
+    (a shard moving between axes, an outer axis changing under an inner one) the conversion
+    is not a sequence of single-axis collectives and None says so.
+    """
+    changed = [axis for axis in range(len(src)) if src[axis] != dst[axis]]
+    order = sorted(changed, key=lambda axis: (0, axis) if isinstance(dst[axis], Shard)
+                   else (1, -axis))
+    current = list(src)
+    steps = []
+    for axis in order:
+        for placement in (src[axis], dst[axis]):
+            if isinstance(placement, Shard) and Shard(placement.dim) in current[axis + 1:]:
+                return None
+        steps.append((axis, src[axis], dst[axis]))
+        current[axis] = dst[axis]
+    return tuple(steps)
 
 
 def redistribute(nbytes, src: Placements, dst: Placements, mesh_shape: tuple[int, ...],
-                 *, backward: bool = False) -> tuple[Transfer, ...]:
-    """Collectives that turn a tensor of `nbytes` (global) sharded `src` into `dst`."""
+                 *, backward: bool = False) -> tuple[Transfer, ...] | None:
+    """Collectives that turn a tensor of `nbytes` (global) sharded `src` into `dst`, or None
+    when no sequence of single-axis collectives does (see `conversion_steps`)."""
+    steps = conversion_steps(src, dst)
+    if steps is None:
+        return None
     current = list(src)
-    steps = sorted(((axis, s, d) for axis, (s, d) in enumerate(zip(src, dst)) if s != d),
-                   key=_shrinks_first)
     transfers = []
     for axis, s, d in steps:
-        kind = _axis_collective(s, d)
+        kind = axis_collective(s, d)
         if kind is not None:
             before = _local_bytes(nbytes, tuple(current), mesh_shape)
             # B is the larger side: all-gather's output is n times its input.
@@ -153,21 +176,24 @@ def needed_grad(output_placements: Placements) -> Placements:
 
 def edge_transfers(nbytes, src: Placements, dst: Placements, consumer_output: Placements,
                    mesh_shape: tuple[int, ...], *, requires_grad: bool,
-                   regather: bool = False) -> tuple[Transfer, ...]:
-    """Forward and (for tensors on the gradient path) backward collectives of one edge.
+                   regather: bool = False) -> tuple[Transfer, ...] | None:
+    """Forward and (for tensors on the gradient path) backward collectives of one edge, or
+    None when the edge can't be carried out by single-axis collectives.
 
-    `regather` is for parameters stored sharded (ZeRO-3/FSDP): the gathered copy is freed
-    after its forward use and gathered again for the backward, so it never counts against
-    memory and its all-gathers are paid twice.
+    `regather` is for parameters stored sharded (ZeRO-3/FSDP) whose consumer keeps them for
+    its backward: the gathered copy is freed after the forward and gathered again for the
+    backward, so it never counts against memory and its all-gathers are paid twice (only
+    gathers can be repeated that way: other conversions of such an edge are refused).
     """
     forward = redistribute(nbytes, src, dst, mesh_shape)
-    if not requires_grad:
+    if forward is None or not requires_grad:
         return forward
-    again = tuple(Transfer(t.kind, t.axis, t.nbytes, True) for t in forward
-                  if regather and t.kind == "all_gather")
+    if regather and any(t.kind != "all_gather" for t in forward):
+        return None
+    again = tuple(Transfer(t.kind, t.axis, t.nbytes, True) for t in forward) if regather else ()
     backward = redistribute(nbytes, arriving_grad(dst, consumer_output), needed_grad(src),
                             mesh_shape, backward=True)
-    return forward + again + backward
+    return None if backward is None else forward + again + backward
 
 
 def compute_divisor(inputs: tuple[Placements, ...], output: Placements,

@@ -20,6 +20,7 @@ map from problem indices back to graph nodes and tensors.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -47,7 +48,7 @@ class EdgeRef:
     position: int
     tensor: TensorSpec
     requires_grad: bool
-    regather: bool  # a parameter: gathered again for the backward (see cost.edge_transfers)
+    regather: bool  # a saved parameter: gathered again for the backward (cost.edge_transfers)
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,6 +148,14 @@ class _Builder:
             else:  # getitem and other pass-through nodes
                 yield from self._decision_users(user)
 
+    def regathers(self, producer: str, consumer: str, position: int) -> bool:
+        """A parameter whose consumer saves it for the backward: needed when some other
+        input of the consumer carries a gradient (a linear's weight when its input does)."""
+        if self.by_name[producer].meta.get(ROLE) != "parameter":
+            return False
+        return any(self.on_path[name] for i, (name, _) in enumerate(self.table.inputs[consumer])
+                   if i != position and name != producer)
+
     def edge_matrix(self, ref: EdgeRef) -> np.ndarray:
         src = self.table.strategies[ref.producer]
         dst = self.table.strategies[ref.consumer]
@@ -168,7 +177,8 @@ class _Builder:
                     transfers = cost.edge_transfers(ref.tensor.nbytes, *key[1:4], self.mesh.shape,
                                                     requires_grad=ref.requires_grad,
                                                     regather=ref.regather)
-                    value = float(sum(t.time(self.mesh) for t in transfers))
+                    value = (math.inf if transfers is None  # not executable: forbidden
+                             else float(sum(t.time(self.mesh) for t in transfers)))
                     self.edge_cache[key] = value
                 matrix[k, m] = value
         return matrix
@@ -207,7 +217,7 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     nodes = [builder.by_name[name] for name in builder.order]
     edges = tuple(
         EdgeRef(producer, node.name, position, spec, builder.on_path[producer],
-                builder.by_name[producer].meta.get(ROLE) == "parameter")
+                builder.regathers(producer, node.name, position))
         for node in nodes for position, (producer, spec) in enumerate(table.inputs[node.name]))
     problem = ShardingProblem(
         node_costs=tuple(np.array([builder.node_cost(n, s) for s in ss], dtype=float)

@@ -3,8 +3,9 @@
 The model is traced with `torch.export.export(strict=False)` to the training IR, which keeps
 high-level ops (aten.linear, aten.layer_norm, aten.scaled_dot_product_attention, ...) and the
 model's train/eval behaviour. The only decompositions run are the rules' `DECOMPOSITIONS`
-(means as sums over a global count, so that a split batch reduces to summands). Parameters and example inputs may
-live on the meta device, so the largest models are captured without their memory.
+(means as sums over a global count, so that a split batch reduces to summands). Parameters
+and example inputs may live on the meta device, so the largest models are captured without
+their memory.
 
 Reads `node.meta["nn_module_stack"]` (written by torch.export). Writes on every node:
 - `autopar_role`: "parameter", "buffer", "constant" or "input" for placeholders, "op" for

@@ -1,0 +1,32 @@
+"""The distributed runtime: starting ranks, meshes of process groups, and the
+autograd-aware collectives that move tensors between placements.
+
+- `launch.launch(fn, nprocs, *args)` / `init_from_env()`: ranks on one machine, or under
+  torchrun. (The function is not re-exported here, so that `autopar.runtime.launch` stays
+  the module, with `autopar.runtime.launch.init_from_env` in it.)
+- `device_mesh(mesh)`: the torch DeviceMesh of an `autopar.Mesh`.
+- `Redistribution.for_edge(...)` + `redistribute(x, r, mesh, counter)`: one graph edge's
+  conversion, forward and backward, performing exactly the collectives the cost model
+  charges; `CommCounter` measures them; `Regather` frees gathered parameters for backward.
+"""
+
+from autopar.runtime.collectives import redistribute
+from autopar.runtime.counter import CommCounter, transfer_totals
+from autopar.runtime.errors import (
+    LaunchArgumentError,
+    LaunchError,
+    ProcessGroupError,
+    RedistributionError,
+    UnsupportedRedistributionError,
+)
+from autopar.runtime.groups import device_mesh
+from autopar.runtime.launch import init_from_env
+from autopar.runtime.redistribution import Redistribution
+from autopar.runtime.regather import Regather
+from autopar.runtime.steps import Step, local_shape, plan_steps
+
+__all__ = [
+    "CommCounter", "LaunchArgumentError", "LaunchError", "ProcessGroupError", "Redistribution",
+    "RedistributionError", "Regather", "Step", "UnsupportedRedistributionError", "device_mesh",
+    "init_from_env", "local_shape", "plan_steps", "redistribute", "transfer_totals",
+]

@@ -1,0 +1,94 @@
+"""Execution of `Step`s on a rank's local tensor, over one axis of a torch DeviceMesh.
+
+Collectives are torch's functional collectives over the axis's process group
+(`DeviceMesh.get_group(axis)`, whose group rank is the rank's coordinate on the axis); the
+local steps are chunking and zero-filling. Every collective is recorded in the caller's
+`CommCounter` with the cost model's byte convention. Nothing here is differentiable: the
+autograd-aware wrapper lives in `collectives.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.device_mesh import DeviceMesh
+
+from autopar.placement import Partial, Replicate, Shard
+from autopar.runtime.counter import CommCounter
+from autopar.runtime.steps import Step
+
+
+def axis_name(mesh: DeviceMesh, axis: int) -> str:
+    """The counter's name of a mesh axis: its mesh_dim_name, else its index."""
+    names = mesh.mesh_dim_names
+    return names[axis] if names else str(axis)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _all_gather(t: torch.Tensor, dim: int, group) -> torch.Tensor:
+    # Gather along dim 0, where the pieces are contiguous blocks in group-rank order.
+    front = t.movedim(dim, 0).contiguous()
+    return funcol.wait_tensor(funcol.all_gather_single(front, 0, group)).movedim(0, dim)
+
+
+def _reduce_scatter(t: torch.Tensor, dim: int, group) -> torch.Tensor:
+    front = t.movedim(dim, 0).contiguous()
+    out = funcol.wait_tensor(funcol.reduce_scatter_single(front, "sum", 0, group))
+    return out.movedim(0, dim)
+
+
+def _all_to_all(t: torch.Tensor, src_dim: int, dst_dim: int, n: int, group) -> torch.Tensor:
+    # Piece j (chunk j along dst_dim) goes to coordinate j; what comes back from j is its
+    # src_dim shard j restricted to our dst_dim chunk, so concatenating along src_dim in
+    # coordinate order rebuilds that dim.
+    send = torch.stack(t.chunk(n, dst_dim))
+    recv = funcol.wait_tensor(funcol.all_to_all_single(send.flatten(0, 1), None, None, group))
+    return torch.cat(recv.view(send.shape).unbind(0), dim=src_dim)
+
+
+def _scatter_into_zeros(t: torch.Tensor, dim: int, n: int, coordinate: int) -> torch.Tensor:
+    # A Partial value whose summands are the shards, each at its place in zeros.
+    shape = list(t.shape)
+    shape[dim] *= n
+    out = t.new_zeros(shape)
+    out.narrow(dim, coordinate * t.shape[dim], t.shape[dim]).copy_(t)
+    return out
+
+
+def apply_step(t: torch.Tensor, step: Step, mesh: DeviceMesh, counter: CommCounter,
+               direction: str) -> torch.Tensor:
+    """Convert local tensor `t` by one step; record its collective (if any) in `counter`."""
+    src, dst = step.src, step.dst
+    n, coordinate = mesh.size(step.axis), mesh.get_local_rank(step.axis)
+    kind = step.kind
+    if kind is None:
+        if isinstance(dst, Partial) and isinstance(src, Replicate):
+            return t if coordinate == 0 else torch.zeros_like(t)
+        if isinstance(dst, Partial):
+            return _scatter_into_zeros(t, src.dim, n, coordinate)
+        return t.chunk(n, dst.dim)[coordinate].contiguous()  # R -> S(d)
+    group = mesh.get_group(step.axis)
+    if kind == "all_reduce":
+        out = funcol.wait_tensor(funcol.all_reduce(t.contiguous(), "sum", group))
+        nbytes = _nbytes(t)
+    elif kind == "reduce_scatter":
+        out, nbytes = _reduce_scatter(t, dst.dim, group), _nbytes(t)
+    elif kind == "all_gather":
+        out = _all_gather(t, src.dim, group)
+        nbytes = _nbytes(out)
+    else:
+        assert kind == "all_to_all" and isinstance(src, Shard) and isinstance(dst, Shard)
+        out, nbytes = _all_to_all(t, src.dim, dst.dim, n, group), _nbytes(t)
+    counter.record(kind, axis_name(mesh, step.axis), direction, nbytes)
+    return out
+
+
+def apply_steps(t: torch.Tensor, steps: tuple[Step, ...], mesh: DeviceMesh,
+                counter: CommCounter, direction: str) -> torch.Tensor:
+    """Apply `steps` in order; the result is contiguous."""
+    for step in steps:
+        t = apply_step(t, step, mesh, counter, direction)
+    return t.contiguous()

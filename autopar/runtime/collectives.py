@@ -1,0 +1,89 @@
+"""`redistribute`: the autograd-aware collective the lowering puts on every resharded edge.
+
+Forward converts a rank's local piece from `redistribution.src` to `.dst`; backward converts
+the gradient from `.grad_arriving` to `.grad_needed`, both axis by axis in the order and with
+the collectives `autopar.cost.edge_transfers` charged for the edge (see `steps.py`). This is
+DESIGN.md's backward table made code: Megatron's copy/reduce/scatter/gather regions for any
+axis and any pair of placements. Each collective is counted on the caller's `CommCounter`.
+
+Regathered parameter edges (`redistribution.regather`) also need a `Regather` scope: the
+forward's gathered tensor is then not kept for backward but gathered again when needed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+from torch.distributed.device_mesh import DeviceMesh
+
+from autopar.placement import format_placements
+from autopar.runtime.axis_ops import apply_steps
+from autopar.runtime.counter import CommCounter
+from autopar.runtime.errors import RedistributionError
+from autopar.runtime.redistribution import Redistribution
+from autopar.runtime.regather import Regather
+from autopar.runtime.steps import local_shape
+
+
+class _Redistribute(torch.autograd.Function):
+    # Linear in its input, so nothing is saved: backward needs only the placements.
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, redistribution: Redistribution, mesh: DeviceMesh,
+                counter: CommCounter) -> torch.Tensor:
+        ctx.redistribution, ctx.mesh, ctx.counter = redistribution, mesh, counter
+        return apply_steps(x, redistribution.forward_steps, mesh, counter, "forward")
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        steps = ctx.redistribution.backward_steps
+        return apply_steps(grad, steps, ctx.mesh, ctx.counter, "backward"), None, None, None
+
+
+def _check(x: torch.Tensor, r: Redistribution, mesh: DeviceMesh,
+           regather: Regather | None, differentiable: bool) -> None:
+    if tuple(mesh.shape) != r.mesh_shape:
+        raise RedistributionError("the device mesh differs from the edge's mesh",
+                                  expected=f"mesh shape {r.mesh_shape}",
+                                  got=f"{tuple(mesh.shape)}", fix="use the plan's mesh")
+    expected = local_shape(r.shape, r.src, r.mesh_shape)
+    if tuple(x.shape) != expected or x.dtype != r.dtype:
+        raise RedistributionError(
+            f"local tensor does not fit {format_placements(r.src)} of global shape {r.shape}",
+            expected=f"shape {expected}, dtype {r.dtype}",
+            got=f"shape {tuple(x.shape)}, dtype {x.dtype}",
+            fix="pass this rank's piece of the tensor in the source placement")
+    if differentiable and not r.requires_grad:
+        raise RedistributionError(
+            "tensor requires grad but the edge was built without a backward",
+            expected="Redistribution.for_edge(..., requires_grad=True)",
+            got="requires_grad=False", fix="rebuild the edge with requires_grad=True, "
+            "or detach the tensor")
+    if differentiable and r.regather and regather is None and any(
+            s.kind == "all_gather" for s in r.forward_steps):
+        raise RedistributionError(
+            "a regathered parameter edge needs a Regather scope",
+            expected="redistribute(..., regather=scope) inside `with scope:`",
+            got="regather=None", fix="create autopar.runtime.Regather() and pass it")
+
+
+def redistribute(x: torch.Tensor, redistribution: Redistribution, mesh: DeviceMesh,
+                 counter: CommCounter, *, regather: Regather | None = None) -> torch.Tensor:
+    """This rank's piece of `x` converted from `redistribution.src` to `.dst`.
+
+    `x` is the local piece of a tensor of global shape `redistribution.shape` laid out as
+    `src` on `mesh` (a torch DeviceMesh of shape `redistribution.mesh_shape`; a Partial
+    piece holds one summand). Differentiable: the gradient of the result, laid out as
+    `grad_arriving`, comes back laid out as `grad_needed`. Forward and backward collectives
+    are recorded on `counter` and equal `redistribution.forward`/`.backward` in bytes.
+    Collective, like any torch.distributed call: every rank of the mesh calls it in the same
+    order with the same `redistribution`.
+    """
+    differentiable = x.requires_grad and torch.is_grad_enabled()
+    _check(x, redistribution, mesh, regather, differentiable)
+    out = _Redistribute.apply(x, redistribution, mesh, counter)
+    if differentiable and redistribution.regather and regather is not None and any(
+            s.kind == "all_gather" for s in redistribution.forward_steps):
+        regather.track(out, x, redistribution.forward_steps, mesh, counter)
+    return out

@@ -1,0 +1,101 @@
+"""`Redistribution`: everything the runtime needs to move one tensor along one graph edge.
+
+It is the cost model's view of the edge (`autopar.cost.edge_transfers`) made executable: the
+forward and backward `Transfer`s as the cost model lists them, the placements they convert
+between, and the per-axis steps that perform exactly those transfers. Construction checks
+that the steps and the transfers agree collective for collective, so the bytes the runtime
+moves are the bytes the plan was charged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from autopar import cost
+from autopar.placement import Placements, format_placements
+from autopar.runtime.errors import RedistributionError, UnsupportedRedistributionError
+from autopar.runtime.steps import Step, nbytes_of, plan_steps
+
+
+@dataclass(frozen=True)
+class Redistribution:
+    """One edge: `src` -> `dst` forward, `grad_arriving` -> `grad_needed` backward.
+
+    `forward` holds the forward transfers and `backward` the backward ones (backward=True),
+    exactly as `cost.edge_transfers` returns them: with `regather`, the backward list starts
+    with a repeat of every forward all-gather (a parameter stored sharded is gathered again
+    for the backward instead of being kept). `requires_grad=False` edges have no backward
+    transfers and must not be differentiated through. `forward_steps`/`backward_steps` are
+    derived. Build one with `Redistribution.for_edge`.
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    mesh_shape: tuple[int, ...]
+    src: Placements
+    dst: Placements
+    grad_arriving: Placements
+    grad_needed: Placements
+    forward: tuple[cost.Transfer, ...]
+    backward: tuple[cost.Transfer, ...]
+    requires_grad: bool = True
+    regather: bool = False
+    forward_steps: tuple[Step, ...] = field(init=False, repr=False, compare=False)
+    backward_steps: tuple[Step, ...] = field(init=False, repr=False, compare=False)
+
+    @classmethod
+    def for_edge(cls, shape: tuple[int, ...], dtype: torch.dtype, src: Placements,
+                 dst: Placements, consumer_output: Placements, mesh_shape: tuple[int, ...],
+                 *, requires_grad: bool = True, regather: bool = False) -> Redistribution:
+        """The edge from a producer with output `src` to a consumer that reads it as `dst`
+        and produces `consumer_output`; transfers from `cost.edge_transfers`."""
+        shape, mesh_shape = tuple(shape), tuple(mesh_shape)
+        src, dst = tuple(src), tuple(dst)
+        nbytes = nbytes_of(shape, torch.empty((), dtype=dtype).element_size())
+        transfers = cost.edge_transfers(nbytes, src, dst, tuple(consumer_output), mesh_shape,
+                                        requires_grad=requires_grad, regather=regather)
+        # None: not executable; the step checks of __post_init__ then say why.
+        transfers = transfers or ()
+        return cls(shape, dtype, mesh_shape, src, dst,
+                   cost.arriving_grad(dst, tuple(consumer_output)), cost.needed_grad(src),
+                   tuple(t for t in transfers if not t.backward),
+                   tuple(t for t in transfers if t.backward),
+                   requires_grad=requires_grad, regather=regather)
+
+    def __post_init__(self) -> None:
+        forward_steps = plan_steps(self.src, self.dst, self.shape, self.mesh_shape)
+        backward_steps = (plan_steps(self.grad_arriving, self.grad_needed, self.shape,
+                                     self.mesh_shape) if self.requires_grad else ())
+        object.__setattr__(self, "forward_steps", forward_steps)
+        object.__setattr__(self, "backward_steps", backward_steps)
+        gathers = [s for s in forward_steps if s.kind == "all_gather"]
+        if self.regather and len(gathers) != len([s for s in forward_steps if s.kind]):
+            raise UnsupportedRedistributionError(
+                "a regathered parameter edge may only gather in the forward",
+                expected="forward collectives that are all all_gather",
+                got=self._describe(), fix="store the parameter in a placement that only "
+                "needs all-gathers to reach its use, or do not regather it")
+        again = gathers if self.regather and self.requires_grad else []
+        self._check(self.forward, forward_steps, "forward")
+        self._check(self.backward, again + list(backward_steps), "backward")
+
+    def _check(self, transfers: tuple[cost.Transfer, ...], steps: list[Step] | tuple[Step, ...],
+               direction: str) -> None:
+        # The steps are what runs; the transfers are what was charged: they must agree.
+        charged = [(t.kind, t.axis) for t in transfers]
+        performed = [(s.kind, s.axis) for s in steps if s.kind is not None]
+        if charged != performed:
+            raise RedistributionError(
+                f"the {direction} transfers do not match the placements of the edge",
+                expected=f"collectives {performed}", got=f"{charged} for {self._describe()}",
+                fix="build the Redistribution with Redistribution.for_edge")
+
+    def _describe(self) -> str:
+        return (f"{format_placements(self.src)} -> {format_placements(self.dst)} "
+                f"(grad {format_placements(self.grad_arriving)} -> "
+                f"{format_placements(self.grad_needed)}) of shape {self.shape}")
+
+    def __str__(self) -> str:
+        return f"Redistribution({self._describe()}{', regather' if self.regather else ''})"

@@ -1,0 +1,114 @@
+"""The per-axis steps of a redistribution, in the order the cost model charges them.
+
+`plan_steps(src, dst, ...)` turns one sharding into another one mesh axis at a time, in the
+order `autopar.cost.conversion_steps` fixes (the order decides which axis moves how many
+bytes, so the runtime takes it from the cost model rather than restating it). Each step is
+one of
+
+    P -> R      all_reduce              R -> S(d)     local chunk (torch.chunk, own coordinate)
+    P -> S(d)   reduce_scatter along d  R -> P        value on coordinate 0, zeros elsewhere
+    S(d) -> R   all_gather along d      S(d) -> P     own chunk in place, zeros elsewhere
+    S(d) -> S(e) all_to_all             (same placement: no step)
+
+A dim sharded over several axes is cut outer axis first: on axes (a, b), a < b, a rank holds
+chunk i_a * n_b + i_b (DTensor's order). A step is one collective only when its axis is the
+innermost one sharding the dims it touches; otherwise `UnsupportedRedistributionError`.
+Splits must be even (the strategy pass guarantees it): otherwise `ShardingError`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autopar.cost import axis_collective, conversion_steps
+from autopar.errors import ShardingError
+from autopar.placement import (
+    Partial,
+    Placement,
+    Placements,
+    Replicate,
+    Shard,
+    format_placement,
+    format_placements,
+    shard_count,
+)
+from autopar.runtime.errors import UnsupportedRedistributionError
+
+
+@dataclass(frozen=True)
+class Step:
+    """Change the placement on mesh axis `axis` from `src` to `dst` (they differ)."""
+
+    axis: int
+    src: Placement
+    dst: Placement
+
+    @property
+    def kind(self) -> str | None:
+        """The collective this step performs; None for the local ones."""
+        return axis_collective(self.src, self.dst)
+
+    def __str__(self) -> str:
+        return f"axis {self.axis}: {format_placement(self.src)} -> {format_placement(self.dst)}"
+
+
+def local_shape(shape: tuple[int, ...], placements: Placements,
+                mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Shape of one rank's piece of a tensor of global `shape` (even splits)."""
+    return tuple(size // shard_count(placements, mesh_shape, dim)
+                 for dim, size in enumerate(shape))
+
+
+def check_placements(placements: Placements, shape: tuple[int, ...],
+                     mesh_shape: tuple[int, ...]) -> None:
+    """Raise unless `placements` is one supported placement per axis that splits evenly."""
+    text = format_placements(placements) if placements else "()"
+    if len(placements) != len(mesh_shape):
+        raise ShardingError("placements do not match the mesh",
+                            expected=f"{len(mesh_shape)} placements for mesh {mesh_shape}",
+                            got=text, fix="give one placement per mesh axis")
+    for placement in placements:
+        if isinstance(placement, Shard) and not 0 <= placement.dim < len(shape):
+            raise ShardingError("Shard dim out of range",
+                                expected=f"dims 0..{len(shape) - 1} of shape {shape}",
+                                got=text, fix="use a non-negative dim of the tensor")
+        if isinstance(placement, Partial) and placement.reduce_op != "sum":
+            raise UnsupportedRedistributionError(
+                "only Partial('sum') is supported", expected="P", got=text,
+                fix="reduce with sum, or replicate the tensor")
+        if not isinstance(placement, Shard | Replicate | Partial):
+            raise ShardingError("unknown placement", expected="Shard, Replicate or Partial",
+                                got=repr(placement), fix="use autopar.placement's types")
+    for dim, size in enumerate(shape):
+        pieces = shard_count(placements, mesh_shape, dim)
+        if size % pieces:
+            raise ShardingError(f"dim {dim} of size {size} does not split evenly",
+                                expected=f"a size divisible by {pieces}", got=text,
+                                fix="pick placements that divide the dim evenly")
+
+
+def plan_steps(src: Placements, dst: Placements, shape: tuple[int, ...],
+               mesh_shape: tuple[int, ...]) -> tuple[Step, ...]:
+    """The steps turning `src` into `dst`, validated against `shape` and `mesh_shape`."""
+    check_placements(src, shape, mesh_shape)
+    check_placements(dst, shape, mesh_shape)
+    steps = conversion_steps(src, dst)
+    if steps is None:
+        # A dim's piece must be a contiguous chunk of what each single-axis step produces.
+        raise UnsupportedRedistributionError(
+            f"{format_placements(src)} -> {format_placements(dst)} is not a sequence of "
+            "single-axis collectives",
+            expected="steps on the innermost axis sharding each dim they touch",
+            got=f"{format_placements(src)} -> {format_placements(dst)}",
+            fix="plan the edge through a placement that unshards the inner axes first")
+    current = list(src)
+    for axis, _, placement in steps:
+        current[axis] = placement
+        check_placements(tuple(current), shape, mesh_shape)
+    return tuple(Step(axis, before, after) for axis, before, after in steps)
+
+
+def nbytes_of(shape: tuple[int, ...], itemsize: int) -> int:
+    """Bytes of a dense tensor of `shape`."""
+    return math.prod(shape) * itemsize
