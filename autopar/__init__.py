@@ -14,10 +14,11 @@ from autopar.errors import (
 from autopar.hardware import HardwareProfile, available_hardware, load_hardware
 from autopar.mesh import Mesh
 from autopar.plan_types import Plan
+from autopar.api import plan  # noqa: I001  (after the value types it builds on)
 
 __all__ = [
     "AutoparError", "CaptureError", "HardwareError", "HardwareProfile", "InfeasiblePlanError",
-    "Mesh", "MeshError", "ModelFileError", "Plan", "PlanFormatError", "ProblemFormatError",
+    "Mesh", "MeshError", "ModelFileError", "Plan", "PlanFormatError", "plan", "ProblemFormatError",
     "ShardingError",
     "available_hardware", "load_hardware",
 ]

@@ -32,7 +32,7 @@ def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound) -> sym
                                             sympy.sympify(nbytes) / divisor, dtype,
                                             mesh.hardware,
                                             differentiable=build.requires_grad[node.name])
-    for ref, src, dst in inbound:
+    for ref, src, dst, _ in inbound:
         for transfer in cost.edge_transfers(ref.tensor.sym_nbytes, src.output,
                                             dst.inputs[ref.position], dst.output, mesh.shape,
                                             requires_grad=ref.requires_grad,

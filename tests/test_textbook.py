@@ -40,12 +40,14 @@ def test_small_batch_wide_layers_is_megatron_column_then_row():
 def test_13b_gpt_on_two_nodes_is_tensor_parallel_inside_data_parallel_across():
     """A GPT-3-13B-shaped decoder (hidden 5120, 40 heads, 40 layers, ~12.9 B parameters) with
     fp32 Adam needs ~206 GB for parameters, gradients and states: data parallelism alone can't
-    hold it in 80 GiB, and the global batch of 8 can't be split 16 ways. Across nodes
-    (InfiniBand, 50 GB/s) a tensor split would all-reduce 4 activations of 8 x 1024 x 5120 x
-    4 B per layer (27 GB per step) against 6.5 GB of gradients for data parallelism; inside a
-    node (NVLink), Megatron's 4 activation all-reduces per layer (4 x 4 x 1024 x 5120 x 4 B =
-    336 MB) are cheaper than gathering and reducing its 1.26 GB of weights (ZeRO-3)."""
-    model, inputs = gpt.build(vocab=50304, seq=1024, hidden=5120, heads=40, layers=40, batch=8,
+    hold it in 80 GiB, and the global batch of 8 sequences can't be split 16 ways. Inside a
+    node (NVLink), Megatron's activation all-reduces (4 per layer of 4 x 2048 x 5120 x 4 B =
+    168 MB per data-parallel rank) cost less than gathering and reducing the layer's 1.26 GB
+    of weights (ZeRO-3) or cutting the 4-sequence batch further. Across nodes (InfiniBand, 50
+    GB/s) data parallelism all-reduces each rank's eighth of the gradients once (6.5 GB),
+    while any split of the activations there would move 335 MB tensors several times in
+    each of the 40 layers."""
+    model, inputs = gpt.build(vocab=50304, seq=2048, hidden=5120, heads=40, layers=40, batch=8,
                               device="meta")
     mesh = autopar.Mesh((2, 8), ("dp", "tp"), hardware="h100-sxm")
     plan = autopar.plan(model, mesh, inputs)

@@ -13,7 +13,8 @@ only a safety net (a run that hits it may differ between machines).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -28,11 +29,15 @@ STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
 @dataclass(frozen=True, eq=False)
 class SubResult:
     """Outcome of one CP-SAT run: the new assignment (None if none found), CP-SAT's status,
-    and a lower bound on the reduced objective with the fixed nodes as given."""
+    a lower bound on the reduced objective with the fixed nodes as given, the
+    deterministic time the run used, and the left-out segments a solution broke (status
+    "stopped" then: the search was cut short to add them)."""
 
     x: np.ndarray | None
     status: str
     bound: float
+    deterministic: float = 0.0
+    broken: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,8 @@ class SubModel:
                     self.model.AddHint(v, k == x[i])
         for e in np.flatnonzero(free[flat.edge_a] & free[flat.edge_b]):
             terms += self._edge(int(e))
-        self.model.Minimize(sum(c * v for c, v in terms))
+        self.model.Minimize(cp_model.LinearExpr.WeightedSum([v for _, v in terms],
+                                                           [c for c, _ in terms]))
 
     def _edge(self, e: int) -> list[tuple[int, cp_model.IntVar]]:
         flat = self.flat
@@ -128,38 +134,54 @@ class SubModel:
         """Constrain usage on the given segments (fixed nodes' usage as a constant)."""
         flat, scales, x, free = self.flat, self.scales, self.x, self.free
         limit = flat.limit
-        if self.infeasible or not math.isfinite(limit):
+        if self.infeasible or not math.isfinite(limit) or len(segments) == 0:
             return
-        base = flat.problem.base
-        for s in segments:
-            live = np.flatnonzero((flat.term_lo <= s) & (s < flat.term_hi))
-            fixed = 0
-            per_node: dict[int, np.ndarray] = {}
-            for t in live:
-                i = int(flat.term_node[t])
-                vec = flat.term_flat[flat.term_off[t]:flat.term_off[t] + flat.sizes[i]]
-                if free[i]:
-                    per_node[i] = per_node.get(i, 0) + vec
-                else:
-                    fixed += int(scales.usage_int(vec[x[i]:x[i] + 1])[0])
-            rhs = scales.capacity_int(limit - float(base[s])) - fixed
-            expr = []
+        sel = np.unique(np.asarray(segments, dtype=np.int64))
+        first = np.searchsorted(sel, flat.term_lo)
+        last = np.searchsorted(sel, flat.term_hi)
+        fixed = np.zeros(sel.size, dtype=np.int64)
+        per_seg: list[dict[int, np.ndarray]] = [{} for _ in sel]
+        for t in np.flatnonzero(last > first):
+            i = int(flat.term_node[t])
+            vec = flat.term_flat[flat.term_off[t]:flat.term_off[t] + flat.sizes[i]]
+            if not free[i]:
+                fixed[first[t]:last[t]] += int(scales.usage_int(vec[x[i]:x[i] + 1])[0])
+                continue
+            for q in range(first[t], last[t]):
+                acc = per_seg[q]
+                acc[i] = acc[i] + vec if i in acc else vec
+        base = flat.problem.base[sel]
+        for q, per_node in enumerate(per_seg):
+            rhs = scales.capacity_int(limit - float(base[q])) - int(fixed[q])
+            lits, coefs = [], []
             for i, vec in per_node.items():
                 ks = np.fromiter(self.lits[i], int)
                 coef = scales.usage_int(vec[ks])
                 low = int(coef.min())
                 rhs -= low
-                expr += [(int(c - low), self.lits[i][int(k)]) for k, c in zip(ks, coef)
-                         if c > low]
+                for k, c in zip(ks, coef):
+                    if c > low:
+                        lits.append(self.lits[i][int(k)])
+                        coefs.append(int(c - low))
             if rhs < 0:
                 self.infeasible = True
                 return
-            if expr and sum(c for c, _ in expr) > rhs:
-                self.model.Add(sum(c * v for c, v in expr) <= rhs)
+            if sum(coefs) > rhs:
+                self.model.Add(cp_model.LinearExpr.WeightedSum(lits, coefs) <= rhs)
 
-    def solve(self, limits: Limits) -> SubResult:
+    def _read(self, value: Callable[[cp_model.IntVar], bool]) -> np.ndarray:
+        y = self.x.copy()
+        for i, lits in self.lits.items():
+            y[i] = next(k for k, v in lits.items() if value(v))
+        return y
+
+    def solve(self, limits: Limits,
+              check: Callable[[np.ndarray], np.ndarray] | None = None) -> SubResult:
+        """Run CP-SAT. `check(y)` lists segments a solution y breaks (the model may lack
+        some memory constraints); the search stops at the first solution that breaks any,
+        and `SubResult.broken` reports them. `x` is the best solution that broke none."""
         if self.infeasible:
-            return SubResult(None, "infeasible", math.inf)
+            return SubResult(None, "infeasible", math.inf, 0.0)
         solver = cp_model.CpSolver()
         params = solver.parameters
         params.max_time_in_seconds = max(limits.wall, 0.01)
@@ -167,13 +189,36 @@ class SubModel:
         params.num_workers = limits.workers
         params.random_seed = limits.seed
         params.interleave_search = limits.workers > 1
-        status = STATUS.get(solver.Solve(self.model), "unknown")
-        bound = self.const + solver.BestObjectiveBound() / self.scales.cost
+        watch = _Watch(self, check)
+        status = STATUS.get(solver.Solve(self.model, watch), "unknown")
+        bound = self.const + solver.best_objective_bound / self.scales.cost
+        used = solver.deterministic_time
         if status == "infeasible":
-            return SubResult(None, status, math.inf)
-        if status == "unknown":
-            return SubResult(None, status, bound)
-        y = self.x.copy()
-        for i, lits in self.lits.items():
-            y[i] = next(k for k, v in lits.items() if solver.BooleanValue(v))
-        return SubResult(y, status, bound)
+            return SubResult(None, status, math.inf, used)
+        if watch.broken.size:
+            status = "stopped"
+        elif status in ("optimal", "feasible"):
+            watch.last = self._read(solver.BooleanValue)
+        return SubResult(watch.last, status if watch.last is not None else "unknown",
+                         bound, used, watch.broken)
+
+
+class _Watch(cp_model.CpSolverSolutionCallback):
+    """Checks each solution against the memory constraints left out of the model."""
+
+    def __init__(self, sub: SubModel, check: Callable[[np.ndarray], np.ndarray] | None):
+        super().__init__()
+        self.sub, self.check = sub, check
+        self.last: np.ndarray | None = None
+        self.broken = np.zeros(0, dtype=np.int64)
+
+    def on_solution_callback(self) -> None:
+        if self.check is None:
+            return
+        y = self.sub._read(self.BooleanValue)
+        broken = self.check(y)
+        if broken.size:
+            self.broken = broken
+            self.StopSearch()
+        else:
+            self.last = y

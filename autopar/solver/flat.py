@@ -35,6 +35,7 @@ class Flat:
     term_off: np.ndarray
     term_flat: np.ndarray
     term_pos: np.ndarray
+    integral: bool
 
     @staticmethod
     def build(problem: ReducedProblem) -> Flat:
@@ -59,9 +60,13 @@ class Flat:
         # Flat strategy position of every entry of every term vector.
         term_pos = (np.concatenate([offsets[i] + np.arange(sizes[i]) for i in problem.term_node])
                     if problem.term_node.size else np.zeros(0, dtype=np.int64))
+        limit = problem.limit
+        integral = bool(np.array_equal(term_flat, np.round(term_flat))
+                        and np.array_equal(problem.base, np.round(problem.base))
+                        and (limit is None or float(limit).is_integer()))
         return Flat(problem, sizes, offsets, cost_flat, edge_a, edge_b, edge_off, edge_cols,
                     edge_flat, tuple(tuple(n) for n in nbrs), problem.term_node,
-                    problem.term_lo, problem.term_hi, term_off, term_flat, term_pos)
+                    problem.term_lo, problem.term_hi, term_off, term_flat, term_pos, integral)
 
     @property
     def num_nodes(self) -> int:
@@ -69,8 +74,14 @@ class Flat:
 
     @property
     def limit(self) -> float:
+        """The usage limit; for fractional limits slightly lowered, so that rounding in
+        summation order never lets an assignment judged to fit here exceed the original.
+        Integral usages and limit (IOPDDL's) sum exactly and keep the limit as is."""
         limit = self.problem.limit
-        return np.inf if limit is None else float(limit)
+        if limit is None:
+            return np.inf
+        limit = float(limit)
+        return limit if self.integral else limit - 1e-9 * abs(limit)
 
     def split(self, flat: np.ndarray) -> list[np.ndarray]:
         """Per-node views of a flat strategy vector."""

@@ -21,7 +21,6 @@ import numpy as np
 from autopar.solver.problem import ShardingProblem
 
 
-
 @dataclass(frozen=True)
 class Usage:
     """Usage terms of one node: `mat[k, t]` counts on segments `lo[t] <= s < hi[t]`."""

@@ -36,9 +36,10 @@ def _costs(values: object, what: str) -> np.ndarray:
 
 def _field(mapping: object, key: str, where: str) -> object:
     if not isinstance(mapping, dict) or key not in mapping:
+        found = sorted(mapping) if isinstance(mapping, dict) else type(mapping).__name__
         raise ProblemFormatError(f"missing field {where}.{key}",
                                  expected=f"an IOPDDL problem with {where}.{key}",
-                                 got=f"keys {sorted(mapping) if isinstance(mapping, dict) else mapping!r}"[:120],
+                                 got=f"{found}"[:120],
                                  fix="see shared/benchmarks/iopddl/README.md for the format")
     return mapping[key]
 

@@ -121,7 +121,12 @@ class Reducer:
 
     def memory(self) -> None:
         g = self.g
-        if g.limit is None or g.base.size == 0:
+        if g.limit is None:
+            return
+        if g.base.size == 0:
+            # No interval at all: the peak is 0 (as `ShardingProblem.peak_usage` says).
+            if g.limit < -self.tol:
+                raise Infeasible("the usage limit is below zero")
             return
         least, most = g.profiles()
         if (least > g.limit + self.tol).any():

@@ -1,0 +1,108 @@
+"""Lagrangian heuristic: price memory per segment, solve the priced problem, adjust prices.
+
+With a price per byte on every segment, memory becomes an ordinary node cost and the
+problem is unconstrained; TRW-S sweeps (warm-started across iterations) and induced-forest
+block moves solve it approximately. Prices follow projected subgradient steps of Polyak's
+size toward the best feasible cost; every iterate is repaired to fit memory and polished
+with memory-safe descent, and the best feasible assignment is kept. The run is a fixed
+sequence of operations for a given seed: only the number of iterations depends on time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.solver.flat import Flat
+from autopar.solver.forest import forest_dp, random_forest
+from autopar.solver.repair import MemoryMoves
+from autopar.solver.trws import Trws
+
+
+@dataclass
+class Best:
+    """The best feasible assignment found so far (mutable record of a search)."""
+
+    x: np.ndarray | None = None
+    cost: float = math.inf
+
+    def offer(self, flat: Flat, x: np.ndarray | None) -> bool:
+        if x is None or not (flat.profile(x) <= flat.limit).all():
+            return False
+        cost = flat.objective(x)
+        if cost < self.cost:
+            self.x, self.cost = x.copy(), cost
+            return True
+        return False
+
+
+def _big(flat: Flat) -> float:
+    values = np.concatenate([flat.cost_flat, flat.edge_flat])
+    finite = np.abs(values[np.isfinite(values)])
+    top = float(finite.max()) if finite.size else 1.0
+    return min(max(top, 1.0) * 1e4, 1e15)
+
+
+def polish(flat: Flat, costs: np.ndarray, x: np.ndarray, rng: np.random.Generator,
+           rounds: int) -> np.ndarray:
+    """Induced-forest block descent on `costs` (no memory check)."""
+    for _ in range(rounds):
+        x = forest_dp(flat, costs, x, random_forest(flat, rng.permutation(flat.num_nodes)))
+    return x
+
+
+def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: int,
+               keep_going: Callable[[], bool], report: Callable[[str], None]) -> np.ndarray:
+    """Run up to `iterations` price updates (while `keep_going()`); update `best`.
+
+    Stops early once a feasible assignment is known and `patience` iterations in a row
+    have not improved it.
+    Returns a mask of the segments that some iterate pushed over the limit: the memory
+    constraints that matter, for CP-SAT to start with.
+    """
+    rng = np.random.default_rng(seed)
+    nseg = flat.problem.base.size
+    lam = np.zeros(nseg)
+    trws = Trws(flat, _big(flat))
+    moves = MemoryMoves(flat)
+    limit = flat.limit
+    theta, stall, best_dual = 1.0, 0, -math.inf
+    hot = np.zeros(nseg, dtype=bool)
+    quiet = 0
+    for it in range(iterations):
+        if not keep_going() or (best.x is not None and quiet >= patience):
+            break
+        quiet += 1
+        costs = flat.priced(lam)
+        x = trws.sweep(costs, forward=it % 2 == 0)
+        x = polish(flat, costs, x, rng, 2)
+        prof = flat.profile(x)
+        excess = prof - limit
+        hot |= excess > 0
+        dual = flat.objective(x) + float(lam @ excess)
+        fits = not (excess > 0).any()
+        fixed = x if fits else moves.repair(x, flat.cost_flat, 20)
+        if fixed is not None:
+            fixed = moves.descend(fixed, flat.cost_flat, rng.permutation(flat.num_nodes))
+            if best.offer(flat, fixed):
+                quiet = 0
+                report(f"lagrangian iteration {it}: feasible cost {best.cost:.6g}")
+        if not math.isfinite(limit) or nseg == 0:
+            continue  # nothing to price: later sweeps only refine the messages
+        if dual > best_dual + 1e-9 * abs(best_dual):
+            best_dual, stall = dual, 0
+        else:
+            stall += 1
+            if stall >= 5:
+                theta, stall = theta / 2, 0
+        g = np.where((lam > 0) | (excess > 0), excess, 0.0)
+        norm = float(g @ g)
+        if norm == 0:
+            continue
+        target = best.cost if math.isfinite(best.cost) else 1.5 * abs(dual) + 1.0
+        step = theta * max(target - dual, 0.05 * abs(dual)) / norm
+        lam = np.maximum(lam + step * g, 0.0)
+    return hot

@@ -1,0 +1,96 @@
+"""Large-neighbourhood search: re-optimise a part of the problem with CP-SAT, keep gains.
+
+Each round frees a neighbourhood of the incumbent, fixes every other node, and lets CP-SAT
+re-choose the free nodes under the memory constraints that they could break (fixed nodes'
+usage on the right-hand side), starting from the incumbent as a hint. Neighbourhoods
+alternate between a breadth-first ball around a random node and the nodes live on a
+random near-full segment with their neighbours; their size adapts (grow after a proven
+optimum, shrink after a timeout). Rounds, seeds and CP-SAT budgets are fixed in advance,
+so the search is deterministic unless the wall-clock safety cap cuts it short.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from autopar.solver.cpsat import Limits, SubModel
+from autopar.solver.flat import Flat
+from autopar.solver.lagrange import Best
+from autopar.solver.scaling import Scales
+from autopar.solver.segments import binding_segments
+
+MIN_CELLS, MAX_CELLS = 2_000, 400_000
+
+
+def _grow(flat: Flat, seeds: list[int], cells: int, rng: np.random.Generator) -> np.ndarray:
+    """Breadth-first from `seeds` until the free strategies and edge pairs reach `cells`."""
+    free = np.zeros(flat.num_nodes, dtype=bool)
+    queue = list(seeds)
+    used = 0
+    head = 0
+    while head < len(queue) and used < cells:
+        v = queue[head]
+        head += 1
+        if free[v]:
+            continue
+        free[v] = True
+        used += int(flat.sizes[v])
+        fresh = []
+        for j, m in flat.nbrs[v]:
+            if free[j]:
+                used += m.size
+            else:
+                fresh.append(j)
+        rng.shuffle(fresh)
+        queue.extend(fresh)
+    return free
+
+
+def _neighbourhood(flat: Flat, x: np.ndarray, cells: int, kind: int,
+                   rng: np.random.Generator) -> np.ndarray:
+    if kind == 0 or not np.isfinite(flat.limit) or flat.problem.base.size == 0:
+        return _grow(flat, [int(rng.integers(flat.num_nodes))], cells, rng)
+    prof = flat.profile(x)
+    full = np.flatnonzero(prof >= np.quantile(prof, 0.99))
+    s = int(full[rng.integers(full.size)])
+    live = np.flatnonzero((flat.term_lo <= s) & (s < flat.term_hi))
+    seeds = [int(i) for i in rng.permutation(np.unique(flat.term_node[live]))]
+    return _grow(flat, seeds, cells, rng)
+
+
+def large_neighbourhoods(flat: Flat, best: Best, *, rounds: int, deterministic: float,
+                         seed: int, keep_going: Callable[[], bool],
+                         wall: Callable[[], float], report: Callable[[str], None]) -> None:
+    """Run up to `rounds` LNS rounds of `deterministic` CP-SAT time each; improve `best`."""
+    if best.x is None or flat.num_nodes == 0:
+        return
+    rng = np.random.default_rng(seed)
+    scales = Scales.of(flat)
+    cells = 20_000
+    gained = 0.0
+
+    def check(y: np.ndarray) -> np.ndarray:
+        return np.flatnonzero(flat.profile(y) > flat.limit)
+
+    for r in range(rounds):
+        if not keep_going():
+            break
+        free = _neighbourhood(flat, best.x, cells, r % 2, rng)
+        segments = binding_segments(flat, best.x, free, 300)
+        for _ in range(3):
+            model = SubModel(flat, scales, best.x, free)
+            model.add_memory(segments)
+            result = model.solve(Limits(deterministic, wall(), seed + r, 1), check)
+            if result.status != "stopped":
+                break
+            segments = np.union1d(segments, result.broken)
+        before = best.cost
+        if best.offer(flat, result.x):
+            gained += before - best.cost
+            report(f"lns round {r}: cost {best.cost:.6g} ({int(free.sum())} nodes free)")
+        if result.status == "optimal":
+            cells = min(int(cells * 1.3), MAX_CELLS)
+        elif result.status in ("unknown", "feasible"):
+            cells = max(int(cells * 0.8), MIN_CELLS)

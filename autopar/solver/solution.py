@@ -1,0 +1,31 @@
+"""`Solution`: what a solve returns."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Solution:
+    """A strategy index per node, its cost, a proven lower bound and how it ended.
+
+    `status` is "optimal" (cost == bound), "feasible" (an assignment that fits, maybe not
+    optimal), "infeasible" (proven: no assignment fits) or "unknown" (none found in time).
+    `choices` is empty and `cost` infinite unless an assignment was found.
+    """
+
+    choices: tuple[int, ...]
+    cost: float
+    bound: float
+    status: str
+    wall_time: float
+
+    @property
+    def gap(self) -> float:
+        """(cost - bound) / |cost|: 0 when optimal, inf when there is no assignment."""
+        if self.status == "optimal":
+            return 0.0
+        if not math.isfinite(self.cost) or not math.isfinite(self.bound):
+            return math.inf
+        return max(self.cost - self.bound, 0.0) / max(abs(self.cost), 1e-12)

@@ -1,0 +1,140 @@
+"""`solve`: choose a strategy per node of a `ShardingProblem`, and `min_peak_usage`.
+
+The pipeline: exact reductions (`reduce.py`), a Lagrangian heuristic for a feasible warm
+start (`lagrange.py`), then CP-SAT on the whole reduced problem when its model is small
+enough (`exact.py`, which proves optimality on our own torch graphs) or large-neighbourhood
+search with CP-SAT on parts of it (`lns.py`). Work budgets are planned from the problem's
+size and the time limit (`budget.py`), so the same input, time limit and seed give the
+same answer; the wall clock only cuts a phase short on a machine slower than planned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from autopar.errors import ProblemFormatError
+from autopar.solver.bounds import simple_bound
+from autopar.solver.budget import Plan, estimate_reduce_seconds
+from autopar.solver.exact import Outcome, solve_whole
+from autopar.solver.flat import Flat
+from autopar.solver.lagrange import Best, lagrangian
+from autopar.solver.lns import large_neighbourhoods
+from autopar.solver.problem import ShardingProblem
+from autopar.solver.reduce import Infeasible, reduce_problem
+from autopar.solver.solution import Solution
+
+# Seconds kept back from the limit for expanding and checking the answer.
+MARGIN = 0.3
+
+
+def _check_args(time_limit: float, workers: int) -> None:
+    if not (isinstance(time_limit, (int, float)) and time_limit > 0):
+        raise ProblemFormatError("time_limit must be a positive number of seconds",
+                                 expected="e.g. 10.0", got=repr(time_limit),
+                                 fix="pass time_limit > 0")
+    if not (isinstance(workers, int) and workers >= 1):
+        raise ProblemFormatError("workers must be a positive integer", expected="e.g. 2",
+                                 got=repr(workers), fix="pass workers >= 1")
+
+
+def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
+          workers: int = 2, progress: Callable[[str], None] | None = None) -> Solution:
+    """Best assignment found within `time_limit` seconds, with a proven lower bound.
+
+    Returned choices always satisfy `problem.is_feasible`. Status "infeasible" is a proof
+    that no assignment fits; "unknown" means none was found in time.
+    """
+    _check_args(time_limit, workers)
+    start = time.monotonic()
+    report = progress or (lambda _: None)
+
+    def left() -> float:
+        return time_limit - (time.monotonic() - start)
+
+    def done(choices: tuple[int, ...], cost: float, bound: float, status: str) -> Solution:
+        report(f"{status}: cost {cost:.10g}, bound {bound:.10g}")
+        return Solution(choices, cost, bound, status, time.monotonic() - start)
+
+    try:
+        reduced = reduce_problem(problem)
+    except Infeasible as exc:
+        report(f"infeasible: {exc}")
+        return done((), math.inf, math.inf, "infeasible")
+    report(f"reduced {problem.num_nodes} nodes, {problem.num_edges} edges to "
+           f"{reduced.num_nodes} nodes, {len(reduced.edges)} edges")
+    if reduced.num_nodes == 0:
+        choices = reduced.expand([])
+        cost = problem.cost(choices)
+        return done(choices, cost, cost, "optimal")
+    flat = Flat.build(reduced)
+    plan = Plan.of(flat, time_limit - estimate_reduce_seconds(problem) - MARGIN)
+    best = Best()
+    hot = lagrangian(flat, best, iterations=plan.lagrange_iterations,
+                     patience=plan.patience, seed=seed,
+                     keep_going=lambda: left() > MARGIN, report=report)
+    if plan.exact:
+        outcome = solve_whole(flat, best, hot, deterministic=plan.deterministic,
+                              wall=lambda: left() - MARGIN, seed=seed, workers=workers,
+                              report=report)
+    else:
+        large_neighbourhoods(flat, best, rounds=plan.lns_rounds,
+                             deterministic=plan.deterministic, seed=seed,
+                             keep_going=lambda: left() > 2 * MARGIN,
+                             wall=lambda: left() - MARGIN, report=report)
+        outcome = Outcome("feasible" if best.x is not None else "unknown", -math.inf)
+    if outcome.status == "infeasible":
+        return done((), math.inf, math.inf, "infeasible")
+    bound = max(outcome.bound, simple_bound(flat))
+    if best.x is None:
+        return done((), math.inf, bound, "unknown")
+    choices = reduced.expand(best.x)
+    assert problem.is_feasible(choices), "a reduced solution must expand to a feasible one"
+    cost = problem.cost(choices)
+    status = "optimal" if outcome.status == "optimal" else "feasible"
+    return done(choices, cost, cost if status == "optimal" else min(bound, cost), status)
+
+
+def _cost_free(problem: ShardingProblem, limit: float | None) -> ShardingProblem:
+    """The same problem with every finite cost zero (forbidden choices stay forbidden)."""
+    return dataclasses.replace(
+        problem, usage_limit=limit,
+        node_costs=tuple(np.where(np.isfinite(c), 0.0, np.inf) for c in problem.node_costs),
+        edge_costs=tuple(np.where(np.isfinite(m), 0.0, np.inf) for m in problem.edge_costs))
+
+
+def min_peak_usage(problem: ShardingProblem, *, time_limit: float = 10.0) -> float:
+    """Least peak usage of any finite-cost assignment (costs ignored); inf if none exists.
+
+    Bisection on the limit, each step a feasibility solve. When time runs out before the
+    bisection closes, the result is the smallest peak actually achieved (an upper bound).
+    """
+    _check_args(time_limit, 1)
+    start = time.monotonic()
+    free = _cost_free(problem, None)
+    first = solve(free, time_limit=max(time_limit / 4, 0.2), workers=1)
+    if not first.choices:
+        return math.inf
+    hi = problem.peak_usage(first.choices)
+    integral = all(np.array_equal(u, np.round(u)) for u in problem.node_usages)
+    lo = 0.0
+    while hi - lo > (0.5 if integral else 1e-9 * max(abs(hi), 1.0)):
+        left = time_limit - (time.monotonic() - start)
+        if left <= 0.05:
+            break
+        mid = math.floor((lo + hi) / 2) if integral else (lo + hi) / 2
+        if mid >= hi:
+            break
+        trial = solve(_cost_free(problem, mid), time_limit=max(min(left, time_limit / 4), 0.05),
+                      workers=1)
+        if trial.choices:
+            hi = problem.peak_usage(trial.choices)
+        elif trial.status == "infeasible":
+            lo = mid + 1 if integral else mid
+        else:
+            break
+    return float(hi)
