@@ -14,14 +14,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autopar.solver.budget import model_cells
 from autopar.solver.cpsat import Limits, SubModel
 from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best
+from autopar.solver.lp import lp_bound
 from autopar.solver.scaling import Scales
-from autopar.solver.segments import binding_segments
+from autopar.solver.segments import binding_segments, memory_cells
 
 # Memory constraints built up front; more are added only when an answer breaks one.
 FIRST_SEGMENTS = 400
+# The linear relaxation is tried first on models up to this many variables, with at most
+# this share of the wall time; when it meets the best cost, that cost is proven optimal.
+LP_CELLS = 150_000
+LP_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,11 @@ def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float
         return np.flatnonzero(flat.profile(y) > flat.limit)
 
     bound, spent = -math.inf, 0.0
+    if best.x is not None and model_cells(flat) + memory_cells(flat, chosen) <= LP_CELLS:
+        bound = lp_bound(flat, chosen, LP_SHARE * wall())
+        report(f"linear relaxation bound {bound:.10g}")
+        if best.cost <= bound + 1e-9 * abs(best.cost):
+            return Outcome("optimal", best.cost)
     for round_ in range(1000):
         budget = deterministic - spent
         if budget <= 0.05 or wall() <= 0.05:

@@ -54,3 +54,10 @@ def binding_segments(flat: Flat, x: np.ndarray, free: np.ndarray,
         top = np.argsort(-prof[picks_arr], kind="stable")[:cap]
         picks_arr = np.sort(picks_arr[top])
     return picks_arr
+
+
+def memory_cells(flat: Flat, segments: np.ndarray) -> int:
+    """Nonzeros of the memory rows on `segments` (terms live there times strategies)."""
+    chosen = np.unique(np.asarray(segments, dtype=np.int64))
+    covered = np.searchsorted(chosen, flat.term_hi) - np.searchsorted(chosen, flat.term_lo)
+    return int((covered * flat.sizes[flat.term_node]).sum())
