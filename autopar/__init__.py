@@ -1,5 +1,6 @@
 """autopar: automatic parallelization of PyTorch models."""
 
+from autopar.api import plan
 from autopar.errors import (
     AutoparError,
     CaptureError,
@@ -14,11 +15,11 @@ from autopar.errors import (
 from autopar.hardware import HardwareProfile, available_hardware, load_hardware
 from autopar.mesh import Mesh
 from autopar.plan_types import Plan
-from autopar.api import plan  # noqa: I001  (after the value types it builds on)
+from autopar.runtime.launch import launch
 
 __all__ = [
     "AutoparError", "CaptureError", "HardwareError", "HardwareProfile", "InfeasiblePlanError",
     "Mesh", "MeshError", "ModelFileError", "Plan", "PlanFormatError", "plan", "ProblemFormatError",
     "ShardingError",
-    "available_hardware", "load_hardware",
+    "available_hardware", "launch", "load_hardware",
 ]

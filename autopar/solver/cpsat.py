@@ -20,6 +20,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from autopar.solver.flat import Flat
+from autopar.solver.pieces import memory_pieces
 from autopar.solver.scaling import Scales
 
 STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
@@ -131,43 +132,40 @@ class SubModel:
         return out
 
     def add_memory(self, segments: np.ndarray) -> None:
-        """Constrain usage on the given segments (fixed nodes' usage as a constant)."""
-        flat, scales, x, free = self.flat, self.scales, self.x, self.free
-        limit = flat.limit
-        if self.infeasible or not math.isfinite(limit) or len(segments) == 0:
+        """Constrain usage on the given segments (fixed nodes' usage as a constant).
+
+        Each piece of a free node's usage (`pieces.py`) becomes one integer variable, so a
+        segment's row has one entry per live free node, not one per strategy.
+        """
+        flat, scales, x = self.flat, self.scales, self.x
+        if self.infeasible or not math.isfinite(flat.limit) or len(segments) == 0:
             return
-        sel = np.unique(np.asarray(segments, dtype=np.int64))
-        first = np.searchsorted(sel, flat.term_lo)
-        last = np.searchsorted(sel, flat.term_hi)
-        fixed = np.zeros(sel.size, dtype=np.int64)
-        per_seg: list[dict[int, np.ndarray]] = [{} for _ in sel]
-        for t in np.flatnonzero(last > first):
-            i = int(flat.term_node[t])
-            vec = flat.term_flat[flat.term_off[t]:flat.term_off[t] + flat.sizes[i]]
-            if not free[i]:
-                fixed[first[t]:last[t]] += int(scales.usage_int(vec[x[i]:x[i] + 1])[0])
+        chosen = np.unique(np.asarray(segments, dtype=np.int64))
+        fixed, pieces = memory_pieces(flat, x, self.free, chosen)
+        rhs = np.array([scales.capacity_int(flat.limit - f) for f in fixed], dtype=np.int64)
+        most = np.zeros(chosen.size, dtype=np.int64)
+        rows: list[list[cp_model.IntVar]] = [[] for _ in chosen]
+        for piece in pieces:
+            lits = self.lits[piece.node]
+            ks = np.fromiter(lits, int)
+            coef = scales.usage_int(piece.usage[ks])
+            low, top = int(coef.min()), int(coef.max())
+            rhs[piece.first:piece.last] -= low
+            if top == low:
                 continue
-            for q in range(first[t], last[t]):
-                acc = per_seg[q]
-                acc[i] = acc[i] + vec if i in acc else vec
-        base = flat.problem.base[sel]
-        for q, per_node in enumerate(per_seg):
-            rhs = scales.capacity_int(limit - float(base[q])) - int(fixed[q])
-            lits, coefs = [], []
-            for i, vec in per_node.items():
-                ks = np.fromiter(self.lits[i], int)
-                coef = scales.usage_int(vec[ks])
-                low = int(coef.min())
-                rhs -= low
-                for k, c in zip(ks, coef):
-                    if c > low:
-                        lits.append(self.lits[i][int(k)])
-                        coefs.append(int(c - low))
-            if rhs < 0:
-                self.infeasible = True
-                return
-            if sum(coefs) > rhs:
-                self.model.Add(cp_model.LinearExpr.WeightedSum(lits, coefs) <= rhs)
+            var = self.model.NewIntVar(0, top - low, "")
+            self.model.Add(var == cp_model.LinearExpr.WeightedSum(
+                [lits[int(k)] for k in ks], [int(c) - low for c in coef]))
+            if x[piece.node] in lits:
+                self.model.AddHint(var, int(coef[list(lits).index(x[piece.node])]) - low)
+            most[piece.first:piece.last] += top - low
+            for q in range(piece.first, piece.last):
+                rows[q].append(var)
+        if (rhs < 0).any():
+            self.infeasible = True
+            return
+        for q in np.flatnonzero(most > rhs):
+            self.model.Add(sum(rows[q]) <= int(rhs[q]))
 
     def _read(self, value: Callable[[cp_model.IntVar], bool]) -> np.ndarray:
         y = self.x.copy()
