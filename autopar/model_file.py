@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -11,19 +11,34 @@ import torch.nn as nn
 from autopar.errors import ModelFileError
 
 
+def _importable(path: Path) -> tuple[Path, str]:
+    """The folder to put on sys.path and the dotted module name of `path`: a file inside
+    packages (folders with `__init__.py`) is imported as part of them, so its own
+    package-relative imports (`from examples import ...`) work."""
+    parts, folder = [path.stem], path.parent
+    while (folder / "__init__.py").is_file():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return folder, ".".join(parts)
+
+
 def load_model_file(path: str | Path, **config) -> tuple[nn.Module, tuple]:
     """Import `path` as a module and call its `build(**config)`."""
     path = Path(path)
     if not path.is_file() or path.suffix != ".py":
         raise ModelFileError(f"model file {path} not found", expected="a path to a .py file",
                              got=str(path), fix="e.g. autopar plan examples/gpt.py")
-    spec = importlib.util.spec_from_file_location(f"autopar_model_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent))
+    root, name = _importable(path.resolve())
+    sys.path.insert(0, str(root))
     try:
-        spec.loader.exec_module(module)
+        module = importlib.import_module(name)
+    except Exception as exc:  # the user's file failed to import: say so, not a traceback
+        raise ModelFileError(f"importing {path} failed: {type(exc).__name__}: {exc}",
+                             expected="a Python file that imports cleanly",
+                             got=f"{type(exc).__name__} while importing {name}",
+                             fix="run `python FILE.py` to see the full error") from exc
     finally:
-        sys.path.remove(str(path.parent))
+        sys.path.remove(str(root))
     build = getattr(module, "build", None)
     if not callable(build):
         raise ModelFileError(f"{path} has no build() function",

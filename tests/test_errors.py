@@ -98,3 +98,23 @@ def test_model_file_without_build(tmp_path):
     path.write_text("x = 1\n")
     with pytest.raises(autopar.ModelFileError, match="build"):
         load_model_file(path)
+
+
+def test_model_file_that_fails_to_import(tmp_path):
+    from autopar.model_file import load_model_file
+
+    path = tmp_path / "broken.py"
+    path.write_text("import not_a_module_anywhere\n")
+    with pytest.raises(autopar.ModelFileError, match="importing") as info:
+        load_model_file(path)
+    assert_helpful(info.value)
+
+
+def test_model_file_inside_a_package_imports_its_siblings():
+    from pathlib import Path
+
+    from autopar.model_file import load_model_file
+
+    gpt_file = Path(__file__).resolve().parents[1] / "examples" / "gpt.py"
+    model, inputs = load_model_file(gpt_file, layers=1)
+    assert type(model).__name__ == "GPT" and len(inputs) == 2
