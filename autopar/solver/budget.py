@@ -18,8 +18,8 @@ from autopar.solver.problem import ShardingProblem
 EXACT_CELLS = 400_000
 # CP-SAT deterministic time per wall-clock second, measured here (2 workers, interleaved).
 DET_PER_SECOND = 0.5
-# Seconds of wall time per LNS round of one deterministic second, model building included.
-LNS_ROUND_SECONDS = 2.5
+# CP-SAT deterministic time of one LNS round.
+LNS_ROUND_DETERMINISTIC = 1.0
 
 
 def estimate_reduce_seconds(problem: ShardingProblem) -> float:
@@ -32,6 +32,16 @@ def iteration_seconds(flat: Flat) -> float:
     """Rough wall time of one Lagrangian iteration."""
     return (0.01 + 2.5e-4 * flat.num_nodes + 8e-5 * flat.edge_a.size
             + 2e-7 * flat.edge_flat.size + 5e-6 * flat.term_node.size)
+
+
+def lns_round_seconds(flat: Flat) -> float:
+    """Rough wall time of one LNS round (model building, CP-SAT, checks)."""
+    return 0.4 + 3.2e-4 * flat.num_nodes + 1e-5 * flat.term_node.size
+
+
+def finish_seconds(problem: ShardingProblem) -> float:
+    """Rough wall time of expanding and checking the answer on the original problem."""
+    return 0.2 + 1e-5 * (problem.num_nodes + problem.num_edges)
 
 
 def model_cells(flat: Flat) -> int:
@@ -60,4 +70,5 @@ class Plan:
         rest = max(seconds - iterations * iteration_seconds(flat), 0.1 * seconds)
         if exact:
             return Plan(iterations, 15, True, rest * DET_PER_SECOND, 0)
-        return Plan(iterations, 60, False, 1.0, int(rest / LNS_ROUND_SECONDS))
+        return Plan(iterations, 60, False, LNS_ROUND_DETERMINISTIC,
+                    int(rest / lns_round_seconds(flat)))

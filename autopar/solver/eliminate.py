@@ -34,11 +34,14 @@ def _side_usage(usage: np.ndarray, response: np.ndarray, best: np.ndarray,
 
 
 class Eliminator:
-    """Eliminates nodes of `g` from a work queue; calls `touch(i)` on every change."""
+    """Eliminates nodes of `g` from a work queue; calls `touch(i)` when node i and its
+    neighbourhood changed, `mark(i)` when only node i did."""
 
-    def __init__(self, g: WorkGraph, touch: Callable[[int], None]) -> None:
+    def __init__(self, g: WorkGraph, touch: Callable[[int], None],
+                 mark: Callable[[int], None]) -> None:
         self.g = g
         self.touch = touch
+        self.mark = mark
 
     def _eligible(self, i: int) -> bool:
         return bool(self.g.alive[i]) and (self.g.costs[i].size == 1 or len(self.g.adj[i]) <= 2)
@@ -77,22 +80,24 @@ class Eliminator:
         """
         g = self.g
         for i in sorted(nodes, key=lambda j: (len(g.adj[j]), j)):
-            merged = True
-            while merged and g.alive[i]:
-                merged = False
-                for j in sorted(g.adj[i]):
-                    m = g.matrix(i, j)
-                    finite = np.isfinite(m)
-                    j_follows = bool((finite.sum(axis=1) <= 1).all())
-                    i_follows = bool((finite.sum(axis=0) <= 1).all())
-                    if i_follows and (not j_follows or len(g.adj[i]) <= len(g.adj[j])):
-                        self._merge(i, j, np.argmax(finite, axis=0), m.T)
-                    elif j_follows:
-                        self._merge(j, i, np.argmax(finite, axis=1), m)
-                    else:
-                        continue
-                    merged = True
-                    break
+            queue = sorted(g.adj[i]) if g.alive[i] else []
+            seen = set(queue)
+            while queue and g.alive[i]:
+                j = queue.pop()
+                if not g.alive[j] or j not in g.adj[i]:
+                    continue
+                m = g.matrix(i, j)
+                finite = np.isfinite(m)
+                j_follows = bool((finite.sum(axis=1) <= 1).all())
+                i_follows = bool((finite.sum(axis=0) <= 1).all())
+                if i_follows and (not j_follows or len(g.adj[i]) <= len(g.adj[j])):
+                    self._merge(i, j, np.argmax(finite, axis=0), m.T)
+                elif j_follows:
+                    inherited = g.adj[j] - seen - {i}
+                    self._merge(j, i, np.argmax(finite, axis=1), m)
+                    # i took over j's edges: those are new candidates for i.
+                    queue.extend(sorted(inherited))
+                    seen |= inherited
 
     def _merge(self, b: int, a: int, f: np.ndarray, m: np.ndarray) -> None:
         g = self.g
@@ -103,9 +108,10 @@ class Eliminator:
         g.remove_node(b)
         for j, rows in others:
             g.add_edge(a, j, rows)
-        self.touch(a)
+        # Only a and b's other neighbours see a change (a's other edges are as they were).
+        self.mark(a)
         for j, _ in others:
-            self.touch(j)
+            self.mark(j)
 
     def _fix(self, i: int, k: int) -> bool:
         g = self.g

@@ -90,8 +90,8 @@ def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: 
             if best.offer(flat, fixed):
                 quiet = 0
                 report(f"lagrangian iteration {it}: feasible cost {best.cost:.6g}")
-        if not math.isfinite(limit) or nseg == 0:
-            continue  # nothing to price: later sweeps only refine the messages
+        if not math.isfinite(limit) or nseg == 0 or not math.isfinite(dual):
+            continue  # nothing (sensible) to price: later sweeps only refine the messages
         if dual > best_dual + 1e-9 * abs(best_dual):
             best_dual, stall = dual, 0
         else:

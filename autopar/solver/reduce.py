@@ -66,7 +66,10 @@ class Reducer:
         self.dirty: set[int] = set(int(i) for i in g.live_nodes())
         limit = g.limit
         self.tol = 0.0 if limit is None or float(limit).is_integer() else 1e-9 * abs(limit)
-        self.elim = Eliminator(g, self.touch)
+        self.elim = Eliminator(g, self.touch, self.dirty_add)
+
+    def dirty_add(self, i: int) -> None:
+        self.dirty.add(i)
 
     def touch(self, i: int) -> None:
         """Mark node i and its neighbours for another look."""
@@ -77,12 +80,14 @@ class Reducer:
         while self.dirty:
             nodes = sorted(i for i in self.dirty if self.g.alive[i])
             self.dirty = set()
+            # Cheap structural steps first: merging followers and folding leaves shrink
+            # the graph before the per-node comparisons run.
             self.forbidden(nodes)
             self.separable(nodes)
-            self.memory()
-            self.dominance([i for i in nodes if self.g.alive[i]])
             self.elim.follow([i for i in nodes if self.g.alive[i]])
             self.elim.run([i for i in nodes if self.g.alive[i]])
+            self.memory()
+            self.dominance([i for i in nodes if self.g.alive[i]])
 
     def forbidden(self, nodes: list[int]) -> None:
         g, pending = self.g, set(nodes)

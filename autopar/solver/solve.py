@@ -19,7 +19,7 @@ import numpy as np
 
 from autopar.errors import ProblemFormatError
 from autopar.solver.bounds import simple_bound
-from autopar.solver.budget import Plan, estimate_reduce_seconds
+from autopar.solver.budget import Plan, estimate_reduce_seconds, finish_seconds
 from autopar.solver.exact import Outcome, solve_whole
 from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best, lagrangian
@@ -27,9 +27,6 @@ from autopar.solver.lns import large_neighbourhoods
 from autopar.solver.problem import ShardingProblem
 from autopar.solver.reduce import Infeasible, reduce_problem
 from autopar.solver.solution import Solution
-
-# Seconds kept back from the limit for expanding and checking the answer.
-MARGIN = 0.3
 
 
 def _check_args(time_limit: float, workers: int) -> None:
@@ -52,6 +49,8 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
     _check_args(time_limit, workers)
     start = time.monotonic()
     report = progress or (lambda _: None)
+    # Seconds kept back from the limit for expanding and checking the answer.
+    margin = finish_seconds(problem)
 
     def left() -> float:
         return time_limit - (time.monotonic() - start)
@@ -72,20 +71,20 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
         cost = problem.cost(choices)
         return done(choices, cost, cost, "optimal")
     flat = Flat.build(reduced)
-    plan = Plan.of(flat, time_limit - estimate_reduce_seconds(problem) - MARGIN)
+    plan = Plan.of(flat, time_limit - estimate_reduce_seconds(problem) - margin)
     best = Best()
     hot = lagrangian(flat, best, iterations=plan.lagrange_iterations,
                      patience=plan.patience, seed=seed,
-                     keep_going=lambda: left() > MARGIN, report=report)
+                     keep_going=lambda: left() > margin, report=report)
     if plan.exact:
         outcome = solve_whole(flat, best, hot, deterministic=plan.deterministic,
-                              wall=lambda: left() - MARGIN, seed=seed, workers=workers,
+                              wall=lambda: left() - margin, seed=seed, workers=workers,
                               report=report)
     else:
         large_neighbourhoods(flat, best, rounds=plan.lns_rounds,
                              deterministic=plan.deterministic, seed=seed,
-                             keep_going=lambda: left() > 2 * MARGIN,
-                             wall=lambda: left() - MARGIN, report=report)
+                             keep_going=lambda: left() > 2 * margin,
+                             wall=lambda: left() - margin, report=report)
         outcome = Outcome("feasible" if best.x is not None else "unknown", -math.inf)
     if outcome.status == "infeasible":
         return done((), math.inf, math.inf, "infeasible")
