@@ -34,7 +34,6 @@ def write(path: Path, doc: object, zipped: bool = False) -> Path:
     return path
 
 
-@pytest.mark.skipif(not EXAMPLE.is_file(), reason="shared benchmarks not present")
 def test_example_solves_to_its_optimum() -> None:
     problem = load_iopddl(EXAMPLE)
     assert problem.num_nodes == 5 and problem.num_edges == 5 and problem.usage_limit == 50
