@@ -4,8 +4,9 @@ Model: a boolean per (free node, strategy) with finite cost, exactly one per nod
 boolean per finite strategy pair of every edge between free nodes, tied to its endpoints by
 `sum_l y[k, l] == x_a[k]` and `sum_k y[k, l] == x_b[l]` (the local-polytope linearisation,
 whose LP relaxation is the tightest of the usual ones); edges to fixed nodes become node
-costs. Memory: one linear constraint per requested segment, with the fixed nodes' usage
-moved to the right-hand side. Determinism: CP-SAT is run with `interleave_search` and a
+costs. Memory: one linear constraint per requested segment over one integer usage variable
+per piece of a free node (`pieces.py`), the fixed nodes' usage moved to the right-hand
+side. Determinism: CP-SAT is run with `interleave_search` and a
 deterministic-time limit, so the same input gives the same answer; the wall-clock limit is
 only a safety net (a run that hits it may differ between machines).
 """

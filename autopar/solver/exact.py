@@ -1,9 +1,11 @@
 """CP-SAT on the whole reduced problem, adding memory constraints lazily.
 
-Starts from the segments that could bind around the hint; whenever CP-SAT's answer breaks
-a segment that was left out, that segment joins and CP-SAT runs again (with the best
-feasible assignment so far as its hint). Leaving constraints out only relaxes the
-problem, so an infeasible verdict or a lower bound from any round holds for the full one.
+First the linear relaxation (`lp.py`) when it is cheap: if its bound meets the warm
+start's cost, that cost is optimal and CP-SAT is not needed. CP-SAT then starts from the
+segments that could bind around the hint; a solution that breaks a segment left out stops
+the search, the segment joins, and CP-SAT runs again (hinted with the best feasible
+assignment so far). Leaving constraints out only relaxes the problem, so an infeasible
+verdict or a lower bound from any round holds for the full one.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.solver.budget import model_cells
+from autopar.solver.budget import DET_PER_SECOND, model_cells
 from autopar.solver.cpsat import Limits, SubModel
 from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best
@@ -28,6 +30,7 @@ FIRST_SEGMENTS = 400
 # this share of the wall time; when it meets the best cost, that cost is proven optimal.
 LP_CELLS = 150_000
 LP_SHARE = 0.25
+LP_SECONDS_PER_CELL = 5e-5
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,10 @@ def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float
         return np.flatnonzero(flat.profile(y) > flat.limit)
 
     bound, spent = -math.inf, 0.0
-    if best.x is not None and model_cells(flat) + memory_cells(flat, chosen) <= LP_CELLS:
+    lp_cells = model_cells(flat) + memory_cells(flat, chosen)
+    if best.x is not None and lp_cells <= LP_CELLS:
+        # The relaxation's (estimated) time comes out of CP-SAT's budget.
+        deterministic -= LP_SECONDS_PER_CELL * lp_cells * DET_PER_SECOND
         bound = lp_bound(flat, chosen, LP_SHARE * wall())
         report(f"linear relaxation bound {bound:.10g}")
         if best.cost <= bound + 1e-9 * abs(best.cost):

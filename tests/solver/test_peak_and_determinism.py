@@ -51,13 +51,13 @@ def test_solve_is_deterministic() -> None:
 
 
 def test_lagrangian_and_lns_are_deterministic() -> None:
-    flat = Flat.build(reduce_problem(medium_problem(9, n=120)))
+    flat = Flat.build(reduce_problem(medium_problem(9, n=80)))
     runs = []
     for _ in range(2):
         best = Best()
         lagrangian(flat, best, iterations=15, patience=100, seed=3,
                    keep_going=lambda: True, report=lambda _: None)
-        large_neighbourhoods(flat, best, rounds=4, deterministic=0.2, seed=3,
+        large_neighbourhoods(flat, best, rounds=3, deterministic=0.2, seed=3,
                              keep_going=lambda: True, wall=lambda: 30.0,
                              report=lambda _: None)
         runs.append((best.cost, tuple(best.x)))

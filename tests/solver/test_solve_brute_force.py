@@ -9,6 +9,10 @@ import pytest
 from solver_cases import brute_force, random_problem
 
 from autopar.solver import solve
+from autopar.solver.exact import solve_whole
+from autopar.solver.flat import Flat
+from autopar.solver.lagrange import Best
+from autopar.solver.reduce import Infeasible, reduce_problem
 
 CASES = 240
 
@@ -45,3 +49,28 @@ def test_kinds_are_all_exercised() -> None:
             seen.add((kind, math.isinf(expected)))
             _check(problem, expected)
     assert ("tight", True) in seen and ("binding", False) in seen
+
+
+def test_cp_sat_on_the_reduced_problem_matches_brute_force() -> None:
+    """The whole-problem CP-SAT phase on its own (no enumeration, no hint, no LP)."""
+    rng = np.random.default_rng(77)
+    checked = 0
+    while checked < 25:
+        problem = random_problem(rng, ties=bool(rng.random() < 0.3))
+        expected = brute_force(problem)
+        try:
+            flat = Flat.build(reduce_problem(problem))
+        except Infeasible:
+            assert math.isinf(expected)
+            continue
+        if flat.num_nodes < 2:
+            continue
+        best = Best()
+        outcome = solve_whole(flat, best, np.zeros(flat.problem.base.size, dtype=bool),
+                              deterministic=10.0, wall=lambda: 10.0, seed=0, workers=2,
+                              report=lambda _: None)
+        if math.isinf(expected):
+            assert outcome.status == "infeasible" and best.x is None
+        else:
+            assert outcome.status == "optimal" and best.cost == expected
+        checked += 1
