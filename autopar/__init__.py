@@ -1,11 +1,14 @@
 """autopar: automatic parallelization of PyTorch models."""
 
 from autopar.api import plan
+from autopar.compiler import compile
 from autopar.errors import (
     AutoparError,
     CaptureError,
     HardwareError,
     InfeasiblePlanError,
+    InitializationError,
+    InputMismatchError,
     MeshError,
     ModelFileError,
     PlanFormatError,
@@ -16,10 +19,11 @@ from autopar.hardware import HardwareProfile, available_hardware, load_hardware
 from autopar.mesh import Mesh
 from autopar.plan_types import Plan
 from autopar.runtime.launch import launch
+from autopar.runtime.parallel_module import ParallelModule
 
 __all__ = [
     "AutoparError", "CaptureError", "HardwareError", "HardwareProfile", "InfeasiblePlanError",
-    "Mesh", "MeshError", "ModelFileError", "Plan", "PlanFormatError", "plan", "ProblemFormatError",
-    "ShardingError",
-    "available_hardware", "launch", "load_hardware",
+    "InitializationError", "InputMismatchError", "Mesh", "MeshError", "ModelFileError",
+    "ParallelModule", "Plan", "PlanFormatError", "ProblemFormatError", "ShardingError",
+    "available_hardware", "compile", "launch", "load_hardware", "plan",
 ]

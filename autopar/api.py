@@ -1,9 +1,10 @@
-"""The public entry points: `plan` (no process group needed)."""
+"""Planning entry points: `plan` (no process group needed) and `plan_graph`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import torch.fx as fx
 import torch.nn as nn
 
 from autopar.errors import InfeasiblePlanError
@@ -41,11 +42,22 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     `InfeasiblePlanError` with the least memory any plan needs when nothing fits.
     """
     say = progress or (lambda message: None)
-    budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
     say(f"{STAGE} capture")
     gm = capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
     say(f"{STAGE} annotate")
-    gm = annotate(gm)
+    return plan_graph(annotate(gm), mesh, model_name=type(model).__name__,
+                      memory_budget=memory_budget, time_limit=time_limit,
+                      constraints=constraints, fold_layers=fold_layers, seed=seed,
+                      progress=progress)
+
+
+def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
+               memory_budget: float | None = None, time_limit: float = 30.0,
+               constraints: Mapping[str, str] | None = None, fold_layers: bool = True,
+               seed: int = 0, progress: Callable[[str], None] | None = None) -> Plan:
+    """`plan` from the strategy pass on, for a graph already captured and annotated."""
+    say = progress or (lambda message: None)
+    budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
     hints = size_hints(gm)
     say(f"{STAGE} find_strategies")
     table = find_strategies(gm, mesh)
@@ -59,11 +71,11 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     if not solution.choices:
         least = min_peak_usage(build.problem, time_limit=time_limit)
         raise InfeasiblePlanError(
-            f"no plan of {type(model).__name__} fits in {_gib(budget)} per device",
+            f"no plan of {model_name} fits in {_gib(budget)} per device",
             min_bytes=least, expected=f"a memory budget of at least {_gib(least)}",
             got=_gib(budget),
             fix="raise memory_budget, use more devices, or shrink the batch or model")
     say(f"{STAGE} extract_plan")
     warnings = tuple(f"no sharding rule for {op}: kept replicated" for op in table.unsupported)
-    return extract_plan(gm, build, solution, model_name=type(model).__name__,
+    return extract_plan(gm, build, solution, model_name=model_name,
                         sizes={str(k): v for k, v in hints.items()}, warnings=warnings)

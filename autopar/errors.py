@@ -24,6 +24,18 @@ class AutoparError(Exception):
             parts.append(f"fix: {fix}")
         super().__init__("\n  ".join(parts))
 
+    def __reduce__(self):
+        # Subclasses add keyword-only fields: rebuild from the attributes, not from args,
+        # so an error raised on one rank can be sent to the others.
+        return _restore, (type(self), str(self), self.__dict__)
+
+
+def _restore(cls: type, message: str, state: dict) -> AutoparError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
+
 
 class MeshError(AutoparError, ValueError):
     """A mesh whose shape, axis names or link mapping is invalid or does not match."""
@@ -59,3 +71,13 @@ class ProblemFormatError(AutoparError, ValueError):
 
 class ModelFileError(AutoparError, ValueError):
     """A model file given to the CLI that can't be loaded or has no `build()`."""
+
+
+class InputMismatchError(AutoparError, ValueError):
+    """Inputs to a compiled model whose structure, shapes or dtypes differ from the example
+    inputs it was compiled for."""
+
+
+class InitializationError(AutoparError, ValueError):
+    """Parameters or buffers of a model that can't be given values (meta tensors with no
+    way to initialise them)."""

@@ -83,6 +83,19 @@ def gradient_path(gm: fx.GraphModule) -> dict[str, bool]:
     return on_path
 
 
+def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
+             inputs: tuple[tuple[str, TensorSpec], ...], consumer: str,
+             position: int) -> EdgeRef:
+    """The edge into tensor input `position` of `consumer`, whose tensor inputs are `inputs`
+    (`find_strategies.tensor_inputs`); `by_name` maps node names to graph nodes. A parameter
+    is regathered when its consumer saves it for the backward: when some other input of the
+    consumer carries a gradient (a linear's weight when its input does)."""
+    producer, spec = inputs[position]
+    regather = by_name[producer].meta.get(ROLE) == "parameter" and any(
+        on_path[name] for i, (name, _) in enumerate(inputs) if i != position and name != producer)
+    return EdgeRef(producer, consumer, position, spec, on_path[producer], regather)
+
+
 def _outputs(node: fx.Node) -> tuple[TensorSpec, ...]:
     spec = node.meta.get(TENSOR)
     specs = spec if isinstance(spec, tuple) else (spec,)
@@ -148,14 +161,6 @@ class _Builder:
             else:  # getitem and other pass-through nodes
                 yield from self._decision_users(user)
 
-    def regathers(self, producer: str, consumer: str, position: int) -> bool:
-        """A parameter whose consumer saves it for the backward: needed when some other
-        input of the consumer carries a gradient (a linear's weight when its input does)."""
-        if self.by_name[producer].meta.get(ROLE) != "parameter":
-            return False
-        return any(self.on_path[name] for i, (name, _) in enumerate(self.table.inputs[consumer])
-                   if i != position and name != producer)
-
     def edge_matrix(self, ref: EdgeRef) -> np.ndarray:
         src = self.table.strategies[ref.producer]
         dst = self.table.strategies[ref.consumer]
@@ -216,9 +221,8 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     strategies = tuple(table.strategies[name] for name in builder.order)
     nodes = [builder.by_name[name] for name in builder.order]
     edges = tuple(
-        EdgeRef(producer, node.name, position, spec, builder.on_path[producer],
-                builder.regathers(producer, node.name, position))
-        for node in nodes for position, (producer, spec) in enumerate(table.inputs[node.name]))
+        edge_ref(builder.by_name, builder.on_path, table.inputs[node.name], node.name, position)
+        for node in nodes for position in range(len(table.inputs[node.name])))
     problem = ShardingProblem(
         node_costs=tuple(np.array([builder.node_cost(n, s) for s in ss], dtype=float)
                          for n, ss in zip(nodes, strategies)),

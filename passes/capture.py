@@ -19,8 +19,11 @@ and constants the graph uses, in signature order (a tied tensor appears once; on
 is dropped), then one per flattened user input (every leaf torch.export made a placeholder
 of, tensor or not, used or not). Look a state placeholder up by `autopar_names[0]` in
 `model.named_parameters()` / `named_buffers()`, or for constants in
-`gm.meta["autopar_constants"]` (canonical name -> tensor). It returns the flat tuple of the
-model's outputs, non-tensor leaves (None) included. Buffer mutations stay in-place ops.
+`gm.meta["autopar_constants"]` (canonical name -> tensor). It returns the new values of the
+buffers the model mutates (canonical names in `gm.meta["autopar_mutated_buffers"]`, in
+order), then the flat tuple of the model's outputs, non-tensor leaves (None) included.
+`gm.meta["autopar_call_spec"]` holds torch.export's (in_spec, out_spec) pytree specs of the
+user inputs `(args, kwargs)` and of the user outputs.
 """
 
 from __future__ import annotations
@@ -33,13 +36,15 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, OutputKind
 
 from autopar.errors import CaptureError
 from autopar.rules import DECOMPOSITIONS
 from autopar.specs import MODULE, NAMES, ROLE
 
 CONSTANTS = "autopar_constants"
+CALL_SPEC = "autopar_call_spec"
+MUTATED = "autopar_mutated_buffers"
 
 _ROLES = {
     InputKind.PARAMETER: "parameter",
@@ -94,6 +99,10 @@ def capture(model: nn.Module, example_inputs: tuple, *,
     gm.graph.lint()
     gm.recompile()
     gm.meta[CONSTANTS] = constants
+    gm.meta[CALL_SPEC] = (program.call_spec.in_spec, program.call_spec.out_spec)
+    gm.meta[MUTATED] = tuple(state["buffer"][spec.target][0]
+                             for spec in program.graph_signature.output_specs
+                             if spec.kind == OutputKind.BUFFER_MUTATION)
     return gm
 
 

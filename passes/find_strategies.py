@@ -64,11 +64,12 @@ def is_decision(node: fx.Node) -> bool:
     return node.op in ("placeholder", "call_function") and node.meta.get(TENSOR) is not None
 
 
-def _producer(node: fx.Node) -> fx.Node:
+def producer_of(node: fx.Node) -> fx.Node:
     return node.args[0] if node.target is operator.getitem else node
 
 
-def _op_spec(node: fx.Node) -> OpSpec:
+def op_spec(node: fx.Node) -> OpSpec:
+    """What a rule sees of `node` (see `OpSpec`)."""
     def convert(value):
         if isinstance(value, fx.Node):
             spec = value.meta.get(TENSOR)
@@ -88,9 +89,10 @@ def _op_spec(node: fx.Node) -> OpSpec:
                   tuple(o for o in outputs if o is not None))
 
 
-def _tensor_inputs(node: fx.Node) -> tuple[tuple[str, TensorSpec], ...]:
+def tensor_inputs(node: fx.Node) -> tuple[tuple[str, TensorSpec], ...]:
+    """(producing decision, tensor) of each tensor argument, in strategy input order."""
     leaves = pytree.tree_leaves((node.args, node.kwargs))
-    return tuple((_producer(n).name, n.meta[TENSOR]) for n in leaves
+    return tuple((producer_of(n).name, n.meta[TENSOR]) for n in leaves
                  if isinstance(n, fx.Node) and isinstance(n.meta.get(TENSOR), TensorSpec))
 
 
@@ -121,8 +123,14 @@ def _replicated(op: OpSpec) -> AxisStrategy:
 
 def _stored_strategies(spec: TensorSpec, mesh: Mesh) -> tuple[Strategy, ...]:
     choices = [Replicate(), *(Shard(d) for d in range(spec.ndim))]
-    per_axis = [[AxisStrategy((), c) for c in choices] for _ in mesh.shape]
-    return _combine(per_axis, OpSpec(None, (), outputs=(spec,)), mesh)
+    axis = [AxisStrategy((), c) for c in choices]
+    return _combine(_per_axis(axis, mesh), OpSpec(None, (), outputs=(spec,)), mesh)
+
+
+def _per_axis(axis: list[AxisStrategy], mesh: Mesh) -> list[list[AxisStrategy]]:
+    # On an axis of one device every placement is the whole tensor: keep only the first
+    # (replicated) choice, so equivalent strategies are not offered twice.
+    return [axis if n > 1 else axis[:1] for n in mesh.shape]
 
 
 def find_strategies(gm: fx.GraphModule, mesh: Mesh) -> StrategyTable:
@@ -137,7 +145,7 @@ def find_strategies(gm: fx.GraphModule, mesh: Mesh) -> StrategyTable:
     for node in gm.graph.nodes:
         if not is_decision(node):
             continue
-        inputs[node.name] = _tensor_inputs(node)
+        inputs[node.name] = tensor_inputs(node)
         if node.op == "output":
             strategies[node.name] = (Strategy(tuple(all_replicated for _ in inputs[node.name]),
                                               all_replicated),)
@@ -150,14 +158,14 @@ def find_strategies(gm: fx.GraphModule, mesh: Mesh) -> StrategyTable:
                               else (Strategy((), all_replicated),))
             strategies[node.name] = known[key]
         else:
-            op = _op_spec(node)
+            op = op_spec(node)
             key = repr((op.target, op.args, op.kwargs))
             rule = rules.lookup(node.target)
             if rule is None:
                 unsupported.setdefault(str(node.target))
             if key not in known:
                 axis = [_replicated(op), *(rule(op) if rule else ())]
-                known[key] = _combine([axis] * mesh.ndim, op, mesh)
+                known[key] = _combine(_per_axis(axis, mesh), op, mesh)
             strategies[node.name] = known[key]
     if unsupported:
         warnings.warn(f"no sharding rule for {', '.join(unsupported)}: replicated",

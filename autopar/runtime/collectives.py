@@ -12,7 +12,10 @@ forward's gathered tensor is then not kept for backward but gathered again when 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
+from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -87,3 +90,29 @@ def redistribute(x: torch.Tensor, redistribution: Redistribution, mesh: DeviceMe
             s.kind == "all_gather" for s in redistribution.forward_steps):
         regather.track(out, x, redistribution.forward_steps, mesh, counter)
     return out
+
+
+@dataclass(frozen=True, eq=False)
+class RankContext:
+    """What a rank's collectives run on: its DeviceMesh, the counter they record into and
+    the scope that regathers sharded parameters for the backward. One per compiled program."""
+
+    mesh: DeviceMesh
+    counter: CommCounter = field(default_factory=CommCounter)
+    regather: Regather = field(default_factory=Regather)
+
+
+class Collective(nn.Module):
+    """One graph edge's `redistribute` as a module, so that a rank program's code names it:
+    `linear_1__R_S0 = self.linear_1__R_S0(linear_1)`. Holds no state."""
+
+    def __init__(self, redistribution: Redistribution, context: RankContext) -> None:
+        super().__init__()
+        self.redistribution, self.context = redistribution, context
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return redistribute(x, self.redistribution, self.context.mesh, self.context.counter,
+                            regather=self.context.regather)
+
+    def extra_repr(self) -> str:
+        return str(self.redistribution)

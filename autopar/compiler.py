@@ -1,0 +1,91 @@
+"""`compile`: a model and a mesh -> this rank's `ParallelModule`.
+
+It reads as the pipeline of DESIGN.md: capture, annotate, plan (strategies, problem, solve,
+extract; done once, on rank 0, and sent to the others so that every rank runs the same
+plan whatever the solver's time limits did), lower, and the runtime module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from autopar.api import plan_graph
+from autopar.errors import AutoparError, CaptureError, MeshError
+from autopar.mesh import Mesh
+from autopar.passes.annotate import annotate
+from autopar.passes.capture import CALL_SPEC, CONSTANTS, MUTATED, capture
+from autopar.passes.lower import lower
+from autopar.plan_types import Plan
+from autopar.runtime.collectives import RankContext
+from autopar.runtime.groups import device_mesh
+from autopar.runtime.materialize import local_pieces, state_slots
+from autopar.runtime.parallel_module import ParallelModule
+
+
+def _check_plan_mesh(plan: Plan, mesh: Mesh) -> None:
+    if plan.mesh.shape != mesh.shape or plan.mesh.axis_names != mesh.axis_names:
+        raise MeshError("the plan was made for another mesh",
+                        expected=f"a plan for mesh {mesh.describe()}",
+                        got=f"a plan for {plan.mesh.describe()}",
+                        fix="plan again for this mesh, or compile with the plan's mesh")
+
+
+def _agreed(make: Callable[[], Plan], device: DeviceMesh | None) -> Plan:
+    """Rank 0's plan (or its error), on every rank."""
+    if device is None or dist.get_world_size() == 1:
+        return make()
+    payload: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            payload = [("plan", make().to_dict())]
+        except AutoparError as error:
+            payload = [("error", error)]
+    dist.broadcast_object_list(payload, src=0)
+    kind, value = payload[0]
+    if kind == "error":
+        raise value
+    return Plan.from_dict(value)
+
+
+def compile(model: nn.Module, mesh: Mesh, example_inputs: tuple | None = None, *,
+            plan: Plan | None = None, memory_budget: float | None = None,
+            time_limit: float = 30.0, constraints: Mapping[str, str] | None = None,
+            seed: int = 0, progress: Callable[[str], None] | None = None) -> ParallelModule:
+    """This rank's `ParallelModule` of `model` split over `mesh` (see DESIGN.md's API).
+
+    Collective: every rank of the default process group calls it with the same model
+    (same initial values), mesh and example inputs; the process group's world size must
+    be `mesh.size` (a mesh of one device needs no process group). Without `plan`, rank 0
+    plans with `autopar.plan`'s options and the others receive its plan; with one, it must
+    have been made for this model, these input shapes and this mesh. The model may live
+    on the meta device: each rank then initialises only its own pieces (see
+    `autopar.runtime.materialize`).
+
+    Raises `ProcessGroupError` (no process group, or a world size that is not the mesh's),
+    `MeshError`/`PlanFormatError` for a plan of another mesh or model, and the planning
+    errors of `autopar.plan`.
+    """
+    if example_inputs is None:
+        raise CaptureError("compile needs example inputs to trace the model",
+                           expected="a tuple of the positional arguments of model.forward",
+                           got="None", fix="autopar.compile(model, mesh, (x,))")
+    device = device_mesh(mesh) if mesh.size > 1 or dist.is_initialized() else None
+    gm = annotate(capture(model, tuple(example_inputs)))
+    if plan is not None:
+        _check_plan_mesh(plan, mesh)
+    chosen = _agreed(lambda: plan or plan_graph(
+        gm, mesh, model_name=type(model).__name__, memory_budget=memory_budget,
+        time_limit=time_limit, constraints=constraints, seed=seed, progress=progress), device)
+    coordinate = tuple(device.get_coordinate()) if device is not None else (0,) * mesh.ndim
+    context = RankContext(device) if device is not None else None
+    program = lower(gm, chosen, coordinate, context)
+    slots = state_slots(model, program.state, mesh.ndim)
+    pieces = local_pieces(model, slots, gm.meta[CONSTANTS], mesh.shape, coordinate)
+    return ParallelModule(program, chosen, slots=slots, pieces=pieces,
+                          persistent=set(model.state_dict(keep_vars=True)), context=context,
+                          coordinate=coordinate, call_spec=gm.meta[CALL_SPEC],
+                          mutated=gm.meta[MUTATED])

@@ -1,0 +1,176 @@
+"""`ParallelModule`: one rank's compiled model, an `nn.Module` that trains with plain torch.
+
+It holds this rank's pieces of the model's parameters and buffers, registered under the
+model's own names (`pm.named_parameters()` reads like `model.named_parameters()`, with local
+shapes), and runs the rank program of `autopar.passes.lower` on them. `pm(*inputs)` takes
+the global inputs, the same on every rank, and returns global outputs; `loss.backward()`
+leaves on every local parameter the gradient of its piece, already reduced over the mesh, so
+any torch optimizer steps the pieces as if they were the whole model.
+
+Inputs must have the structure, shapes and dtypes of the example inputs the model was
+compiled for, else `InputMismatchError`. It does not recompile by itself: compiling is
+collective (every rank must do it together), so a silent recompile on a rank that saw other
+shapes would hang the others. Compile again, on every rank, for new shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from autopar.errors import InputMismatchError
+from autopar.passes.lower import RankProgram, StateSlot
+from autopar.placement import format_placements
+from autopar.plan_types import Plan
+from autopar.runtime.collectives import RankContext
+from autopar.runtime.counter import CommCounter
+from autopar.runtime.shards import gather_full, local_piece
+from autopar.specs import TensorSpec
+
+
+def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """The module that holds `name` under `root`, creating empty modules on the way."""
+    *path, leaf = name.split(".")
+    module = root
+    for part in path:
+        child = module._modules.get(part)
+        if child is None:
+            child = nn.Module()
+            module.add_module(part, child)
+        module = child
+    return module, leaf
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor of shape {tuple(value.shape)}, {value.dtype}"
+    if isinstance(value, TensorSpec):
+        return f"tensor of shape {value.shape}, {value.dtype}"
+    return repr(value)
+
+
+class ParallelModule(nn.Module):
+    """This rank's part of a model compiled for a mesh (see the module docstring).
+
+    Build it with `autopar.compile`. Attributes: `plan` (the `Plan`), `counter` (the
+    `CommCounter` of the collectives run so far), `code` (the rank program as Python).
+    `full_state_dict()` and `full_grads()` are collective: every rank calls them together.
+    """
+
+    def __init__(self, program: RankProgram, plan: Plan, *, slots: tuple[StateSlot, ...],
+                 pieces: dict[str, torch.Tensor], persistent: set[str],
+                 context: RankContext | None, coordinate: tuple[int, ...], call_spec: tuple,
+                 mutated: tuple[str, ...]) -> None:
+        """`slots` starts with `program.state`; `pieces` holds this rank's piece of each
+        slot by canonical name; `persistent` names the buffers the state dict keeps."""
+        super().__init__()
+        self.plan, self.coordinate = plan, tuple(coordinate)
+        self._context, self._inputs = context, program.inputs
+        self._in_spec, self._out_spec = call_spec
+        self._program: fx.GraphModule = program.module
+        self._collectives = program.collectives
+        self._slots = slots
+        self._constants: dict[str, torch.Tensor] = {}
+        for slot in slots:
+            piece = pieces[slot.names[0]]
+            if slot.role == "parameter":
+                piece = nn.Parameter(piece, requires_grad=slot.requires_grad)
+            for name in slot.names:
+                if slot.role == "constant":
+                    self._constants[name] = piece
+                    continue
+                owner, leaf = _owner(self, name)
+                if slot.role == "parameter":
+                    owner.register_parameter(leaf, piece)
+                else:
+                    owner.register_buffer(leaf, piece, persistent=name in persistent)
+        self._arguments = slots[:len(program.state)]
+        self._mutated = tuple(next(s for s in slots if name in s.names) for name in mutated)
+
+    @property
+    def counter(self) -> CommCounter:
+        """Bytes and calls of every collective the program ran (forward and backward)."""
+        return self._context.counter if self._context is not None else CommCounter()
+
+    @property
+    def code(self) -> str:
+        """This rank's program as Python, with each inserted collective explained."""
+        mesh = self.plan.mesh
+        lines = [f"# {self.plan.model} on mesh {mesh.describe()}, rank at {self.coordinate}"]
+        for name, redistribution in self._collectives:
+            moves = [f"{s.kind}({mesh.axis_names[s.axis]})"
+                     for s in redistribution.forward_steps if s.kind]
+            back = [f"{s.kind}({mesh.axis_names[s.axis]})"
+                    for s in redistribution.backward_steps if s.kind]
+            lines.append(
+                f"# self.{name}: {format_placements(redistribution.src)} -> "
+                f"{format_placements(redistribution.dst)}; forward {', '.join(moves) or '-'}"
+                f"; backward {', '.join(back) or '-'}")
+        return "\n".join(lines) + "\n" + self._program.code
+
+    def _value(self, slot: StateSlot) -> torch.Tensor:
+        if slot.role == "constant":
+            return self._constants[slot.names[0]]
+        owner, leaf = _owner(self, slot.names[0])
+        return getattr(owner, leaf)
+
+    def _flat_inputs(self, args: tuple, kwargs: dict) -> list:
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self._in_spec:
+            raise InputMismatchError(
+                "the inputs are structured differently from the example inputs",
+                expected=str(self._in_spec), got=str(spec),
+                fix="call the model with the arguments it was compiled with")
+        for i, (value, example) in enumerate(zip(flat, self._inputs)):
+            same = (isinstance(value, torch.Tensor) and tuple(value.shape) == example.shape
+                    and value.dtype == example.dtype) if isinstance(example, TensorSpec) \
+                else value == example
+            if not same:
+                raise InputMismatchError(
+                    f"input {i} differs from the example input the model was compiled for",
+                    expected=_describe(example), got=_describe(value),
+                    fix="compile again (on every rank) with example inputs of these shapes, "
+                        "or pad the inputs to the compiled shapes")
+        return flat
+
+    def forward(self, *args, **kwargs):
+        flat = self._flat_inputs(args, kwargs)
+        values = [self._value(slot) for slot in self._arguments]
+        if self._context is None:
+            outputs = self._program(*values, *flat)
+        else:
+            with self._context.regather:
+                outputs = self._program(*values, *flat)
+        with torch.no_grad():
+            for slot, new in zip(self._mutated, outputs):
+                self._value(slot).copy_(local_piece(new, slot.placements, self.plan.mesh.shape,
+                                                    self.coordinate))
+        return pytree.tree_unflatten(list(outputs[len(self._mutated):]), self._out_spec)
+
+    def _gather(self, piece: torch.Tensor, slot: StateSlot) -> torch.Tensor:
+        mesh = self._context.mesh if self._context is not None else None
+        return gather_full(piece, slot.placements, slot.shape, mesh)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full parameters and persistent buffers under every name the model's
+        `state_dict()` uses (tied names included): loads into the original model."""
+        wanted = self.state_dict(keep_vars=True)
+        full = {}
+        for slot in self._slots:
+            if slot.role == "constant" or not any(n in wanted for n in slot.names):
+                continue
+            value = self._gather(self._value(slot), slot)
+            full.update({name: value for name in slot.names if name in wanted})
+        return {name: full[name] for name in wanted}
+
+    def full_grads(self) -> dict[str, torch.Tensor | None]:
+        """Full gradient of every parameter (None where it has none), keyed by the names of
+        `model.named_parameters()`."""
+        grads = {}
+        for slot in self._slots:
+            if slot.role != "parameter":
+                continue
+            grad = self._value(slot).grad
+            grads[slot.names[0]] = None if grad is None else self._gather(grad, slot)
+        return {name: grads[name] for name, _ in self.named_parameters()}

@@ -1,0 +1,40 @@
+"""A rank's piece of a stored tensor, and the full tensor back from the pieces.
+
+Pieces follow the placements' chunk order: a dim sharded over axes a < b is cut outer axis
+first, so the rank at coordinates (i_a, i_b) holds chunk i_a * n_b + i_b (DTensor's order,
+the one `autopar.runtime.steps` gathers in). Stored tensors are never `Partial`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+from autopar.placement import Partial, Placements, Replicate, Shard
+from autopar.runtime.axis_ops import apply_steps
+from autopar.runtime.counter import CommCounter
+from autopar.runtime.steps import plan_steps
+
+
+def local_piece(full: torch.Tensor, placements: Placements, mesh_shape: tuple[int, ...],
+                coordinate: tuple[int, ...]) -> torch.Tensor:
+    """The piece of `full` the rank at `coordinate` holds: a new tensor, no communication."""
+    assert not any(isinstance(p, Partial) for p in placements), placements
+    piece = full
+    for axis, placement in enumerate(placements):
+        if isinstance(placement, Shard):
+            piece = piece.chunk(mesh_shape[axis], placement.dim)[coordinate[axis]]
+    return piece.detach().clone(memory_format=torch.contiguous_format)
+
+
+def gather_full(piece: torch.Tensor, placements: Placements, shape: tuple[int, ...],
+                mesh: DeviceMesh | None) -> torch.Tensor:
+    """The full tensor from every rank's `piece` (collective: all ranks call it). The
+    collectives are counted on a private counter, not the program's."""
+    replicated = tuple(Replicate() for _ in placements)
+    if tuple(placements) == replicated:
+        return piece.detach().clone()
+    assert mesh is not None, "a sharded tensor without a DeviceMesh"
+    steps = plan_steps(tuple(placements), replicated, tuple(shape), tuple(mesh.shape))
+    with torch.no_grad():
+        return apply_steps(piece.detach(), steps, mesh, CommCounter(), "forward")

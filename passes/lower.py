@@ -1,0 +1,231 @@
+"""Lowering pass: the captured graph and its `Plan` -> one rank's program over local shards.
+
+Reads `autopar_role`, `autopar_names` and `autopar_tensor` (capture, annotate) and the plan's
+placements. Returns a `RankProgram` around a new GraphModule (the input graph is untouched)
+that takes this rank's local state tensors (in `RankProgram.state` order) followed by the
+flat user inputs, global as the model takes them, and returns the model's flat outputs,
+global. Per node:
+
+- every tensor input edge gets the plan's conversion, a `Collective` submodule running
+  `autopar.runtime.redistribute` with exactly the transfers the plan charged for the edge,
+  wherever it does anything in the forward or the backward (a replicated tensor used by a
+  split computation needs no forward step, but its gradient is Partial and is all-reduced);
+- ops run with this rank's local size arguments (`autopar.rules.local_args`);
+- an embedding whose table is split by rows runs `masked_embedding` from this rank's first
+  row (obligation 2 of `autopar.rules`).
+
+Edges are lowered one by one, as the plan charges them: two consumers reading the same
+tensor in the same placement convert it twice. On a mesh of one device every placement is
+replicated, so nothing is inserted and the program is the captured graph.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from autopar import rules
+from autopar.errors import PlanFormatError
+from autopar.passes.build_problem import edge_ref, gradient_path
+from autopar.passes.find_strategies import is_decision, op_spec, producer_of, tensor_inputs
+from autopar.placement import Placements, Shard, format_placements, parse_placements, shard_count
+from autopar.plan_types import Plan
+from autopar.rules.embedding import is_vocab_split, masked_embedding
+from autopar.runtime.collectives import Collective, RankContext
+from autopar.runtime.redistribution import Redistribution
+from autopar.specs import NAMES, ROLE, TENSOR, TensorSpec
+
+aten = torch.ops.aten
+
+# Export's metadata checks compare global sizes; a rank's tensors are local.
+_DROPPED = (aten._assert_tensor_metadata.default,)
+
+
+@dataclass(frozen=True)
+class StateSlot:
+    """One parameter, buffer or constant of the program: its names in the model (canonical
+    first, tied names after), role, global shape and dtype, placements on the mesh, and
+    (parameters) whether it is trained."""
+
+    names: tuple[str, ...]
+    role: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    placements: Placements
+    requires_grad: bool = True
+
+
+@dataclass(frozen=True, eq=False)
+class RankProgram:
+    """A rank's program: `module(*local_state, *flat_user_inputs)` -> flat outputs.
+
+    `inputs` holds the global `TensorSpec` of every flat user input (None for non-tensor
+    leaves); `collectives` names each inserted `Collective` submodule with its edge.
+    """
+
+    module: fx.GraphModule
+    state: tuple[StateSlot, ...]
+    inputs: tuple[TensorSpec | None, ...]
+    collectives: tuple[tuple[str, Redistribution], ...]
+
+
+@dataclass(frozen=True)
+class _Placed:
+    inputs: tuple[Placements, ...]
+    output: Placements
+
+
+def _placements(gm: fx.GraphModule, plan: Plan) -> dict[str, _Placed]:
+    by_name = {n.name: n for n in plan.nodes}
+    placed = {}
+    for node in gm.graph.nodes:
+        if not is_decision(node):
+            continue
+        entry = by_name.get(node.name)
+        op = str(node.target) if node.op == "call_function" else node.op
+        if entry is None or entry.op != op:
+            raise PlanFormatError(
+                f"the plan does not match the model: node {node.name!r} ({op}) is "
+                + ("missing from it" if entry is None else f"{entry.op} in it"),
+                expected=f"a plan of {plan.model} made from the same model and input shapes",
+                got=f"a plan with {len(plan.nodes)} nodes",
+                fix="plan again with autopar.plan(model, mesh, example_inputs), or compile "
+                    "without plan= to plan on the fly")
+        placed[node.name] = _Placed(tuple(map(parse_placements, entry.inputs)),
+                                    parse_placements(entry.output))
+    return placed
+
+
+def _identifier(placements: Placements) -> str:
+    return format_placements(placements).replace("(", "").replace(")", "").replace(",", "_")
+
+
+def _first_row(table: TensorSpec, placements: Placements, mesh_shape: tuple[int, ...],
+               coordinate: tuple[int, ...]) -> int:
+    # Axes cutting dim 0, outer first: the rank holds chunk i_a * n_b + i_b (DTensor order).
+    chunk = 0
+    for axis, placement in enumerate(placements):
+        if placement == Shard(0):
+            chunk = chunk * mesh_shape[axis] + coordinate[axis]
+    return chunk * (table.shape[0] // shard_count(placements, mesh_shape, 0))
+
+
+class _Lowering:
+    def __init__(self, gm: fx.GraphModule, plan: Plan, coordinate: tuple[int, ...],
+                 context: RankContext | None) -> None:
+        self.gm, self.plan, self.coordinate, self.context = gm, plan, coordinate, context
+        self.mesh_shape = plan.mesh.shape
+        self.placed = _placements(gm, plan)
+        self.on_path = gradient_path(gm)
+        self.by_name = {n.name: n for n in gm.graph.nodes}
+        self.graph = fx.Graph()
+        self.root = nn.Module()
+        self.env: dict[fx.Node, object] = {}
+        self.collectives: list[tuple[str, Redistribution]] = []
+        self.state: list[StateSlot] = []
+        self.inputs: list[TensorSpec | None] = []
+
+    def run(self) -> RankProgram:
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.env[node] = self.graph.placeholder(node.name)
+                self._record_placeholder(node)
+            elif node.op == "output":
+                self.graph.output(self._arguments(node)[0][0])
+            elif node.target in _DROPPED:
+                continue
+            elif node.target is operator.getitem or not is_decision(node):
+                args, kwargs = pytree.tree_map_only(fx.Node, self.env.__getitem__,
+                                                    (node.args, node.kwargs))
+                self.env[node] = self.graph.create_node(
+                    "call_function", node.target, args, kwargs, name=node.name)
+            else:
+                self.env[node] = self._op(node)
+        module = fx.GraphModule(self.root, self.graph, class_name="RankProgram")
+        return RankProgram(module, tuple(self.state), tuple(self.inputs),
+                           tuple(self.collectives))
+
+    def _record_placeholder(self, node: fx.Node) -> None:
+        role, spec = node.meta.get(ROLE), node.meta.get(TENSOR)
+        if role == "input":
+            self.inputs.append(spec if isinstance(spec, TensorSpec) else None)
+        else:
+            self.state.append(StateSlot(tuple(node.meta[NAMES]), role, spec.shape, spec.dtype,
+                                        self.placed[node.name].output))
+
+    def _arguments(self, node: fx.Node) -> tuple[tuple, dict]:
+        """`node`'s (args, kwargs) over the new graph, each tensor input converted."""
+        leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
+        inputs = tensor_inputs(node)
+        position = 0
+        for i, leaf in enumerate(leaves):
+            if not isinstance(leaf, fx.Node):
+                continue
+            if isinstance(leaf.meta.get(TENSOR), TensorSpec):
+                leaves[i] = self._edge(leaf, node, inputs, position)
+                position += 1
+            else:
+                leaves[i] = self.env[leaf]
+        return pytree.tree_unflatten(leaves, spec)
+
+    def _edge(self, leaf: fx.Node, consumer: fx.Node, inputs, position: int):
+        ref = edge_ref(self.by_name, self.on_path, inputs, consumer.name, position)
+        src = self.placed[producer_of(leaf).name].output
+        dst = self.placed[consumer.name]
+        spec: TensorSpec = leaf.meta[TENSOR]
+        redistribution = Redistribution.for_edge(
+            spec.shape, spec.dtype, src, dst.inputs[position], dst.output, self.mesh_shape,
+            requires_grad=ref.requires_grad, regather=ref.regather)
+        if not redistribution.forward_steps and not redistribution.backward_steps:
+            return self.env[leaf]
+        assert self.context is not None, "a collective on a mesh without a DeviceMesh"
+        name = f"{leaf.name}__{_identifier(dst.inputs[position])}"
+        while hasattr(self.root, name):
+            name += "_"
+        self.root.add_module(name, Collective(redistribution, self.context))
+        self.collectives.append((name, redistribution))
+        return self.graph.call_module(name, (self.env[leaf],))
+
+    def _op(self, node: fx.Node) -> fx.Node:
+        (args, kwargs), placed = self._arguments(node), self.placed[node.name]
+        op = op_spec(node)
+        pieces = [shard_count(placed.output, self.mesh_shape, d)
+                  for d in range(op.outputs[0].ndim)] if op.outputs else []
+        local, local_kwargs = rules.local_args(op, pieces)
+        args, kwargs = _substitute((args, kwargs), (local, local_kwargs))
+        if placed.inputs and any(is_vocab_split(op, p) for p in placed.inputs[0]):
+            start = _first_row(op.inputs[0], placed.inputs[0], self.mesh_shape, self.coordinate)
+            padding = op.arg(2, "padding_idx", -1)
+            return self.graph.create_node("call_function", masked_embedding,
+                                          (args[0], args[1], start, padding), name=node.name)
+        return self.graph.create_node("call_function", node.target, args, kwargs,
+                                      name=node.name)
+
+
+def _substitute(lowered: tuple, local: tuple) -> tuple:
+    """`lowered` (graph values) with its non-graph leaves taken from `local` (local sizes)."""
+    # The rewrite may return plain lists where fx keeps immutable ones: same leaves, and
+    # the local structure is the one to call with.
+    leaves = pytree.tree_leaves(lowered)
+    sizes, spec = pytree.tree_flatten(local)
+    assert len(leaves) == len(sizes), (lowered, local)
+    return pytree.tree_unflatten(
+        [value if isinstance(value, fx.Node) else size for value, size in zip(leaves, sizes)],
+        spec)
+
+
+def lower(gm: fx.GraphModule, plan: Plan, coordinate: tuple[int, ...],
+          context: RankContext | None) -> RankProgram:
+    """The program of the rank at mesh `coordinate` (see the module docstring).
+
+    `gm` is the annotated graph the plan was made from (same model, same input shapes);
+    `context` carries the DeviceMesh the collectives run on, and may be None only when the
+    plan needs none. Raises `PlanFormatError` when the plan does not match the graph.
+    """
+    assert len(coordinate) == plan.mesh.ndim, (coordinate, plan.mesh.shape)
+    return _Lowering(gm, plan, tuple(coordinate), context).run()
