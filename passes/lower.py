@@ -44,6 +44,10 @@ aten = torch.ops.aten
 
 # Export's metadata checks compare global sizes; a rank's tensors are local.
 _DROPPED = (aten._assert_tensor_metadata.default,)
+# A collective returns its result contiguous, where the eager op may have produced another
+# memory layout (sdpa's output is laid out so that transposing it back is contiguous): a
+# view after it may then need a copy, which reshape makes (it views whenever it can).
+_RELAXED = {aten.view.default: aten.reshape.default}
 
 
 @dataclass(frozen=True)
@@ -203,8 +207,8 @@ class _Lowering:
             padding = op.arg(2, "padding_idx", -1)
             return self.graph.create_node("call_function", masked_embedding,
                                           (args[0], args[1], start, padding), name=node.name)
-        return self.graph.create_node("call_function", node.target, args, kwargs,
-                                      name=node.name)
+        return self.graph.create_node("call_function", _RELAXED.get(node.target, node.target),
+                                      args, kwargs, name=node.name)
 
 
 def _substitute(lowered: tuple, local: tuple) -> tuple:
