@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import torch.distributed as dist
-from torch import nn
+from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from autopar.api import plan_graph
@@ -80,12 +80,19 @@ def compile(model: nn.Module, mesh: Mesh, example_inputs: tuple | None = None, *
     chosen = _agreed(lambda: plan or plan_graph(
         gm, mesh, model_name=type(model).__name__, memory_budget=memory_budget,
         time_limit=time_limit, constraints=constraints, seed=seed, progress=progress), device)
-    coordinate = tuple(device.get_coordinate()) if device is not None else (0,) * mesh.ndim
+    return assemble(model, gm, chosen, device)
+
+
+def assemble(model: nn.Module, gm: fx.GraphModule, plan: Plan,
+             device: DeviceMesh | None) -> ParallelModule:
+    """The `ParallelModule` of `model` for `plan`, from its captured and annotated graph
+    `gm`, on this rank's `device` mesh (None on a mesh of one device). Not collective."""
+    coordinate = tuple(device.get_coordinate()) if device is not None else (0,) * plan.mesh.ndim
     context = RankContext(device) if device is not None else None
-    program = lower(gm, chosen, coordinate, context)
-    slots = state_slots(model, program.state, mesh.ndim)
-    pieces = local_pieces(model, slots, gm.meta[CONSTANTS], mesh.shape, coordinate)
-    return ParallelModule(program, chosen, slots=slots, pieces=pieces,
+    program = lower(gm, plan, coordinate, context)
+    slots = state_slots(model, program.state, plan.mesh.ndim)
+    pieces = local_pieces(model, slots, gm.meta[CONSTANTS], plan.mesh.shape, coordinate)
+    return ParallelModule(program, plan, slots=slots, pieces=pieces,
                           persistent=set(model.state_dict(keep_vars=True)), context=context,
                           coordinate=coordinate, call_spec=gm.meta[CALL_SPEC],
                           mutated=gm.meta[MUTATED])

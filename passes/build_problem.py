@@ -30,6 +30,7 @@ import torch.fx as fx
 from autopar import cost
 from autopar.mesh import Mesh
 from autopar.passes.find_strategies import STORED_ROLES, Strategy, StrategyTable
+from autopar.rules import factories
 from autopar.solver.problem import ShardingProblem
 from autopar.specs import BYTES, FLOPS, MODULE, NAMES, ROLE, TENSOR, TensorSpec
 
@@ -73,14 +74,31 @@ def module_of(node: fx.Node) -> str:
 
 
 def gradient_path(gm: fx.GraphModule) -> dict[str, bool]:
-    """Which nodes' values depend on a parameter, so carry a gradient."""
+    """Which nodes' values depend on a parameter through floating-point values and ops that
+    pass gradients, so carry a gradient. Integer and boolean results (indices, masks) carry
+    none, whatever they were computed from."""
     on_path: dict[str, bool] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             on_path[node.name] = node.meta.get(ROLE) == "parameter"
-        else:
+        elif node.op == "output":
             on_path[node.name] = any(on_path[n.name] for n in node.all_input_nodes)
+        else:
+            on_path[node.name] = passes_gradient(node) and any(
+                on_path[n.name] for n in node.all_input_nodes) and any(
+                _differentiable(spec) for spec in _outputs(node))
     return on_path
+
+
+def passes_gradient(node: fx.Node) -> bool:
+    """Whether autograd carries a gradient from `node`'s output to its inputs: not for the
+    factories (`zeros_like(x)` depends on x's shape only)."""
+    target = getattr(node.target, "overloadpacket", None)
+    return node.target not in factories.NO_GRADIENT and target not in factories.NO_GRADIENT
+
+
+def _differentiable(spec: TensorSpec) -> bool:
+    return spec.dtype.is_floating_point or spec.dtype.is_complex
 
 
 def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
@@ -92,8 +110,11 @@ def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
     consumer carries a gradient (a linear's weight when its input does)."""
     producer, spec = inputs[position]
     regather = by_name[producer].meta.get(ROLE) == "parameter" and any(
-        on_path[name] for i, (name, _) in enumerate(inputs) if i != position and name != producer)
-    return EdgeRef(producer, consumer, position, spec, on_path[producer], regather)
+        on_path[name] and _differentiable(other)
+        for i, (name, other) in enumerate(inputs) if i != position and name != producer)
+    requires_grad = (on_path[producer] and _differentiable(spec)
+                     and passes_gradient(by_name[consumer]))
+    return EdgeRef(producer, consumer, position, spec, requires_grad, regather)
 
 
 def _outputs(node: fx.Node) -> tuple[TensorSpec, ...]:

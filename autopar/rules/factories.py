@@ -82,3 +82,6 @@ def _table() -> dict[object, Rule]:
 
 
 RULES: dict[object, Rule] = _table()
+
+# No gradient flows from the output of any of these ops into its inputs.
+NO_GRADIENT: frozenset = frozenset(RULES)

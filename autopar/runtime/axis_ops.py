@@ -1,8 +1,9 @@
 """Execution of `Step`s on a rank's local tensor, over one axis of a torch DeviceMesh.
 
-Collectives are torch's functional collectives over the axis's process group
-(`DeviceMesh.get_group(axis)`, whose group rank is the rank's coordinate on the axis); the
-local steps are chunking and zero-filling. Every collective is recorded in the caller's
+Collectives are torch.distributed's collectives over the axis's process group
+(`DeviceMesh.get_group(axis)`, whose group rank is the rank's coordinate on the axis), each
+writing into a new tensor so that the input is left as it was; the local steps are chunking
+and zero-filling. Every collective is recorded in the caller's
 `CommCounter` with the cost model's byte convention. Nothing here is differentiable: the
 autograd-aware wrapper lives in `collectives.py`.
 """
@@ -10,7 +11,7 @@ autograd-aware wrapper lives in `collectives.py`.
 from __future__ import annotations
 
 import torch
-import torch.distributed._functional_collectives as funcol
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from autopar.placement import Partial, Replicate, Shard
@@ -28,15 +29,30 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _all_gather(t: torch.Tensor, dim: int, group) -> torch.Tensor:
+# torch.distributed's blocking collectives rather than the functional ones: those wrap every
+# result in an AsyncCollectiveTensor through a Python custom op, a few hundred microseconds of
+# CPU per call (more than a small gloo all-reduce takes), for an asynchrony the steps never
+# use since each waits for its result at once.
+
+
+def _all_reduce(t: torch.Tensor, group) -> torch.Tensor:
+    out = t.clone(memory_format=torch.contiguous_format)  # in place on a copy: t may be shared
+    dist.all_reduce(out, group=group)
+    return out
+
+
+def _all_gather(t: torch.Tensor, dim: int, n: int, group) -> torch.Tensor:
     # Gather along dim 0, where the pieces are contiguous blocks in group-rank order.
     front = t.movedim(dim, 0).contiguous()
-    return funcol.wait_tensor(funcol.all_gather_single(front, 0, group)).movedim(0, dim)
+    out = front.new_empty((n * front.shape[0], *front.shape[1:]))
+    dist.all_gather_into_tensor(out, front, group=group)
+    return out.movedim(0, dim)
 
 
-def _reduce_scatter(t: torch.Tensor, dim: int, group) -> torch.Tensor:
+def _reduce_scatter(t: torch.Tensor, dim: int, n: int, group) -> torch.Tensor:
     front = t.movedim(dim, 0).contiguous()
-    out = funcol.wait_tensor(funcol.reduce_scatter_single(front, "sum", 0, group))
+    out = front.new_empty((front.shape[0] // n, *front.shape[1:]))
+    dist.reduce_scatter_tensor(out, front, group=group)
     return out.movedim(0, dim)
 
 
@@ -45,8 +61,9 @@ def _all_to_all(t: torch.Tensor, src_dim: int, dst_dim: int, n: int, group) -> t
     # src_dim shard j restricted to our dst_dim chunk, so concatenating along src_dim in
     # coordinate order rebuilds that dim.
     send = torch.stack(t.chunk(n, dst_dim))
-    recv = funcol.wait_tensor(funcol.all_to_all_single(send.flatten(0, 1), None, None, group))
-    return torch.cat(recv.view(send.shape).unbind(0), dim=src_dim)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return torch.cat(recv.unbind(0), dim=src_dim)
 
 
 def _scatter_into_zeros(t: torch.Tensor, dim: int, n: int, coordinate: int) -> torch.Tensor:
@@ -72,12 +89,11 @@ def apply_step(t: torch.Tensor, step: Step, mesh: DeviceMesh, counter: CommCount
         return t.chunk(n, dst.dim)[coordinate].contiguous()  # R -> S(d)
     group = mesh.get_group(step.axis)
     if kind == "all_reduce":
-        out = funcol.wait_tensor(funcol.all_reduce(t.contiguous(), "sum", group))
-        nbytes = _nbytes(t)
+        out, nbytes = _all_reduce(t, group), _nbytes(t)
     elif kind == "reduce_scatter":
-        out, nbytes = _reduce_scatter(t, dst.dim, group), _nbytes(t)
+        out, nbytes = _reduce_scatter(t, dst.dim, n, group), _nbytes(t)
     elif kind == "all_gather":
-        out = _all_gather(t, src.dim, group)
+        out = _all_gather(t, src.dim, n, group)
         nbytes = _nbytes(out)
     else:
         assert kind == "all_to_all" and isinstance(src, Shard) and isinstance(dst, Shard)

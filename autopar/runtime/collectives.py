@@ -111,6 +111,9 @@ class Collective(nn.Module):
         self.redistribution, self.context = redistribution, context
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.redistribution.requires_grad:
+            # The consumer passes no gradient back (an integer tensor, or `zeros_like(x)`).
+            x = x.detach()
         return redistribute(x, self.redistribution, self.context.mesh, self.context.counter,
                             regather=self.context.regather)
 

@@ -25,6 +25,7 @@ from autopar.placement import format_placements
 from autopar.plan_types import Plan
 from autopar.runtime.collectives import RankContext
 from autopar.runtime.counter import CommCounter
+from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.shards import gather_full, local_piece
 from autopar.specs import TensorSpec
 
@@ -92,6 +93,11 @@ class ParallelModule(nn.Module):
     def counter(self) -> CommCounter:
         """Bytes and calls of every collective the program ran (forward and backward)."""
         return self._context.counter if self._context is not None else CommCounter()
+
+    @property
+    def collectives(self) -> tuple[tuple[str, Redistribution], ...]:
+        """Each inserted collective submodule's name and the edge conversion it performs."""
+        return self._collectives
 
     @property
     def code(self) -> str:

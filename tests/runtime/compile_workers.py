@@ -1,0 +1,46 @@
+"""Rank bodies for the compile tests (module level, so spawned processes can import them)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+import autopar
+from examples import mlp
+
+MEGATRON = {"fc1.weight": "S(0)", "fc2.weight": "S(1)"}
+
+
+def compile_for_wrong_world(rank: int) -> str:
+    """Compile for a mesh of 4 devices in a world of 2: the error message."""
+    model, inputs = mlp.build()
+    try:
+        autopar.compile(model, autopar.Mesh((4,), ("x",), hardware="cpu"), inputs)
+    except autopar.AutoparError as error:
+        return f"{type(error).__name__}: {error}"
+    return "no error"
+
+
+def die_mid_training(rank: int) -> None:
+    """Two Megatron steps; rank 1 dies before the second, while rank 0 waits in its
+    forward all-reduce."""
+    torch.manual_seed(0)
+    model, inputs = mlp.build()
+    pm = autopar.compile(model, autopar.Mesh((2,), ("tp",), hardware="cpu"), inputs,
+                         constraints=MEGATRON)
+    pm(*inputs).backward()
+    if rank == 1:
+        os._exit(3)
+    pm(*inputs).backward()
+
+
+def infeasible_on_rank_zero(rank: int) -> str:
+    """Rank 0's planning error reaches every rank, none hangs."""
+    model, inputs = mlp.build()
+    try:
+        autopar.compile(model, autopar.Mesh((2,), ("x",), hardware="cpu"), inputs,
+                        memory_budget=1000.0)
+    except autopar.InfeasiblePlanError as error:
+        return f"{type(error).__name__} min_bytes={error.min_bytes:.0f}"
+    return "no error"

@@ -1,0 +1,84 @@
+"""Bad input to `autopar.compile` and to compiled models: clear errors, never a hang.
+
+Documented choice for new input shapes: a compiled model refuses them with
+`InputMismatchError` rather than recompiling, because compiling is collective and a rank
+that recompiled alone would leave the others waiting.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from compile_workers import compile_for_wrong_world, die_mid_training, infeasible_on_rank_zero
+
+import autopar
+from autopar.runtime import LaunchError, ProcessGroupError
+from autopar.runtime.launch import launch
+from examples import gpt, mlp
+
+ONE = autopar.Mesh((1,), ("x",), hardware="cpu")
+
+
+def test_a_world_size_that_does_not_match_the_mesh():
+    messages = launch(compile_for_wrong_world, 2, timeout=120.0)
+    for message in messages:
+        assert message.startswith("ProcessGroupError"), message
+        assert "world size 2" in message and "4 ranks" in message
+
+
+def test_no_process_group_for_a_mesh_of_several_devices():
+    model, inputs = mlp.build()
+    with pytest.raises(ProcessGroupError, match="not initialised"):
+        autopar.compile(model, autopar.Mesh((2,), ("x",), hardware="cpu"), inputs)
+
+
+def test_a_mesh_of_one_device_needs_no_process_group():
+    model, inputs = mlp.build()
+    pm = autopar.compile(model, ONE, inputs)
+    assert "self." not in pm.code.split("def forward")[1]  # no collective module called
+    assert torch.equal(pm(*inputs), model(*inputs))
+
+
+def test_inputs_of_other_shapes_are_refused_with_a_fix():
+    model, (x, target) = mlp.build(batch=8)
+    pm = autopar.compile(model, ONE, (x, target))
+    with pytest.raises(autopar.InputMismatchError, match="input 0") as error:
+        pm(torch.zeros(4, x.shape[1]), target)
+    assert "compile again" in error.value.fix
+    with pytest.raises(autopar.InputMismatchError, match="dtype|float64"):
+        pm(x.double(), target)
+    with pytest.raises(autopar.InputMismatchError, match="structured differently"):
+        pm(x)
+
+
+def test_missing_example_inputs():
+    model, _ = mlp.build()
+    with pytest.raises(autopar.CaptureError, match="example inputs"):
+        autopar.compile(model, ONE)
+
+
+def test_a_plan_for_another_mesh_or_model_is_refused():
+    model, inputs = mlp.build()
+    plan = autopar.plan(model, ONE, inputs)
+    with pytest.raises(autopar.MeshError, match="another mesh"):
+        autopar.compile(model, autopar.Mesh((1, 1), ("a", "b"), hardware="cpu"), inputs,
+                        plan=plan)
+    other, other_inputs = gpt.build()
+    with pytest.raises(autopar.PlanFormatError, match="does not match"):
+        autopar.compile(other, ONE, other_inputs, plan=plan)
+
+
+def test_a_planning_error_on_rank_zero_reaches_every_rank():
+    messages = launch(infeasible_on_rank_zero, 2, timeout=120.0)
+    assert all(m.startswith("InfeasiblePlanError") for m in messages), messages
+    assert messages[0] == messages[1]
+
+
+def test_a_rank_that_dies_mid_step_fails_the_others_within_bounded_time():
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match="rank 1") as error:
+        launch(die_mid_training, 2, timeout=120.0, grace=5.0)
+    assert time.monotonic() - start < 90.0
+    assert "exit" in str(error.value) and "3" in str(error.value)
