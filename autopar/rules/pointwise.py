@@ -131,6 +131,7 @@ _NONLINEAR = (
     "square", "gelu", "silu", "relu", "relu6", "leaky_relu", "elu", "selu", "celu", "hardtanh",
     "hardsigmoid", "hardswish", "mish", "softplus", "threshold", "logical_not", "logical_and",
     "logical_or", "logical_xor", "bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor",
+    "__and__", "__or__", "__xor__",
     "eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "isfinite", "nan_to_num", "clamp",
     "clamp_min", "clamp_max", "clip", "maximum", "minimum", "fmax", "fmin", "pow",
     "remainder", "fmod", "floor_divide", "atan2", "lerp", "addcmul", "addcdiv", "copysign",

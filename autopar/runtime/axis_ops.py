@@ -33,6 +33,11 @@ def _nbytes(t: torch.Tensor) -> int:
 # result in an AsyncCollectiveTensor through a Python custom op, a few hundred microseconds of
 # CPU per call (more than a small gloo all-reduce takes), for an asynchrony the steps never
 # use since each waits for its result at once.
+# torch 2.13 renamed the gather and scatter into one tensor (the old names warn); torch >= 2.6
+# is supported, so take whichever exists.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or \
+    dist.reduce_scatter_tensor
 
 
 def _all_reduce(t: torch.Tensor, group) -> torch.Tensor:
@@ -45,14 +50,14 @@ def _all_gather(t: torch.Tensor, dim: int, n: int, group) -> torch.Tensor:
     # Gather along dim 0, where the pieces are contiguous blocks in group-rank order.
     front = t.movedim(dim, 0).contiguous()
     out = front.new_empty((n * front.shape[0], *front.shape[1:]))
-    dist.all_gather_into_tensor(out, front, group=group)
+    _all_gather_single(out, front, group=group)
     return out.movedim(0, dim)
 
 
 def _reduce_scatter(t: torch.Tensor, dim: int, n: int, group) -> torch.Tensor:
     front = t.movedim(dim, 0).contiguous()
     out = front.new_empty((front.shape[0] // n, *front.shape[1:]))
-    dist.reduce_scatter_tensor(out, front, group=group)
+    _reduce_scatter_single(out, front, group=group)
     return out.movedim(0, dim)
 
 

@@ -98,7 +98,11 @@ class MemoryMoves:
                 if cand.size == 0:
                     continue
                 local = flat.local(int(i), x, costs)
-                ratio = (local[cand] - local[x[i]]) / saved[cand]
+                # An infinite candidate (or current) cost is no move; inf - inf would be nan,
+                # which argmin would pick.
+                with np.errstate(invalid="ignore"):
+                    ratio = (local[cand] - local[x[i]]) / saved[cand]
+                ratio[~np.isfinite(ratio)] = np.inf
                 j = int(np.argmin(ratio))
                 if np.isfinite(ratio[j]):
                     moves.append((float(ratio[j]), int(i), int(cand[j])))

@@ -20,12 +20,11 @@ from __future__ import annotations
 import functools
 
 import pytest
-from equivalence_cases import Case, train_all
+from equivalence_cases import TOLERANCE, Case, train_all
 
 import autopar
 from autopar.runtime.launch import launch
 
-TOLERANCE = 1e-5
 EXAMPLES = ("examples.mlp", "examples.gpt", "examples.llama")
 MESHES = {(2,): ("x",), (4,): ("x",), (2, 2): ("dp", "tp")}
 # Fractions of the replicated plan's peak memory: below 1 forces sharding; lower forces more.
