@@ -62,7 +62,8 @@ def compile(model: nn.Module, mesh: Mesh, example_inputs: tuple | None = None, *
     be `mesh.size` (a mesh of one device needs no process group). Without `plan`, rank 0
     plans with `autopar.plan`'s options and the others receive its plan; with one, it must
     have been made for this model, these input shapes and this mesh. The model may live
-    on the meta device: each rank then initialises only its own pieces (see
+    on the meta device (with meta example inputs; the compiled model is then called with
+    real tensors of the same shapes): each rank initialises only its own pieces (see
     `autopar.runtime.materialize`).
 
     Raises `ProcessGroupError` (no process group, or a world size that is not the mesh's),

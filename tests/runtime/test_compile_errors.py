@@ -82,3 +82,34 @@ def test_a_rank_that_dies_mid_step_fails_the_others_within_bounded_time():
         launch(die_mid_training, 2, timeout=120.0, grace=5.0)
     assert time.monotonic() - start < 90.0
     assert "exit" in str(error.value) and "3" in str(error.value)
+
+
+def test_a_meta_model_is_initialised_piece_by_piece_like_torch_nn():
+    # Each module's reset_parameters() runs in graph order, which here is construction
+    # order: the values are those of the same model built on the CPU under the same seed.
+    with torch.device("meta"):
+        model = mlp.MLP(16, 32)
+    _, meta_inputs = mlp.build(hidden=16, ffn=32, device="meta")
+    _, inputs = mlp.build(hidden=16, ffn=32)
+    torch.manual_seed(7)
+    pm = autopar.compile(model, ONE, meta_inputs)
+    torch.manual_seed(7)
+    expected = mlp.MLP(16, 32).state_dict()
+    full = pm.full_state_dict()
+    assert full.keys() == expected.keys()
+    assert all(torch.equal(full[k], expected[k]) for k in full)
+    assert all(p.device.type == "meta" for p in model.parameters())  # the model is untouched
+    assert torch.isfinite(pm(*inputs))
+
+
+def test_meta_tensors_without_reset_parameters_are_refused():
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(4, device="meta"))
+
+        def forward(self, x):
+            return (x * self.weight).sum()
+
+    with pytest.raises(autopar.InitializationError, match="reset_parameters"):
+        autopar.compile(Scale(), ONE, (torch.ones(2, 4, device="meta"),))
