@@ -53,30 +53,43 @@ def _text(strategy) -> str:
             + format_placements(strategy.output))
 
 
-def forced_plans(model: str, mesh: autopar.Mesh, keep=lambda strategy: True) -> list[Forced]:
-    """One plan per distinct (op, strategy) of `model`'s graph that `keep` accepts."""
+def forced_plans(model: str, mesh: autopar.Mesh, keep=lambda strategy: True,
+                 limit: int | None = None) -> list[Forced]:
+    """One plan per distinct (op, strategy) of `model`'s graph that `keep` accepts; with
+    `limit`, that many of them, evenly spread over the graph."""
     module, inputs = build(model)
     gm = annotate(capture(module, inputs))
     table = find_strategies(gm, mesh)
     hints = size_hints(gm)
-    seen, plans = set(), []
+    seen, chosen = set(), []
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.name not in table.strategies:
             continue
         for strategy in table.strategies[node.name]:
-            if (node.target, strategy) in seen or not keep(strategy):
-                continue
-            seen.add((node.target, strategy))
-            pinned = dataclasses.replace(
-                table, strategies={**table.strategies, node.name: (strategy,)})
-            problem = build_problem(gm, pinned, mesh, memory_budget=None, hints=hints,
-                                    fold_layers=False)
-            solution = solve(problem.problem, time_limit=2.0)
-            assert solution.choices, f"{node.name} pinned to {_text(strategy)} is infeasible"
-            plan = extract_plan(gm, problem, solution, model_name=model, sizes={})
-            plans.append(Forced(model, node.name, str(node.target), _text(strategy),
-                                plan.to_dict()))
+            if (node.target, strategy) not in seen and keep(strategy):
+                seen.add((node.target, strategy))
+                chosen.append((node, strategy))
+    if limit is not None and len(chosen) > limit:
+        chosen = [chosen[i * len(chosen) // limit] for i in range(limit)]
+    plans = []
+    for node, strategy in chosen:
+        pinned = dataclasses.replace(table, strategies={**table.strategies, node.name: (strategy,)})
+        problem = build_problem(gm, pinned, mesh, memory_budget=None, hints=hints,
+                                fold_layers=False)
+        solution = solve(problem.problem, time_limit=2.0)
+        assert solution.choices, f"{node.name} pinned to {_text(strategy)} is infeasible"
+        plan = extract_plan(gm, problem, solution, model_name=model, sizes={})
+        plans.append(Forced(model, node.name, str(node.target), _text(strategy),
+                            plan.to_dict()))
     return plans
+
+
+def pinned_plan(model: str, mesh: autopar.Mesh, constraints: dict[str, str]) -> Forced:
+    """The plan of `model` with `constraints` (node or tensor name -> placements)."""
+    module, inputs = build(model)
+    plan = autopar.plan(module, mesh, inputs, constraints=constraints, time_limit=2.0)
+    pins = ", ".join(f"{k}={v}" for k, v in constraints.items())
+    return Forced(model, pins, "constraints", pins, plan.to_dict())
 
 
 def _kind(placement) -> str:
