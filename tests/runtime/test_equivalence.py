@@ -9,7 +9,7 @@ between them), trains 3 AdamW steps from the same initial weights as the plain m
   parameter's gradient, gathered to full (largest entry difference over the reference's
   largest entry). fp32 sums reordered across ranks differ by about 1e-7 relative on the
   first step, and AdamW amplifies that by about tenfold per step (see
-  `equivalence_cases.LEARNING_RATE`); the worst measured after three steps is about 3e-6,
+  `equivalence_cases.LEARNING_RATE`); the worst measured after three steps is a few 1e-6,
   while a wrong collective shows up at 1e-2 or more;
 - the bytes every rank's collectives moved, per (kind, axis, direction), equal the plan's
   prediction times the number of steps, exactly.
