@@ -3,9 +3,9 @@
 Collectives are torch.distributed's collectives over the axis's process group
 (`DeviceMesh.get_group(axis)`, whose group rank is the rank's coordinate on the axis), each
 writing into a new tensor so that the input is left as it was; the local steps are chunking
-and zero-filling. Every collective is recorded in the caller's
-`CommCounter` with the cost model's byte convention. Nothing here is differentiable: the
-autograd-aware wrapper lives in `collectives.py`.
+and zero-filling. Every collective is recorded in the caller's `CommCounter` with the cost
+model's byte convention. Nothing here is differentiable: the autograd-aware wrapper lives in
+`collectives.py`.
 """
 
 from __future__ import annotations
