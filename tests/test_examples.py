@@ -2,6 +2,11 @@
 
 import functools
 import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,3 +89,21 @@ def test_llama_3_8b_shape_builds_on_meta():
     params = sum(p.numel() for p in model.parameters())
     assert 8.0e9 < params < 8.1e9
     assert idx.shape == targets.shape == (1, 4096) and idx.is_meta
+
+
+def test_the_training_script_trains_under_torchrun(tmp_path):
+    # Run from another folder, as a user would after `pip install -e .`.
+    script = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+         "2", str(script), "--example", "mlp", "--mesh", "2", "--steps", "3",
+         "--set", "hidden=64", "--set", "ffn=256", "--set", "batch=16",
+         "--memory-budget", "300000"],  # below the replicated peak: the plan must split
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = [float(x) for x in re.findall(r"loss +([0-9.]+)", done.stdout)]
+    assert len(losses) == 3 and losses[-1] < losses[0], done.stdout
+    # Measured bytes per collective equal the plan's, and there is at least one.
+    rows = re.findall(r"^(\w+) +\w+ +\w+ +([0-9,]+) +([0-9,]+) +(\w+)$", done.stdout, re.M)
+    assert rows and all(match == "yes" and m == p for _, m, p, match in rows), done.stdout
