@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import torch
 import torch.distributed as dist
 from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -51,6 +52,13 @@ def _agreed(make: Callable[[], Plan], device: DeviceMesh | None) -> Plan:
     return Plan.from_dict(value)
 
 
+def _rank_device(mesh: DeviceMesh | None) -> torch.device:
+    """Where this rank computes: its GPU under NCCL, else the CPU."""
+    if mesh is not None and mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def compile(model: nn.Module, mesh: Mesh, example_inputs: tuple | None = None, *,
             plan: Plan | None = None, memory_budget: float | None = None,
             time_limit: float = 30.0, constraints: Mapping[str, str] | None = None,
@@ -90,9 +98,10 @@ def assemble(model: nn.Module, gm: fx.GraphModule, plan: Plan,
     `gm`, on this rank's `device` mesh (None on a mesh of one device). Not collective."""
     coordinate = tuple(device.get_coordinate()) if device is not None else (0,) * plan.mesh.ndim
     context = RankContext(device) if device is not None else None
-    program = lower(gm, plan, coordinate, context)
+    here = _rank_device(device)
+    program = lower(gm, plan, coordinate, context, here)
     slots = state_slots(model, program.state, plan.mesh.ndim)
-    pieces = local_pieces(model, slots, gm.meta[CONSTANTS], plan.mesh.shape, coordinate)
+    pieces = local_pieces(model, slots, gm.meta[CONSTANTS], plan.mesh.shape, coordinate, here)
     return ParallelModule(program, plan, slots=slots, pieces=pieces,
                           persistent=set(model.state_dict(keep_vars=True)), context=context,
                           coordinate=coordinate, call_spec=gm.meta[CALL_SPEC],

@@ -121,8 +121,9 @@ def _first_row(table: TensorSpec, placements: Placements, mesh_shape: tuple[int,
 
 class _Lowering:
     def __init__(self, gm: fx.GraphModule, plan: Plan, coordinate: tuple[int, ...],
-                 context: RankContext | None) -> None:
+                 context: RankContext | None, device: torch.device | None) -> None:
         self.gm, self.plan, self.coordinate, self.context = gm, plan, coordinate, context
+        self.device = device
         self.mesh_shape = plan.mesh.shape
         self.placed = _placements(gm, plan)
         self.on_path = gradient_path(gm)
@@ -147,7 +148,8 @@ class _Lowering:
                 args, kwargs = pytree.tree_map_only(fx.Node, self.env.__getitem__,
                                                     (node.args, node.kwargs))
                 self.env[node] = self.graph.create_node(
-                    "call_function", node.target, args, kwargs, name=node.name)
+                    "call_function", node.target, args, self._on_device(kwargs),
+                    name=node.name)
             else:
                 self.env[node] = self._op(node)
         module = fx.GraphModule(self.root, self.graph, class_name="RankProgram")
@@ -208,7 +210,13 @@ class _Lowering:
             return self.graph.create_node("call_function", masked_embedding,
                                           (args[0], args[1], start, padding), name=node.name)
         return self.graph.create_node("call_function", _RELAXED.get(node.target, node.target),
-                                      args, kwargs, name=node.name)
+                                      args, self._on_device(kwargs), name=node.name)
+
+    def _on_device(self, kwargs: dict) -> dict:
+        device = kwargs.get("device")
+        if self.device is None or not isinstance(device, torch.device) or device.type != "meta":
+            return kwargs
+        return {**kwargs, "device": self.device}
 
 
 def _substitute(lowered: tuple, local: tuple) -> tuple:
@@ -224,12 +232,14 @@ def _substitute(lowered: tuple, local: tuple) -> tuple:
 
 
 def lower(gm: fx.GraphModule, plan: Plan, coordinate: tuple[int, ...],
-          context: RankContext | None) -> RankProgram:
+          context: RankContext | None, device: torch.device | None = None) -> RankProgram:
     """The program of the rank at mesh `coordinate` (see the module docstring).
 
     `gm` is the annotated graph the plan was made from (same model, same input shapes);
     `context` carries the DeviceMesh the collectives run on, and may be None only when the
-    plan needs none. Raises `PlanFormatError` when the plan does not match the graph.
+    plan needs none. A graph captured on the meta device creates its tensors (arange,
+    zeros, ...) on `device` instead. Raises `PlanFormatError` when the plan does not match
+    the graph.
     """
     assert len(coordinate) == plan.mesh.ndim, (coordinate, plan.mesh.shape)
-    return _Lowering(gm, plan, tuple(coordinate), context).run()
+    return _Lowering(gm, plan, tuple(coordinate), context, device).run()

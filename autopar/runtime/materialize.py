@@ -3,10 +3,12 @@
 For a model with real tensors each rank slices its pieces out of its own copy, so every rank
 must hold the same values (build the model under the same `torch.manual_seed`, or load the
 same checkpoint). For a model built on the meta device, the tensors are created one owning
-module at a time: a copy of the module gets empty CPU tensors and its `reset_parameters()`
-(which every torch.nn layer defines) fills them, the rank keeps its pieces and drops the
-rest. Peak memory is one module's state, and ranks seeded alike draw the same values. A
-module holding meta tensors without `reset_parameters()` raises `InitializationError`.
+module at a time: a copy of the module gets empty tensors on the rank's device and its
+`reset_parameters()` (which every torch.nn layer defines) fills them, the rank keeps its
+pieces and drops the rest. Peak memory is one module's state, and ranks seeded alike draw
+the same values. A module holding meta tensors without `reset_parameters()` raises
+`InitializationError` (buffers computed in a constructor, like rotary tables, are lost on
+the meta device: build those on a real one).
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ def state_slots(model: nn.Module, graph_state: tuple[StateSlot, ...],
 class _Materializer:
     """Full CPU values of meta tensors, one owning module at a time."""
 
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.model, self.device = model, device
         self.owner: str | None = None
         self.values: dict[str, torch.Tensor] = {}
 
@@ -72,7 +74,7 @@ class _Materializer:
         # A shallow copy with its own tensor dicts: the model keeps its meta tensors.
         clone = copy.copy(module)
         clone._parameters, clone._buffers = dict(module._parameters), dict(module._buffers)
-        clone.to_empty(device="cpu", recurse=False)
+        clone.to_empty(device=self.device, recurse=False)
         with torch.no_grad():
             clone.reset_parameters()
         return {k: v for k, v in (*clone._parameters.items(), *clone._buffers.items())
@@ -81,9 +83,11 @@ class _Materializer:
 
 def local_pieces(model: nn.Module, slots: tuple[StateSlot, ...],
                  constants: dict[str, torch.Tensor], mesh_shape: tuple[int, ...],
-                 coordinate: tuple[int, ...]) -> dict[str, torch.Tensor]:
-    """This rank's piece of every slot, by canonical name (see the module docstring)."""
-    materializer = _Materializer(model)
+                 coordinate: tuple[int, ...],
+                 device: torch.device) -> dict[str, torch.Tensor]:
+    """This rank's piece of every slot, by canonical name (see the module docstring); meta
+    tensors are created on `device`."""
+    materializer = _Materializer(model, device)
     pieces = {}
     # Grouped by owning module, so that each module is initialised once.
     owners: dict[str, list[StateSlot]] = {}

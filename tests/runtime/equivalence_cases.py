@@ -107,3 +107,42 @@ def train_all(rank: int, cases: tuple[Case, ...], shape: tuple[int, ...],
     """Every case in one launch (starting processes costs seconds)."""
     mesh = autopar.Mesh(shape, names, hardware=hardware)
     return [train(rank, case, mesh) for case in cases]
+
+
+def check_equivalence(cases: tuple[Case, ...], results: list[list[Outcome]]) -> None:
+    """Rank 0's losses and gradients match the plain model's at every step within
+    `TOLERANCE`, and every rank returned the same (global) losses."""
+    for index, (case, outcome) in enumerate(zip(cases, results[0])):
+        for step, (loss, expected) in enumerate(zip(outcome.losses,
+                                                    outcome.reference_losses)):
+            assert abs(loss - expected) <= TOLERANCE * abs(expected), (case, step)
+        for step, errors in enumerate(outcome.grad_errors):
+            worst = max(errors, key=errors.get)
+            assert errors[worst] <= TOLERANCE, (case, step, worst, errors[worst])
+        assert all(r[index].losses == outcome.losses for r in results), case
+
+
+def check_sharded(cases: tuple[Case, ...], results: list[list[Outcome]]) -> None:
+    """Every plan stores some parameter split and communicates: a replicated plan would
+    make the equivalence trivial."""
+    for case, outcome in zip(cases, results[0]):
+        plan = autopar.Plan.from_dict(outcome.plan)
+        assert [n for n in plan.nodes if n.role == "parameter" and "S(" in n.output], case
+        assert plan.comm_bytes(), case
+
+
+def check_bytes(cases: tuple[Case, ...], results: list[list[Outcome]]) -> None:
+    """On every rank, the bytes moved per (kind, axis, direction) equal the plan's
+    prediction times the steps, exactly."""
+    for rank, per_rank in enumerate(results):
+        for case, outcome in zip(cases, per_rank):
+            predicted = {key: value * case.steps for key, value in outcome.predicted.items()}
+            assert outcome.measured == predicted, (case, rank)
+
+
+def replicated_peak(case: Case) -> float:
+    """Peak memory per device of the plan that keeps `case`'s model whole (one device): a
+    budget below it forces the solver to shard."""
+    model, inputs = case.model()
+    return autopar.plan(model, autopar.Mesh((1,), ("x",), hardware="cpu"),
+                        inputs).peak_memory_bytes

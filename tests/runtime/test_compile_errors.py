@@ -113,3 +113,12 @@ def test_meta_tensors_without_reset_parameters_are_refused():
 
     with pytest.raises(autopar.InitializationError, match="reset_parameters"):
         autopar.compile(Scale(), ONE, (torch.ones(2, 4, device="meta"),))
+
+
+def test_tensors_a_meta_graph_creates_are_made_on_the_ranks_device():
+    # GPT's position ids come from arange(..., device=meta) in the captured graph.
+    model, meta_inputs = gpt.build(device="meta")
+    _, inputs = gpt.build()
+    pm = autopar.compile(model, ONE, meta_inputs)
+    assert "device(type='meta')" not in pm.code
+    assert torch.isfinite(pm(*inputs))

@@ -20,9 +20,15 @@ from __future__ import annotations
 import functools
 
 import pytest
-from equivalence_cases import TOLERANCE, Case, train_all
+from equivalence_cases import (
+    Case,
+    check_bytes,
+    check_equivalence,
+    check_sharded,
+    replicated_peak,
+    train_all,
+)
 
-import autopar
 from autopar.runtime.launch import launch
 
 EXAMPLES = ("examples.mlp", "examples.gpt", "examples.llama")
@@ -32,14 +38,12 @@ BUDGETS = {(2,): (0.6,), (4,): (0.4,), (2, 2): (0.5, 0.3)}
 
 
 @functools.cache
-def replicated_peak(example: str) -> float:
-    model, inputs = Case(example).model()
-    return autopar.plan(model, autopar.Mesh((1,), ("x",), hardware="cpu"),
-                        inputs).peak_memory_bytes
+def peak(example: str) -> float:
+    return replicated_peak(Case(example))
 
 
 def cases(shape) -> tuple[Case, ...]:
-    return tuple(Case(example, memory_budget=fraction * replicated_peak(example))
+    return tuple(Case(example, memory_budget=fraction * peak(example))
                  for example in EXAMPLES for fraction in BUDGETS[shape])
 
 
@@ -55,32 +59,15 @@ def outcomes(request):
 
 
 def test_loss_and_every_gradient_match_the_single_process_model(outcomes):
-    shape, chosen, results = outcomes
-    for case, outcome in zip(chosen, results[0]):
-        label = f"{case.example} on {shape} with budget {case.memory_budget:.0f}"
-        for step, (loss, expected) in enumerate(zip(outcome.losses,
-                                                    outcome.reference_losses)):
-            assert abs(loss - expected) <= TOLERANCE * abs(expected), (label, step)
-        for step, errors in enumerate(outcome.grad_errors):
-            worst = max(errors, key=errors.get)
-            assert errors[worst] <= TOLERANCE, (label, step, worst, errors[worst])
-        # Every rank computed the same (global) loss.
-        assert all(r[chosen.index(case)].losses == outcome.losses for r in results)
+    _, chosen, results = outcomes
+    check_equivalence(chosen, results)
 
 
 def test_the_plans_shard_and_communicate(outcomes):
-    # A replicated plan would make the equivalence trivial: the budget must force sharding.
-    shape, chosen, results = outcomes
-    for case, outcome in zip(chosen, results[0]):
-        plan = autopar.Plan.from_dict(outcome.plan)
-        sharded = [n for n in plan.nodes if n.role == "parameter" and "S(" in n.output]
-        assert sharded, case
-        assert plan.comm_bytes(), case
+    _, chosen, results = outcomes
+    check_sharded(chosen, results)
 
 
 def test_measured_bytes_equal_the_plan_exactly(outcomes):
-    shape, chosen, results = outcomes
-    for rank, per_rank in enumerate(results):
-        for case, outcome in zip(chosen, per_rank):
-            predicted = {key: value * case.steps for key, value in outcome.predicted.items()}
-            assert outcome.measured == predicted, (case.example, shape, rank)
+    _, chosen, results = outcomes
+    check_bytes(chosen, results)

@@ -13,11 +13,19 @@ replicated; that is allowed, wrong numbers are not.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hf_models
 import pytest
-from equivalence_cases import TOLERANCE, Case, train_all
+from equivalence_cases import (
+    Case,
+    check_bytes,
+    check_equivalence,
+    check_sharded,
+    replicated_peak,
+    train_all,
+)
 
-import autopar
 from autopar.runtime.launch import launch
 
 NAMES = tuple(hf_models.MODELS)
@@ -28,16 +36,10 @@ BUDGET = 0.3
 LEAST_ROUTING_MARGIN = 1e-4
 
 
-def replicated_peak(name: str) -> float:
-    """Peak memory per device of the plan that replicates everything (one device)."""
-    model, inputs = hf_models.build(name)
-    return autopar.plan(model, autopar.Mesh((1,), ("x",), hardware="cpu"),
-                        inputs).peak_memory_bytes
-
-
 def cases() -> tuple[Case, ...]:
-    return tuple(Case("hf_models", build=(("name", name),),
-                      memory_budget=BUDGET * replicated_peak(name)) for name in NAMES)
+    whole = [Case("hf_models", build=(("name", name),)) for name in NAMES]
+    return tuple(dataclasses.replace(case, memory_budget=BUDGET * replicated_peak(case))
+                 for case in whole)
 
 
 @pytest.fixture(scope="module")
@@ -54,30 +56,12 @@ def test_routing_picks_experts_by_a_clear_margin():
 
 
 def test_loss_and_every_gradient_match_the_single_process_model(outcomes):
-    chosen, results = outcomes
-    for case, outcome in zip(chosen, results[0]):
-        label = dict(case.build)["name"]
-        for step, (loss, expected) in enumerate(zip(outcome.losses,
-                                                    outcome.reference_losses)):
-            assert abs(loss - expected) <= TOLERANCE * abs(expected), (label, step)
-        for step, errors in enumerate(outcome.grad_errors):
-            worst = max(errors, key=errors.get)
-            assert errors[worst] <= TOLERANCE, (label, step, worst, errors[worst])
-        assert all(r[chosen.index(case)].losses == outcome.losses for r in results), label
+    check_equivalence(*outcomes)
 
 
 def test_the_plans_shard_and_communicate(outcomes):
-    chosen, results = outcomes
-    for case, outcome in zip(chosen, results[0]):
-        plan = autopar.Plan.from_dict(outcome.plan)
-        sharded = [n for n in plan.nodes if n.role == "parameter" and "S(" in n.output]
-        assert sharded, case
-        assert plan.comm_bytes(), case
+    check_sharded(*outcomes)
 
 
 def test_measured_bytes_equal_the_plan_exactly(outcomes):
-    chosen, results = outcomes
-    for rank, per_rank in enumerate(results):
-        for case, outcome in zip(chosen, per_rank):
-            predicted = {key: value * case.steps for key, value in outcome.predicted.items()}
-            assert outcome.measured == predicted, (case.build, rank)
+    check_bytes(*outcomes)
