@@ -22,11 +22,12 @@ compare with the target only a ratio that repeats. The losses of both contenders
 agree, on the first step and after the same number of steps, or the script fails: both
 trained the same model.
 
-Reading the data-parallel row: autopar's program all-reduces each parameter's gradient
-where the backward produces it, one blocking collective per parameter, and the loss (a
-scalar) in the forward so that every rank returns the global loss; DDP all-reduces its
-gradients in a couple of buckets, overlapped with the rest of the backward. On a small CPU
-host where a gloo all-reduce costs a millisecond or more, that is most of the gap. In the
+Reading the data-parallel row: autopar's program starts each parameter gradient's
+all-reduce where the backward produces it and lets it run while the backward goes on
+(`autopar.runtime.grad_reduce`), one collective per parameter, plus a blocking all-reduce
+of the loss (a scalar) in the forward so that every rank returns the global loss; DDP
+all-reduces its gradients in a couple of buckets, overlapped the same way. On a small CPU
+host where a gloo all-reduce costs a millisecond or more, the extra calls are the gap. In the
 Megatron row, torch's parameters are DTensors: its forward, backward and optimizer step
 pay DTensor's dispatch on every op, where autopar's program runs on plain local tensors.
 

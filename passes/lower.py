@@ -9,7 +9,8 @@ global. Per node:
 - every tensor input edge gets the plan's conversion, a `Collective` submodule running
   `autopar.runtime.redistribute` with exactly the transfers the plan charged for the edge,
   wherever it does anything in the forward or the backward (a replicated tensor used by a
-  split computation needs no forward step, but its gradient is Partial and is all-reduced);
+  split computation needs no forward step, but its gradient is Partial and is all-reduced;
+  for a parameter that all-reduce overlaps the rest of the backward);
 - ops run with this rank's local size arguments (`autopar.rules.local_args`);
 - an embedding whose table is split by rows runs `masked_embedding` from this rank's first
   row (obligation 2 of `autopar.rules`).
@@ -37,6 +38,7 @@ from autopar.placement import Placements, Shard, format_placements, parse_placem
 from autopar.plan_types import Plan
 from autopar.rules.embedding import is_vocab_split, masked_embedding
 from autopar.runtime.collectives import Collective, RankContext
+from autopar.runtime.grad_reduce import reducible
 from autopar.runtime.redistribution import Redistribution
 from autopar.specs import NAMES, ROLE, TENSOR, TensorSpec
 
@@ -193,7 +195,10 @@ class _Lowering:
         name = f"{leaf.name}__{_identifier(dst.inputs[position])}"
         while hasattr(self.root, name):
             name += "_"
-        self.root.add_module(name, Collective(redistribution, self.context))
+        overlapped = (producer_of(leaf).meta.get(ROLE) == "parameter"
+                      and reducible(redistribution))
+        self.root.add_module(name, Collective(redistribution, self.context,
+                                              overlapped=overlapped))
         self.collectives.append((name, redistribution))
         return self.graph.call_module(name, (self.env[leaf],))
 

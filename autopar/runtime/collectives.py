@@ -23,6 +23,7 @@ from autopar.placement import format_placements
 from autopar.runtime.axis_ops import apply_steps
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.errors import RedistributionError
+from autopar.runtime.grad_reduce import GradientReducer, reduce_later
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.regather import Regather
 from autopar.runtime.steps import local_shape
@@ -100,17 +101,24 @@ class RankContext:
     mesh: DeviceMesh
     counter: CommCounter = field(default_factory=CommCounter)
     regather: Regather = field(default_factory=Regather)
+    reducer: GradientReducer = field(default_factory=GradientReducer)
 
 
 class Collective(nn.Module):
     """One graph edge's `redistribute` as a module, so that a rank program's code names it:
-    `linear_1__R_S0 = self.linear_1__R_S0(linear_1)`. Holds no state."""
+    `linear_1__R_S0 = self.linear_1__R_S0(linear_1)`. Holds no state. With `overlapped`
+    (a parameter whose edge only all-reduces its gradient), the all-reduce runs in the
+    background of the backward (`autopar.runtime.grad_reduce`)."""
 
-    def __init__(self, redistribution: Redistribution, context: RankContext) -> None:
+    def __init__(self, redistribution: Redistribution, context: RankContext, *,
+                 overlapped: bool = False) -> None:
         super().__init__()
-        self.redistribution, self.context = redistribution, context
+        self.redistribution, self.context, self.overlapped = redistribution, context, overlapped
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.overlapped:
+            return reduce_later(x, self.redistribution, self.context.mesh,
+                                self.context.counter, self.context.reducer)
         if not self.redistribution.requires_grad:
             # The consumer passes no gradient back (an integer tensor, or `zeros_like(x)`).
             x = x.detach()

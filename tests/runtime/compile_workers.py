@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
@@ -44,3 +45,26 @@ def infeasible_on_rank_zero(rank: int) -> str:
     except autopar.InfeasiblePlanError as error:
         return f"{type(error).__name__} min_bytes={error.min_bytes:.0f}"
     return "no error"
+
+
+DATA_PARALLEL = {"fc1.weight": "R", "fc1.bias": "R", "fc2.weight": "R", "fc2.bias": "R",
+                 "linear": "S(0)", "linear_1": "S(0)"}
+
+
+def accumulate_two_backwards(rank: int) -> float:
+    """Largest relative difference between the gradients of two backward passes without
+    zero_grad (data parallel, so every gradient all-reduce overlaps the backward) and twice
+    the plain model's gradients."""
+    torch.manual_seed(0)
+    model, inputs = mlp.build()
+    reference = copy.deepcopy(model)
+    pm = autopar.compile(model, autopar.Mesh((2,), ("dp",), hardware="cpu"), inputs,
+                         constraints=DATA_PARALLEL)
+    assert all(r.backward_steps and not r.forward_steps
+               for name, r in pm.collectives if name.startswith("p_"))
+    for _ in range(2):
+        pm(*inputs).backward()
+    reference(*inputs).backward()
+    grads = pm.full_grads()
+    return max(float((grads[n] - 2 * p.grad).abs().max() / p.grad.abs().max())
+               for n, p in reference.named_parameters())

@@ -11,7 +11,12 @@ import time
 
 import pytest
 import torch
-from compile_workers import compile_for_wrong_world, die_mid_training, infeasible_on_rank_zero
+from compile_workers import (
+    accumulate_two_backwards,
+    compile_for_wrong_world,
+    die_mid_training,
+    infeasible_on_rank_zero,
+)
 
 import autopar
 from autopar.runtime import LaunchError, ProcessGroupError
@@ -122,3 +127,9 @@ def test_tensors_a_meta_graph_creates_are_made_on_the_ranks_device():
     pm = autopar.compile(model, ONE, meta_inputs)
     assert "device(type='meta')" not in pm.code
     assert torch.isfinite(pm(*inputs))
+
+
+def test_gradients_accumulate_over_backward_passes_exactly():
+    # Overlapped all-reduces add only this pass's contribution to what .grad holds.
+    errors = launch(accumulate_two_backwards, 2, timeout=120.0)
+    assert max(errors) < 1e-6, errors
