@@ -3,11 +3,12 @@
 A parameter replicated on an axis over which its consumer splits the computation gets a
 Partial gradient there, all-reduced in the backward (DESIGN.md's last table row). Done where
 the backward produces it, each all-reduce blocks the backward until it completes; that is
-data parallelism's whole communication. Instead, `ReducedParameter` starts the all-reduce
-asynchronously on a copy of the gradient and returns no gradient to autograd; when the
-backward pass ends (an autograd engine callback), `GradientReducer.finish` waits for each
-all-reduce and adds the result to the parameter's `.grad`, so the collectives run while the
-backward computes the earlier layers' gradients (the overlap DDP's buckets give).
+data parallelism's whole communication. Instead, `reduce_later` hands the gradient to a
+`GradientReducer` and returns no gradient to autograd: the reducer packs gradients into
+buckets, all-reduces each full bucket asynchronously, and when the backward pass ends (an
+autograd engine callback) reduces the rest, waits, and adds the sums to the parameters'
+`.grad`, so the collectives run while the backward computes the earlier layers' gradients
+(the overlap DDP's buckets give).
 
 Contract: gradients of such parameters reach `.grad` only through `loss.backward()` (not
 `torch.autograd.grad`), added to what `.grad` holds (accumulation stays exact), and the
@@ -25,40 +26,68 @@ from autopar.runtime.axis_ops import axis_name
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.redistribution import Redistribution
 
+# Gradients packed into one all-reduce, at most (about DDP's first bucket).
+BUCKET_BYTES = 1 << 20
+
 
 def reducible(redistribution: Redistribution) -> bool:
     """Edges whose only collective is one backward all-reduce (a replicated tensor used by a
-    split computation): the ones `ReducedParameter` carries out for parameters."""
+    split computation): the ones `reduce_later` carries out for parameters."""
     steps = redistribution.backward_steps
     return (not redistribution.forward_steps and not redistribution.regather
             and len(steps) == 1 and steps[0].kind == "all_reduce")
 
 
 class GradientReducer:
-    """The all-reduces in flight in one backward pass; a plain object the caller owns."""
+    """The gradients waiting for their all-reduce in one backward pass; a plain object the
+    caller owns. Each one starts its all-reduce at once (so it overlaps the backward) while
+    the bucket of gradients on its axis is small; gradients arriving in a row are otherwise
+    packed into one buffer, all-reduced in one call when the bucket is full or the backward
+    ends: per-call cost, not bandwidth, dominates small all-reduces."""
 
-    def __init__(self) -> None:
-        self._pending: list[tuple[torch.Tensor, torch.Tensor, object]] = []
+    def __init__(self, bucket_bytes: int = BUCKET_BYTES) -> None:
+        self.bucket_bytes = bucket_bytes
+        self._buckets: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._meshes: dict[tuple[int, int], DeviceMesh] = {}
+        self._in_flight: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor,
+                                    object]] = []
 
     def start(self, parameter: torch.Tensor, grad: torch.Tensor, axis: int,
               mesh: DeviceMesh, counter: CommCounter) -> None:
-        buffer = grad.clone(memory_format=torch.contiguous_format)
-        work = dist.all_reduce(buffer, group=mesh.get_group(axis), async_op=True)
-        counter.record("all_reduce", axis_name(mesh, axis), "backward",
-                       buffer.numel() * buffer.element_size())
-        if not self._pending:
+        if not self._buckets and not self._in_flight:
             Variable._execution_engine.queue_callback(self.finish)
-        self._pending.append((parameter, buffer, work))
+        counter.record("all_reduce", axis_name(mesh, axis), "backward",
+                       grad.numel() * grad.element_size())
+        key = (id(mesh), axis)
+        self._meshes[key] = mesh
+        bucket = self._buckets.setdefault(key, [])
+        bucket.append((parameter, grad))
+        if sum(g.numel() * g.element_size() for _, g in bucket) >= self.bucket_bytes:
+            self._launch(key)
+
+    def _launch(self, key: tuple[int, int]) -> None:
+        bucket = self._buckets.pop(key)
+        mesh, axis = self._meshes[key], key[1]
+        # A new buffer: the incoming gradients may be shared with other branches.
+        flat = torch.cat([g.reshape(-1) for _, g in bucket])
+        work = dist.all_reduce(flat, group=mesh.get_group(axis), async_op=True)
+        self._in_flight.append((bucket, flat, work))
 
     def finish(self) -> None:
-        """Wait for every all-reduce and add the sums to the parameters' gradients."""
-        pending, self._pending = self._pending, []
-        for parameter, buffer, work in pending:
+        """Reduce what is left, wait for every all-reduce, add the sums to the gradients."""
+        for key in list(self._buckets):
+            self._launch(key)
+        in_flight, self._in_flight = self._in_flight, []
+        for bucket, flat, work in in_flight:
             work.wait()
-            if parameter.grad is None:
-                parameter.grad = buffer
-            else:
-                parameter.grad.add_(buffer)
+            offset = 0
+            for parameter, grad in bucket:
+                summed = flat[offset:offset + grad.numel()].view_as(grad)
+                offset += grad.numel()
+                if parameter.grad is None:
+                    parameter.grad = summed  # a view of the bucket, as DDP's bucket views
+                else:
+                    parameter.grad.add_(summed)
 
 
 class _ReduceLater(torch.autograd.Function):
