@@ -85,7 +85,9 @@ class GradientReducer:
                 summed = flat[offset:offset + grad.numel()].view_as(grad)
                 offset += grad.numel()
                 if parameter.grad is None:
-                    parameter.grad = summed  # a view of the bucket, as DDP's bucket views
+                    # A tensor of its own: AdamW's step on gradients that are views into a
+                    # shared bucket measured a fifth slower.
+                    parameter.grad = summed.clone()
                 else:
                     parameter.grad.add_(summed)
 
