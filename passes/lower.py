@@ -70,13 +70,14 @@ class StateSlot:
 class RankProgram:
     """A rank's program: `module(*local_state, *flat_user_inputs)` -> flat outputs.
 
-    `inputs` holds the global `TensorSpec` of every flat user input (None for non-tensor
-    leaves); `collectives` names each inserted `Collective` submodule with its edge.
+    `inputs` holds the global `TensorSpec` of every flat user input (for a non-tensor leaf,
+    the example value the graph was specialised to); `collectives` names each inserted
+    `Collective` submodule with its edge.
     """
 
     module: fx.GraphModule
     state: tuple[StateSlot, ...]
-    inputs: tuple[TensorSpec | None, ...]
+    inputs: tuple[object, ...]
     collectives: tuple[tuple[str, Redistribution], ...]
 
 
@@ -135,7 +136,7 @@ class _Lowering:
         self.env: dict[fx.Node, object] = {}
         self.collectives: list[tuple[str, Redistribution]] = []
         self.state: list[StateSlot] = []
-        self.inputs: list[TensorSpec | None] = []
+        self.inputs: list[object] = []
 
     def run(self) -> RankProgram:
         for node in self.gm.graph.nodes:
@@ -161,7 +162,8 @@ class _Lowering:
     def _record_placeholder(self, node: fx.Node) -> None:
         role, spec = node.meta.get(ROLE), node.meta.get(TENSOR)
         if role == "input":
-            self.inputs.append(spec if isinstance(spec, TensorSpec) else None)
+            # A non-tensor input was specialised to its example value (torch.export).
+            self.inputs.append(spec if isinstance(spec, TensorSpec) else node.meta.get("val"))
         else:
             self.state.append(StateSlot(tuple(node.meta[NAMES]), role, spec.shape, spec.dtype,
                                         self.placed[node.name].output))

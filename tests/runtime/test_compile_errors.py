@@ -133,3 +133,19 @@ def test_gradients_accumulate_over_backward_passes_exactly():
     # Overlapped all-reduces add only this pass's contribution to what .grad holds.
     errors = launch(accumulate_two_backwards, 2, timeout=120.0)
     assert max(errors) < 1e-6, errors
+
+
+def test_a_non_tensor_input_is_fixed_to_its_example_value():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x, times: int):
+            return self.fc(x).sum() * times
+
+    model, x = Scaled(), torch.randn(8, 4)
+    pm = autopar.compile(model, ONE, (x, 3))
+    assert torch.equal(pm(x, 3), model(x, 3))
+    with pytest.raises(autopar.InputMismatchError, match="input 1"):
+        pm(x, 4)
