@@ -8,6 +8,9 @@ autograd-aware collectives that move tensors between placements.
 - `Redistribution.for_edge(...)` + `redistribute(x, r, mesh, counter)`: one graph edge's
   conversion, forward and backward, performing exactly the collectives the cost model
   charges; `CommCounter` measures them; `Regather` frees gathered parameters for backward.
+- `parallel_module.ParallelModule`: a compiled rank's model (built by `autopar.compile`),
+  over its pieces of the state (`shards`, `materialize`), with parameter gradients
+  all-reduced in the background of the backward (`grad_reduce`).
 """
 
 from autopar.runtime.collectives import redistribute
