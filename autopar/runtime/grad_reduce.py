@@ -33,9 +33,10 @@ BUCKET_BYTES = 1 << 20
 def reducible(redistribution: Redistribution) -> bool:
     """Edges whose only collective is one backward all-reduce (a replicated tensor used by a
     split computation): the ones `reduce_later` carries out for parameters."""
+    # (A regathered edge without forward steps gathers nothing: the flag changes nothing.)
     steps = redistribution.backward_steps
-    return (not redistribution.forward_steps and not redistribution.regather
-            and len(steps) == 1 and steps[0].kind == "all_reduce")
+    return (not redistribution.forward_steps and len(steps) == 1
+            and steps[0].kind == "all_reduce")
 
 
 class GradientReducer:
