@@ -33,7 +33,13 @@ from torch.utils import _pytree as pytree
 from autopar import rules
 from autopar.errors import PlanFormatError
 from autopar.passes.build_problem import edge_ref, gradient_path
-from autopar.passes.find_strategies import is_decision, op_spec, producer_of, tensor_inputs
+from autopar.passes.find_strategies import (
+    Strategy,
+    is_decision,
+    op_spec,
+    producer_of,
+    tensor_inputs,
+)
 from autopar.placement import Placements, Shard, format_placements, parse_placements, shard_count
 from autopar.plan_types import Plan
 from autopar.rules.embedding import is_vocab_split, masked_embedding
@@ -81,13 +87,8 @@ class RankProgram:
     collectives: tuple[tuple[str, Redistribution], ...]
 
 
-@dataclass(frozen=True)
-class _Placed:
-    inputs: tuple[Placements, ...]
-    output: Placements
-
-
-def _placements(gm: fx.GraphModule, plan: Plan) -> dict[str, _Placed]:
+def _placements(gm: fx.GraphModule, plan: Plan) -> dict[str, Strategy]:
+    """The plan's chosen strategy of every decision node of `gm`, checked against it."""
     by_name = {n.name: n for n in plan.nodes}
     placed = {}
     for node in gm.graph.nodes:
@@ -103,7 +104,7 @@ def _placements(gm: fx.GraphModule, plan: Plan) -> dict[str, _Placed]:
                 got=f"a plan with {len(plan.nodes)} nodes",
                 fix="plan again with autopar.plan(model, mesh, example_inputs), or compile "
                     "without plan= to plan on the fly")
-        placed[node.name] = _Placed(tuple(map(parse_placements, entry.inputs)),
+        placed[node.name] = Strategy(tuple(map(parse_placements, entry.inputs)),
                                     parse_placements(entry.output))
     return placed
 

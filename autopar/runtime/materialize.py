@@ -49,7 +49,8 @@ def state_slots(model: nn.Module, graph_state: tuple[StateSlot, ...],
 
 
 class _Materializer:
-    """Full CPU values of meta tensors, one owning module at a time."""
+    """Full values of meta tensors on `device`, one owning module at a time (the last
+    module's values are kept until a tensor of another module is asked for)."""
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.model, self.device = model, device

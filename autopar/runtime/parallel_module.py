@@ -88,6 +88,9 @@ class ParallelModule(nn.Module):
                     owner.register_buffer(leaf, piece, persistent=name in persistent)
         self._arguments = slots[:len(program.state)]
         self._mutated = tuple(next(s for s in slots if name in s.names) for name in mutated)
+        # Where each slot's tensor lives, resolved once: forward reads them on every call.
+        self._homes = {slot.names[0]: _owner(self, slot.names[0]) for slot in slots
+                       if slot.role != "constant"}
 
     @property
     def counter(self) -> CommCounter:
@@ -118,7 +121,7 @@ class ParallelModule(nn.Module):
     def _value(self, slot: StateSlot) -> torch.Tensor:
         if slot.role == "constant":
             return self._constants[slot.names[0]]
-        owner, leaf = _owner(self, slot.names[0])
+        owner, leaf = self._homes[slot.names[0]]
         return getattr(owner, leaf)
 
     def _flat_inputs(self, args: tuple, kwargs: dict) -> list:
