@@ -22,14 +22,15 @@ compare with the target only a ratio that repeats. The losses of both contenders
 agree, on the first step and after the same number of steps, or the script fails: both
 trained the same model.
 
-Reading the data-parallel row: autopar's program starts each parameter gradient's
-all-reduce where the backward produces it and lets it run while the backward goes on
-(`autopar.runtime.grad_reduce`), one collective per parameter, plus a blocking all-reduce
-of the loss (a scalar) in the forward so that every rank returns the global loss; DDP
-all-reduces its gradients in a couple of buckets, overlapped the same way. On a small CPU
-host where a gloo all-reduce costs a millisecond or more, the extra calls are the gap. In the
-Megatron row, torch's parameters are DTensors: its forward, backward and optimizer step
-pay DTensor's dispatch on every op, where autopar's program runs on plain local tensors.
+Reading the data-parallel row: autopar's program starts the parameter gradients'
+all-reduces where the backward produces them, packed into buckets, and lets them run while
+the backward goes on (`autopar.runtime.grad_reduce`), as DDP does. It also sums the loss (a
+scalar) over the ranks so that every rank returns the global loss, which DDP does not; the
+plan divides the loss before summing it, so that sum is the program's last collective and
+completes in the background (`autopar.runtime.pending`): ranks do not wait for each other at
+the end of the forward. In the Megatron row, torch's parameters are DTensors: its forward,
+backward and optimizer step pay DTensor's dispatch on every op, where autopar's program runs
+on plain local tensors.
 
 Usage: python benchmarks/overhead.py [--steps 3] [--repeats 31] [--hidden 512] [--batch 128]
 """
@@ -65,10 +66,12 @@ LOSS_RTOL = 1e-4
 SOLVER_SECONDS = 5.0
 # Pins that force the plans compared, whatever the sizes. `linear` and `linear_1` are the
 # captured graph's names of fc1's and fc2's outputs, `broadcast_tensors` the loss's first op
-# (see `pm.code`). Megatron's fc2 output is a partial sum made whole by one all-reduce (at
-# large batches the solver would rather reduce-scatter it and split the loss by batch).
+# (see `pm.code`), `div` its last (the division by the global count, pinned before the sum
+# over the ranks: see the module docstring). Megatron's fc2 output is a partial sum made
+# whole by one all-reduce (at large batches the solver would rather reduce-scatter it and
+# split the loss by batch).
 DATA_PARALLEL = {"fc1.weight": "R", "fc1.bias": "R", "fc2.weight": "R", "fc2.bias": "R",
-                 "linear": "S(0)", "linear_1": "S(0)"}
+                 "linear": "S(0)", "linear_1": "S(0)", "div": "P"}
 MEGATRON = {"fc1.weight": "S(0)", "fc1.bias": "S(0)", "fc2.weight": "S(1)", "fc2.bias": "R",
             "linear_1": "P", "broadcast_tensors": "R"}
 

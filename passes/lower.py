@@ -201,7 +201,8 @@ class _Lowering:
         overlapped = (producer_of(leaf).meta.get(ROLE) == "parameter"
                       and reducible(redistribution))
         self.root.add_module(name, Collective(redistribution, self.context,
-                                              overlapped=overlapped))
+                                              overlapped=overlapped,
+                                              output=consumer.op == "output"))
         self.collectives.append((name, redistribution))
         return self.graph.call_module(name, (self.env[leaf],))
 

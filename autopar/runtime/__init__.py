@@ -10,7 +10,8 @@ autograd-aware collectives that move tensors between placements.
   charges; `CommCounter` measures them; `Regather` frees gathered parameters for backward.
 - `parallel_module.ParallelModule`: a compiled rank's model (built by `autopar.compile`),
   over its pieces of the state (`shards`, `materialize`), with parameter gradients
-  all-reduced in the background of the backward (`grad_reduce`).
+  all-reduced in the background of the backward (`grad_reduce`), and outputs summed over
+  the ranks returned as `PendingSum`s that complete in the background too (`pending`).
 """
 
 from autopar.runtime.collectives import redistribute
@@ -24,12 +25,14 @@ from autopar.runtime.errors import (
 )
 from autopar.runtime.groups import device_mesh
 from autopar.runtime.launch import init_from_env
+from autopar.runtime.pending import PendingSum
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.regather import Regather
 from autopar.runtime.steps import Step, local_shape, plan_steps
 
 __all__ = [
-    "CommCounter", "LaunchArgumentError", "LaunchError", "ProcessGroupError", "Redistribution",
+    "CommCounter", "LaunchArgumentError", "LaunchError", "PendingSum", "ProcessGroupError",
+    "Redistribution",
     "RedistributionError", "Regather", "Step", "UnsupportedRedistributionError", "device_mesh",
     "init_from_env", "local_shape", "plan_steps", "redistribute", "transfer_totals",
 ]

@@ -24,6 +24,7 @@ from autopar.runtime.axis_ops import apply_steps
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.errors import RedistributionError
 from autopar.runtime.grad_reduce import GradientReducer, reduce_later
+from autopar.runtime.pending import pending_reducible, reduce_output
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.regather import Regather
 from autopar.runtime.steps import local_shape
@@ -86,6 +87,8 @@ def redistribute(x: torch.Tensor, redistribution: Redistribution, mesh: DeviceMe
     """
     differentiable = x.requires_grad and torch.is_grad_enabled()
     _check(x, redistribution, mesh, regather, differentiable)
+    if not differentiable:  # an autograd node would only cost time (inputs, targets)
+        return apply_steps(x, redistribution.forward_steps, mesh, counter, "forward")
     out = _Redistribute.apply(x, redistribution, mesh, counter)
     if differentiable and redistribution.regather and regather is not None and any(
             s.kind == "all_gather" for s in redistribution.forward_steps):
@@ -108,14 +111,20 @@ class Collective(nn.Module):
     """One graph edge's `redistribute` as a module, so that a rank program's code names it:
     `linear_1__R_S0 = self.linear_1__R_S0(linear_1)`. Holds no state. With `overlapped`
     (a parameter whose edge only all-reduces its gradient), the all-reduce runs in the
-    background of the backward (`autopar.runtime.grad_reduce`)."""
+    background of the backward (`autopar.runtime.grad_reduce`); with `output` (an edge into
+    the program's outputs that only all-reduces), the result is a `PendingSum` whose
+    all-reduce runs in the background too (`autopar.runtime.pending`)."""
 
     def __init__(self, redistribution: Redistribution, context: RankContext, *,
-                 overlapped: bool = False) -> None:
+                 overlapped: bool = False, output: bool = False) -> None:
         super().__init__()
         self.redistribution, self.context, self.overlapped = redistribution, context, overlapped
+        self.output = output and pending_reducible(redistribution)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.output:
+            return reduce_output(x, self.redistribution, self.context.mesh,
+                                 self.context.counter)
         if self.overlapped:
             return reduce_later(x, self.redistribution, self.context.mesh,
                                 self.context.counter, self.context.reducer)

@@ -91,6 +91,9 @@ class ParallelModule(nn.Module):
         # Where each slot's tensor lives, resolved once: forward reads them on every call.
         self._homes = {slot.names[0]: _owner(self, slot.names[0]) for slot in slots
                        if slot.role != "constant"}
+        # The regather scope hooks every tensor autograd saves: enter it only when needed.
+        self._regathers = context is not None and any(
+            r.regather for _, r in program.collectives)
 
     @property
     def counter(self) -> CommCounter:
@@ -146,7 +149,7 @@ class ParallelModule(nn.Module):
     def forward(self, *args, **kwargs):
         flat = self._flat_inputs(args, kwargs)
         values = [self._value(slot) for slot in self._arguments]
-        if self._context is None:
+        if not self._regathers:
             outputs = self._program(*values, *flat)
         else:
             with self._context.regather:

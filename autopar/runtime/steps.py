@@ -19,7 +19,7 @@ Splits must be even (the strategy pass guarantees it): otherwise `ShardingError`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autopar.cost import axis_collective, conversion_steps
 from autopar.errors import ShardingError
@@ -43,11 +43,12 @@ class Step:
     axis: int
     src: Placement
     dst: Placement
+    # The collective this step performs; None for the local ones. Derived once: the runtime
+    # reads it on every call.
+    kind: str | None = field(init=False, compare=False)
 
-    @property
-    def kind(self) -> str | None:
-        """The collective this step performs; None for the local ones."""
-        return axis_collective(self.src, self.dst)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", axis_collective(self.src, self.dst))
 
     def __str__(self) -> str:
         return f"axis {self.axis}: {format_placement(self.src)} -> {format_placement(self.dst)}"

@@ -56,6 +56,7 @@ class Outcome:
     predicted: dict
     plan: dict
     code: str
+    loss_type: str  # the class of the compiled model's loss (PendingSum while in flight)
 
 
 def _relative_errors(full: dict, reference: torch.nn.Module) -> dict[str, float]:
@@ -79,11 +80,12 @@ def train(rank: int, case: Case, mesh: autopar.Mesh) -> Outcome:
     pm = autopar.compile(model, mesh, inputs, plan=plan, memory_budget=case.memory_budget,
                          constraints=dict(case.constraints) or None, time_limit=3.0)
     optimizer = torch.optim.AdamW(pm.parameters(), lr=LEARNING_RATE)
-    losses, reference_losses, errors = [], [], []
+    losses, reference_losses, errors, loss_types = [], [], [], set()
     if reference is not None:
         reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=LEARNING_RATE)
     for _ in range(case.steps):
         loss = pm(*inputs)
+        loss_types.add(type(loss).__name__)
         loss.backward()
         losses.append(float(loss.detach()))
         grads = pm.full_grads()  # collective: every rank calls it
@@ -99,7 +101,7 @@ def train(rank: int, case: Case, mesh: autopar.Mesh) -> Outcome:
     return Outcome(tuple(losses), tuple(reference_losses) if reference else None,
                    tuple(errors) if reference else None,
                    dict(pm.counter.totals()), pm.plan.comm_bytes(), pm.plan.to_dict(),
-                   pm.code)
+                   pm.code, "/".join(sorted(loss_types)))
 
 
 def train_all(rank: int, cases: tuple[Case, ...], shape: tuple[int, ...],

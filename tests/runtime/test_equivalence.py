@@ -71,3 +71,17 @@ def test_the_plans_shard_and_communicate(outcomes):
 def test_measured_bytes_equal_the_plan_exactly(outcomes):
     _, chosen, results = outcomes
     check_bytes(chosen, results)
+
+
+# Data parallelism with the loss divided before it is summed: the sum is the program's last
+# collective, so the loss comes back as a PendingSum whose all-reduce overlaps the backward.
+DATA_PARALLEL = Case("examples.mlp", constraints=(
+    ("fc1.weight", "R"), ("fc2.weight", "R"), ("linear", "S(0)"), ("linear_1", "S(0)"),
+    ("div", "P")))
+
+
+def test_a_loss_summed_in_the_background_trains_the_same():
+    results = launch(train_all, 2, (DATA_PARALLEL,), (2,), ("x",), timeout=300.0)
+    check_equivalence((DATA_PARALLEL,), results)
+    check_bytes((DATA_PARALLEL,), results)
+    assert all(r[0].loss_type == "PendingSum" for r in results), results[0][0].code
