@@ -93,7 +93,8 @@ class ParallelModule(nn.Module):
                        if slot.role != "constant"}
         # The regather scope hooks every tensor autograd saves: enter it only when needed.
         self._regathers = context is not None and any(
-            r.regather for _, r in program.collectives)
+            r.regather and any(s.kind == "all_gather" for s in r.forward_steps)
+            for _, r in program.collectives)
 
     @property
     def counter(self) -> CommCounter:
