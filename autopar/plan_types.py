@@ -70,8 +70,28 @@ class SolverReport:
 
 
 @dataclass(frozen=True)
+class HandStrategyRecord:
+    """A standard hand-written strategy (data parallel, ZeRO-3, Megatron, ...) planned for
+    the same model, mesh and cost model, for comparison with the solver's plan. Times are
+    seconds per training step, bytes per device; `comm_bytes` lists (collective kind, axis,
+    "forward"/"backward", bytes). `fits` says whether its peak memory is within the plan's
+    memory limit; `note` says why it is not applicable when `step_time_s` is None."""
+
+    name: str
+    description: str
+    step_time_s: float | None
+    compute_s: float | None
+    comm_s: float | None
+    peak_memory_bytes: float | None
+    comm_bytes: tuple[tuple[str, str, str, float], ...] = ()
+    fits: bool = False
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Plan:
-    """A solved sharding plan. `nodes` are in graph order."""
+    """A solved sharding plan. `nodes` are in graph order. `hand_strategies` holds the
+    standard strategies evaluated alongside it (empty unless asked for)."""
 
     model: str
     mesh: Mesh
@@ -81,6 +101,7 @@ class Plan:
     peak_memory_bytes: float
     sizes: tuple[tuple[str, int], ...] = ()
     warnings: tuple[str, ...] = ()
+    hand_strategies: tuple[HandStrategyRecord, ...] = ()
     version: int = FORMAT_VERSION
 
     @property
@@ -147,7 +168,12 @@ class Plan:
                        memory_limit_bytes=data["memory_limit_bytes"],
                        peak_memory_bytes=data["peak_memory_bytes"],
                        sizes=tuple((k, v) for k, v in data["sizes"]),
-                       warnings=tuple(data["warnings"]), version=version)
+                       warnings=tuple(data["warnings"]),
+                       hand_strategies=tuple(
+                           HandStrategyRecord(**{**h, "comm_bytes": tuple(
+                               tuple(row) for row in h.get("comm_bytes", ()))})
+                           for h in data.get("hand_strategies", ())),
+                       version=version)
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanFormatError(f"plan file is corrupt: {exc!r}",
                                   expected=f"the fields {[f.name for f in fields(cls)]}",

@@ -1,0 +1,34 @@
+"""Option parsing shared by the commands: mesh shapes, axis names, `--set KEY=VALUE`."""
+
+from __future__ import annotations
+
+import click
+
+
+def mesh_shape(text: str) -> tuple[int, ...]:
+    """`"2x4"` -> `(2, 4)`."""
+    try:
+        return tuple(int(part) for part in text.lower().split("x"))
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r}: expected sizes joined by 'x', e.g. 2x4") from exc
+
+
+def config(pairs: tuple[str, ...]) -> dict:
+    """`("batch=8", "act=gelu")` -> `{"batch": 8, "act": "gelu"}` (ints where they parse)."""
+    parsed = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{pair!r}: expected KEY=VALUE")
+        try:
+            parsed[key] = int(value)
+        except ValueError:
+            parsed[key] = value
+    return parsed
+
+
+def axis_names(text: str | None, ndim: int) -> tuple[str, ...]:
+    """Comma-separated names, or dp, tp, cp (a0, a1, ... beyond three axes)."""
+    if text:
+        return tuple(text.split(","))
+    return ("dp", "tp", "cp")[:ndim] if ndim <= 3 else tuple(f"a{i}" for i in range(ndim))

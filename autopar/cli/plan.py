@@ -1,0 +1,39 @@
+"""`autopar plan FILE.py`: plan a model file's `build()` on a mesh and print the summary."""
+
+from __future__ import annotations
+
+import click
+
+from autopar.cli.options import axis_names as parse_axis_names
+from autopar.cli.options import config, mesh_shape
+from autopar.errors import AutoparError
+
+
+@click.command("plan")
+@click.argument("model_file", type=click.Path())
+@click.option("--mesh", "mesh_text", default="8", show_default=True, help="mesh shape, e.g. 2x4")
+@click.option("--axis-names", default=None, help="comma-separated axis names (default dp,tp,..)")
+@click.option("--hardware", default="h100-sxm", show_default=True, help="profile name or path")
+@click.option("--memory-budget", type=float, default=None, help="bytes per device")
+@click.option("--time-limit", type=float, default=30.0, show_default=True, help="solver s")
+@click.option("--set", "settings", multiple=True, help="build() argument, KEY=VALUE")
+@click.option("--out", type=click.Path(), default=None, help="write the plan as JSON")
+def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, time_limit,
+                 settings, out) -> None:
+    """Plan MODEL_FILE (a .py file with build() -> (model, example_inputs))."""
+    from autopar.api import plan
+    from autopar.mesh import Mesh
+    from autopar.model_file import load_model_file
+
+    shape = mesh_shape(mesh_text)
+    try:
+        mesh = Mesh(shape, parse_axis_names(axis_names, len(shape)), hardware)
+        model, inputs = load_model_file(model_file, **config(settings))
+        result = plan(model, mesh, inputs, memory_budget=memory_budget, time_limit=time_limit,
+                      progress=lambda message: click.echo(f"... {message}", err=True))
+    except AutoparError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(result.summary())
+    if out:
+        result.save(out)
+        click.echo(f"plan written to {out}")

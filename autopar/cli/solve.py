@@ -1,0 +1,22 @@
+"""`autopar solve PROBLEM.json`: solve a sharding problem in the IOPDDL contest format."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from autopar.errors import AutoparError
+
+
+@click.command("solve")
+@click.argument("problem_file", type=click.Path())
+@click.option("--timeout", type=float, default=60.0, show_default=True, help="seconds")
+def solve_command(problem_file, timeout) -> None:
+    """Solve a sharding problem in the IOPDDL contest format."""
+    from autopar.solver.command import solve_command as run
+
+    try:
+        sys.exit(run(problem_file, timeout))
+    except AutoparError as exc:
+        raise click.ClickException(str(exc)) from exc

@@ -1,0 +1,1 @@
+"""Self-contained HTML reports and graphviz drawings of plans."""
