@@ -142,6 +142,18 @@ class Plan:
 
         return render_summary(self, width=width)
 
+    def report(self, path: str | Path) -> Path:
+        """Write this plan as one self-contained HTML page to `path` (`autopar.report`)."""
+        from autopar.report import write_report
+
+        return write_report(self, path)
+
+    def to_dot(self) -> str:
+        """This plan's graph as graphviz DOT text: clusters by layer, colours by placement."""
+        from autopar.report import to_dot
+
+        return to_dot(self)
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["mesh"] = self.mesh.to_dict()

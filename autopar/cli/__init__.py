@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from autopar.cli.plan import plan_command
+from autopar.cli.report import report_command
 from autopar.cli.solve import solve_command
 
 
@@ -17,5 +18,5 @@ def main() -> None:
     """autopar: automatic parallelization of PyTorch models."""
 
 
-for command in (plan_command, solve_command):
+for command in (plan_command, solve_command, report_command):
     main.add_command(command)
