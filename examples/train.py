@@ -18,13 +18,10 @@ the one batch), then the bytes its collectives moved next to what the plan predi
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 # Run as a file (`python examples/train.py`, torchrun) the folder on sys.path is examples/,
@@ -34,77 +31,28 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import autopar  # noqa: E402
+from autopar.training import (  # noqa: E402
+    RankReport,
+    TrainingRun,
+    communication_report,
+    format_step,
+    train_rank,
+)
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-@dataclass(frozen=True)
-class Run:
-    """Everything a rank needs; picklable, so `autopar.launch` can send it."""
-
-    example: str
-    config: tuple[tuple[str, object], ...]
-    mesh: tuple[int, ...]
-    axis_names: tuple[str, ...]
-    hardware: str
-    steps: int
-    lr: float
-    seed: int
-    time_limit: float
-    memory_budget: float | None
-
-
-def build(run: Run):
-    module = importlib.import_module(f"examples.{run.example}")
-    # One seed on every rank: compile expects the same initial weights everywhere.
-    return module.build(seed=run.seed, **dict(run.config))
-
-
-def fit(pm: autopar.ParallelModule, inputs: tuple, run: Run, rank: int) -> list[float]:
-    """`run.steps` AdamW steps on `inputs`; rank 0 prints each loss."""
-    optimizer = torch.optim.AdamW(pm.parameters(), lr=run.lr)
-    losses = []
-    for step in range(1, run.steps + 1):
-        loss = pm(*inputs)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(float(loss.detach()))
-        if rank == 0:
-            print(f"step {step:>3}  loss {losses[-1]:.6f}", flush=True)
-    return losses
-
-
-def communication_report(pm: autopar.ParallelModule, steps: int) -> str:
-    """Measured bytes per collective next to the plan's prediction for `steps` steps."""
-    measured = pm.counter.totals()
-    predicted = {key: value * steps for key, value in pm.plan.comm_bytes().items()}
-    lines = [f"communication over {steps} steps, bytes per rank (cost model convention)",
-             f"{'collective':<16}{'axis':<8}{'direction':<11}{'measured':>14}"
-             f"{'predicted':>14}  match"]
-    for key in sorted(set(measured) | set(predicted)):
-        kind, axis, direction = key
-        got, want = measured.get(key, 0), predicted.get(key, 0)
-        lines.append(f"{kind:<16}{axis:<8}{direction:<11}{got:>14,}{int(want):>14,}  "
-                     + ("yes" if got == want else "no"))
-    if len(lines) == 2:
-        lines.append("(none: the plan needs no collective)")
-    return "\n".join(lines)
-
-
-def train(rank: int, run: Run) -> list[float]:
-    """One rank's whole run: build, compile, fit, report. Returns the losses."""
-    model, inputs = build(run)
-    mesh = autopar.Mesh(run.mesh, run.axis_names, hardware=run.hardware)
-    pm = autopar.compile(model, mesh, inputs, time_limit=run.time_limit, seed=run.seed,
-                         memory_budget=run.memory_budget)
-    if rank == 0:
-        print(f"{run.example} on mesh {mesh.describe()}: modelled step "
-              f"{pm.plan.step_time_s * 1e3:.3f} ms", flush=True)
-    losses = fit(pm, inputs, run, rank)
-    if rank == 0:
-        print(communication_report(pm, run.steps), flush=True)
-    return losses
+def train(rank: int, run: TrainingRun, example: str) -> RankReport:
+    """One rank's whole run (`autopar.training.train_rank`); rank 0 prints the modelled
+    step time, each step's loss and the communication report."""
+    if rank != 0:
+        return train_rank(rank, run)
+    report = train_rank(
+        rank, run, on_step=lambda record: print(format_step(record, run.steps), flush=True),
+        on_compiled=lambda plan: print(f"{example} on mesh {plan.mesh.describe()}: modelled "
+                                       f"step {plan.step_time_s * 1e3:.3f} ms", flush=True))
+    print(communication_report(report), flush=True)
+    return report
 
 
 def _config(pairs: list[str]) -> tuple[tuple[str, object], ...]:
@@ -117,10 +65,11 @@ def _config(pairs: list[str]) -> tuple[tuple[str, object], ...]:
     return tuple(config)
 
 
-def parse(argv: list[str] | None = None) -> tuple[Run, int | None]:
+def parse(argv: list[str] | None = None) -> tuple[TrainingRun, str, int | None]:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--example", default="gpt", help="module of examples/ (gpt, mlp, ..)")
+    parser.add_argument("--example", default="gpt",
+                        help="module of examples/ (gpt, llama, mlp, bert, moe, ..)")
     parser.add_argument("--mesh", default="2", help="mesh shape, e.g. 2 or 2x2")
     parser.add_argument("--axis-names", default=None, help="comma-separated (default dp,tp)")
     parser.add_argument("--hardware", default="cpu", help="hardware profile to plan for")
@@ -138,19 +87,22 @@ def parse(argv: list[str] | None = None) -> tuple[Run, int | None]:
     shape = tuple(int(size) for size in args.mesh.lower().split("x"))
     names = tuple(args.axis_names.split(",")) if args.axis_names else \
         ("dp", "tp", "cp")[:len(shape)]
-    run = Run(args.example, _config(args.settings), shape, names, args.hardware, args.steps,
-              args.lr, args.seed, args.time_limit, args.memory_budget)
-    return run, args.nproc
+    # The examples take their seed as a build() argument.
+    config = (("seed", args.seed), *_config(args.settings))
+    run = TrainingRun(str(ROOT / "examples" / f"{args.example}.py"), shape, names, config,
+                      args.hardware, args.steps, args.lr, args.seed, args.time_limit,
+                      args.memory_budget)
+    return run, args.example, args.nproc
 
 
 def main(argv: list[str] | None = None) -> None:
-    run, nproc = parse(argv)
+    run, example, nproc = parse(argv)
     if all(variable in os.environ for variable in TORCHRUN_VARIABLES):
         if nproc is not None:
             raise SystemExit("--nproc is for runs without torchrun; torchrun sets the ranks")
         rank = autopar.runtime.init_from_env()
         try:
-            train(rank, run)
+            train(rank, run, example)
         finally:
             dist.destroy_process_group()
         return
@@ -159,9 +111,9 @@ def main(argv: list[str] | None = None) -> None:
         size *= axis
     nproc = size if nproc is None else nproc
     if nproc == 1 and size == 1:
-        train(0, run)  # a mesh of one device needs no process group
+        train(0, run, example)  # a mesh of one device needs no process group
     else:
-        autopar.launch(train, nproc, run, timeout=3600.0)
+        autopar.launch(train, nproc, run, example, timeout=3600.0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,187 @@
+"""`autopar run FILE.py`: train a model file on a mesh of local gloo processes.
+
+The parent process plans (so a bad model file, mesh or budget fails before any rank
+starts), launches `--nproc` ranks with `autopar.launch` and follows rank 0's steps as they
+complete: rank 0 sends each `StepRecord` through a pipe that a thread of the parent reads,
+printing a line per step under a progress bar (shown on terminals only); a mesh of one
+device trains in this process. At the end it prints rank 0's communication against the
+plan and, with `--verify`, whether every step matched the single-process model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Callable
+
+import click
+
+from autopar.cli.options import axis_names as parse_axis_names
+from autopar.cli.options import config, mesh_shape
+from autopar.errors import AutoparError
+from autopar.training import (
+    LEARNING_RATE,
+    TOLERANCE,
+    VERIFY_LEARNING_RATE,
+    RankReport,
+    StepRecord,
+    TrainingRun,
+    communication_report,
+    format_step,
+    train_rank,
+    verification_failures,
+)
+
+# A rank that fails stops the others within gloo's timeout; an hour bounds a stuck run.
+LAUNCH_TIMEOUT_S = 3600.0
+
+
+def _rank_main(rank: int, run: TrainingRun, steps_out) -> RankReport:
+    """One rank under `launch`: rank 0 sends each step's record to the parent through
+    `steps_out`, the write end of a pipe (a send is in the pipe when it returns, so every
+    record has arrived by the time `launch` returns)."""
+    return train_rank(rank, run, on_step=steps_out.send if rank == 0 else None)
+
+
+def _follow(steps_in, done: threading.Event, show: Callable[[StepRecord], None]) -> None:
+    """Show the records arriving on `steps_in` until `done` is set and the pipe is empty."""
+    while True:
+        finished = done.is_set()  # read before polling: nothing arrives after it is set
+        if steps_in.poll(0.1):
+            show(steps_in.recv())
+        elif finished:
+            return
+
+
+def _progress_bar(description: str, steps: int):
+    """A transient rich progress bar on terminals (it stays below the step lines and goes
+    at the end); None elsewhere (pipes, tests), where the step lines are the progress."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    console = Console()
+    if not console.is_terminal:
+        return None
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        console=console, transient=True)
+    progress.add_task(description, total=steps)
+    return progress
+
+
+def _launch(run: TrainingRun, nproc: int, show: Callable[[StepRecord], None]) -> RankReport:
+    """Launch the ranks, `show` rank 0's steps as they complete, return rank 0's report."""
+    import torch.multiprocessing as mp
+
+    from autopar.runtime.launch import launch
+
+    # A pipe rather than a queue: no feeder thread to flush before a rank exits (launch
+    # ends ranks without interpreter teardown), and no semaphores to release.
+    steps_in, steps_out = mp.get_context("spawn").Pipe(duplex=False)
+    done = threading.Event()
+    follower = threading.Thread(target=_follow, args=(steps_in, done, show), daemon=True)
+    follower.start()
+    try:
+        reports = launch(_rank_main, nproc, run, steps_out, timeout=LAUNCH_TIMEOUT_S)
+    finally:
+        done.set()
+        follower.join(timeout=10.0)
+        steps_in.close()
+        steps_out.close()
+    return reports[0]
+
+
+def _train(run: TrainingRun, nproc: int) -> RankReport:
+    """Train on `nproc` processes (in this one for a mesh of one device, which needs no
+    process group), printing each step; rank 0's report."""
+    progress = _progress_bar(f"training on {nproc} processes", run.steps)
+
+    def show(record: StepRecord) -> None:
+        click.echo(format_step(record, run.steps))
+        if progress is not None:
+            progress.advance(progress.task_ids[0])
+
+    with progress or contextlib.nullcontext():
+        if nproc == 1:
+            return train_rank(0, run, on_step=show)
+        return _launch(run, nproc, show)
+
+
+@click.command("run")
+@click.argument("model_file", type=click.Path())
+@click.option("--nproc", type=int, default=None, help="processes (default: the mesh size)")
+@click.option("--mesh", "mesh_text", default="2", show_default=True, help="mesh shape, e.g. 2x2")
+@click.option("--axis-names", default=None, help="comma-separated axis names (default dp,tp,..)")
+@click.option("--hardware", default="cpu", show_default=True, help="profile to plan for")
+@click.option("--steps", type=int, default=5, show_default=True, help="AdamW steps")
+@click.option("--lr", type=float, default=None,
+              help=f"learning rate (default {LEARNING_RATE:g}, {VERIFY_LEARNING_RATE:g} "
+                   "with --verify)")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="seeds torch before build() on every rank, and the solver")
+@click.option("--memory-budget", type=float, default=None, help="bytes per device")
+@click.option("--time-limit", type=float, default=10.0, show_default=True, help="solver s")
+@click.option("--plan", "plan_file", type=click.Path(), default=None,
+              help="run this plan (from `autopar plan --out`) instead of planning")
+@click.option("--set", "settings", multiple=True, help="build() argument, KEY=VALUE")
+@click.option("--verify", is_flag=True,
+              help="also train the single-process model in rank 0 and fail if a step's loss "
+                   "or worst gradient differs by more than --tolerance (relative). Meant for "
+                   f"fp32 models and lr around {VERIFY_LEARNING_RATE:g}: AdamW amplifies "
+                   "rounding differences in proportion to the learning rate")
+@click.option("--tolerance", type=float, default=TOLERANCE, show_default=True,
+              help="relative tolerance of --verify")
+def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, seed,
+                memory_budget, time_limit, plan_file, settings, verify, tolerance) -> None:
+    """Train MODEL_FILE (a .py file with build() -> (model, example_inputs)) on --nproc
+    local CPU processes: the loss per step, then the bytes each collective moved against
+    the plan's prediction."""
+    from autopar.plan_types import Plan
+    from autopar.training import plan_run
+
+    shape = mesh_shape(mesh_text)
+    size = 1
+    for axis in shape:
+        size *= axis
+    if nproc is None:
+        nproc = size
+    if nproc != size:
+        raise click.BadParameter(
+            f"{nproc} processes for mesh {mesh_text} of {size} devices; expected one process "
+            f"per device: --nproc {size}, or a mesh of {nproc} devices", param_hint="--nproc")
+    if lr is None:
+        lr = VERIFY_LEARNING_RATE if verify else LEARNING_RATE
+    try:
+        run = TrainingRun(model_file, shape, parse_axis_names(axis_names, len(shape)),
+                          config=tuple(config(settings).items()), hardware=hardware,
+                          steps=steps, lr=lr, seed=seed, time_limit=time_limit,
+                          memory_budget=memory_budget, verify=verify,
+                          plan=Plan.load(plan_file).to_dict() if plan_file else None)
+        mesh = run.build_mesh()
+        plan = plan_run(run, progress=lambda message: click.echo(f"... {message}", err=True))
+        if plan.mesh.shape != mesh.shape or plan.mesh.axis_names != mesh.axis_names:
+            raise click.BadParameter(f"the plan is for mesh {plan.mesh.describe()}, not "
+                                     f"{mesh.describe()}: pass its --mesh and --axis-names",
+                                     param_hint="--plan")
+        click.echo(f"{plan.model} on mesh {mesh.describe()}: modelled step "
+                   f"{plan.step_time_s * 1e3:.3f} ms, peak memory "
+                   f"{plan.peak_memory_bytes:,.0f} B per device")
+        click.echo(f"training {steps} steps (AdamW, lr {lr:g}) on {nproc} "
+                   + ("process" if nproc == 1 else "processes")
+                   + (", verified against the single-process model in rank 0" if verify
+                      else ""))
+        report = _train(dataclasses.replace(run, plan=plan.to_dict()), nproc)
+    except AutoparError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(communication_report(report))
+    if verify:
+        failures = verification_failures(report.steps, tolerance)
+        if failures:
+            raise click.ClickException(
+                "verification failed: the compiled model differs from the single-process "
+                f"model by more than {tolerance:g} relative\n  " + "\n  ".join(failures)
+                + "\n  (a model with dropout or other randomness never matches; the check "
+                f"assumes fp32 and lr around {VERIFY_LEARNING_RATE:g})")
+        worst = max(max(r.loss_error, r.grad_error) for r in report.steps)
+        click.echo(f"verification passed: {steps} steps, losses and gradients within "
+                   f"{tolerance:g} relative of the single-process model (worst {worst:.1e})")

@@ -1,0 +1,235 @@
+"""Training a model file on a mesh of ranks, optionally checked against the plain model.
+
+A `TrainingRun` is the whole configuration (picklable, so `autopar.launch` can send it).
+Each rank calls `train_rank(rank, run)`: it builds the model from the file's `build()`,
+compiles it for the mesh, runs `run.steps` AdamW steps on the example batch and returns a
+`RankReport`: per step the loss, plus the bytes its collectives moved and what the plan
+predicted. With `run.verify`, rank 0 also trains the single-process model from the same
+weights and records per step the relative loss difference and the worst relative gradient
+difference (`pm.full_grads()` is collective, so every rank gathers the gradients).
+
+The rest are pure functions over those values: `communication_report` (measured against
+predicted bytes), `format_step` (one line per step) and `verification_failures`.
+
+    run = TrainingRun("examples/mlp.py", mesh=(2,), axis_names=("dp",), verify=True)
+    reports = autopar.launch(train_rank, 2, run)
+    print(communication_report(reports[0]))
+    assert not verification_failures(reports[0].steps)
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from autopar.compiler import compile as compile_model
+from autopar.errors import AutoparError
+from autopar.mesh import Mesh
+from autopar.model_file import load_model_file
+from autopar.plan_types import Plan
+
+# AdamW's normalised update amplifies the rounding differences of reordered fp32 sums
+# (about 1e-7 relative on the first step) roughly tenfold per step, in proportion to the
+# learning rate: at 5e-5 a correct plan stays a few 1e-6 after several steps, below
+# `TOLERANCE`, while a wrong collective shows up at 1e-2 or more.
+VERIFY_LEARNING_RATE = 5e-5
+TOLERANCE = 1e-5
+LEARNING_RATE = 1e-3
+
+Key = tuple[str, str, str]  # (collective kind, mesh axis, "forward"/"backward")
+
+
+class TrainingRunError(AutoparError, ValueError):
+    """A training configuration with a value that cannot run (steps, learning rate)."""
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """Everything a rank needs to train. `config` holds the `build()` keyword arguments;
+    `seed` seeds torch before the build (so builds drawing from torch's global generator
+    give every rank the same weights) and the solver. `plan` is a `Plan.to_dict()`, or None
+    to let rank 0 plan under `memory_budget` within `time_limit` seconds."""
+
+    model_file: str
+    mesh: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    config: tuple[tuple[str, object], ...] = ()
+    hardware: str = "cpu"
+    steps: int = 5
+    lr: float = LEARNING_RATE
+    seed: int = 0
+    time_limit: float = 10.0
+    memory_budget: float | None = None
+    plan: dict | None = field(default=None, compare=False, repr=False)
+    verify: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise TrainingRunError("invalid number of training steps", expected="an int >= 1",
+                                   got=repr(self.steps), fix="e.g. --steps 5")
+        if not self.lr > 0:
+            raise TrainingRunError("invalid learning rate", expected="a positive number",
+                                   got=repr(self.lr), fix="e.g. --lr 5e-5")
+
+    def build_mesh(self) -> Mesh:
+        return Mesh(self.mesh, self.axis_names, hardware=self.hardware)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One training step as rank 0 saw it. The reference fields are None unless the run
+    verifies: the plain model's loss, and the largest over parameters of
+    max |grad - reference grad| / max |reference grad| (`worst_param` names it)."""
+
+    step: int
+    loss: float
+    reference_loss: float | None = None
+    grad_error: float | None = None
+    worst_param: str | None = None
+
+    @property
+    def loss_error(self) -> float | None:
+        """|loss - reference| relative to |reference|; None when not verifying."""
+        if self.reference_loss is None:
+            return None
+        return _relative(abs(self.loss - self.reference_loss), abs(self.reference_loss))
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """What one rank returns: its steps, the bytes its collectives moved per key over the
+    whole run, the plan's bytes per key for one step, and the plan's modelled step time."""
+
+    rank: int
+    steps: tuple[StepRecord, ...]
+    measured: dict[Key, int]
+    predicted_per_step: dict[Key, float]
+    step_time_s: float
+
+
+def _relative(diff: float, scale: float) -> float:
+    return diff / scale if scale > 0 else diff
+
+
+def build(run: TrainingRun) -> tuple[nn.Module, tuple]:
+    """The model and example inputs of `run.model_file`, the same on every rank."""
+    torch.manual_seed(run.seed)
+    return load_model_file(run.model_file, **dict(run.config))
+
+
+def plan_run(run: TrainingRun, progress: Callable[[str], None] | None = None) -> Plan:
+    """The plan the ranks will run: `run.plan` if given, else one made here (no process
+    group needed), so that planning errors surface before any rank starts."""
+    if run.plan is not None:
+        return Plan.from_dict(run.plan)
+    from autopar.api import plan
+
+    model, inputs = build(run)
+    return plan(model, run.build_mesh(), inputs, memory_budget=run.memory_budget,
+                time_limit=run.time_limit, seed=run.seed, progress=progress)
+
+
+def _grad_errors(full: dict, reference: nn.Module) -> tuple[float, str | None]:
+    """The worst relative gradient difference and the parameter it belongs to."""
+    worst, where = 0.0, None
+    for name, param in reference.named_parameters():
+        if param.grad is None:
+            error = 0.0 if full[name] is None else float("inf")
+        elif full[name] is None:
+            error = float("inf")
+        else:
+            diff = float((full[name] - param.grad).abs().max())
+            error = _relative(diff, float(param.grad.abs().max()))
+        if where is None or error > worst:
+            worst, where = error, name
+    return worst, where
+
+
+def train_rank(rank: int, run: TrainingRun, *,
+               on_step: Callable[[StepRecord], None] | None = None,
+               on_compiled: Callable[[Plan], None] | None = None) -> RankReport:
+    """Train `run` on this rank; collective (every rank of the mesh calls it, under
+    `autopar.launch` or torchrun, or alone on a mesh of one device). `on_compiled` gets the
+    plan once compiled, `on_step` each step's record as it completes."""
+    model, inputs = build(run)
+    # Copied before compiling: the compiled model takes over the parameters.
+    reference = copy.deepcopy(model) if run.verify and rank == 0 else None
+    plan = Plan.from_dict(run.plan) if run.plan is not None else None
+    pm = compile_model(model, run.build_mesh(), inputs, plan=plan,
+                       memory_budget=run.memory_budget, time_limit=run.time_limit,
+                       seed=run.seed)
+    if on_compiled is not None:
+        on_compiled(pm.plan)
+    optimizer = torch.optim.AdamW(pm.parameters(), lr=run.lr)
+    if reference is not None:
+        reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=run.lr)
+    records = []
+    for step in range(1, run.steps + 1):
+        loss = pm(*inputs)
+        loss.backward()
+        record = StepRecord(step, float(loss.detach()))
+        grads = pm.full_grads() if run.verify else None  # collective: every rank calls it
+        optimizer.step()
+        optimizer.zero_grad()
+        if reference is not None:
+            expected = reference(*inputs)
+            expected.backward()
+            record = StepRecord(step, record.loss, float(expected.detach()),
+                                *_grad_errors(grads, reference))
+            reference_optimizer.step()
+            reference_optimizer.zero_grad()
+        records.append(record)
+        if on_step is not None:
+            on_step(record)
+    return RankReport(rank, tuple(records), dict(pm.counter.totals()), pm.plan.comm_bytes(),
+                      pm.plan.step_time_s)
+
+
+def format_step(record: StepRecord, steps: int) -> str:
+    """`step   2/5  loss 0.912345` (+ the differences from the plain model when verifying)."""
+    width = len(str(steps))
+    line = f"step {record.step:>{width + 2}}/{steps}  loss {record.loss:.6f}"
+    if record.reference_loss is not None:
+        line += (f"  reference {record.reference_loss:.6f}  loss diff {record.loss_error:.1e}"
+                 f"  grad diff {record.grad_error:.1e} ({record.worst_param})")
+    return line
+
+
+def communication_report(report: RankReport) -> str:
+    """A table of the bytes `report`'s rank moved per (collective, axis, direction) next to
+    the plan's prediction for the same number of steps, with a match column."""
+    steps = len(report.steps)
+    predicted = {key: value * steps for key, value in report.predicted_per_step.items()}
+    lines = [f"communication over {steps} steps, bytes per rank (cost model convention)",
+             f"{'collective':<16}{'axis':<8}{'direction':<11}{'measured':>14}"
+             f"{'predicted':>14}  match"]
+    for key in sorted(set(report.measured) | set(predicted)):
+        kind, axis, direction = key
+        got, want = report.measured.get(key, 0), predicted.get(key, 0)
+        lines.append(f"{kind:<16}{axis:<8}{direction:<11}{got:>14,}{int(want):>14,}  "
+                     + ("yes" if got == want else "no"))
+    if len(lines) == 2:
+        lines.append("(none: the plan needs no collective)")
+    return "\n".join(lines)
+
+
+def verification_failures(steps: tuple[StepRecord, ...],
+                          tolerance: float = TOLERANCE) -> tuple[str, ...]:
+    """One message per step whose loss or worst gradient differs from the plain model's by
+    more than `tolerance` (relative); empty when all agree. Records of an unverified run
+    (no reference) are an error of the caller."""
+    failures = []
+    for record in steps:
+        assert record.reference_loss is not None, "verification_failures needs verify=True"
+        if not record.loss_error <= tolerance:  # `not <=` also catches NaN
+            failures.append(f"step {record.step}: loss {record.loss:.8g}, single-process "
+                            f"{record.reference_loss:.8g}: relative difference "
+                            f"{record.loss_error:.2e}")
+        if not record.grad_error <= tolerance:
+            failures.append(f"step {record.step}: gradient of {record.worst_param} differs by "
+                            f"{record.grad_error:.2e} relative")
+    return tuple(failures)
