@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 
 import torch.fx as fx
 import torch.nn as nn
 
 from autopar.errors import InfeasiblePlanError
+from autopar.hand_strategies import STAGE, evaluate_hand_strategies
 from autopar.mesh import Mesh
 from autopar.passes.annotate import annotate, size_hints
 from autopar.passes.build_problem import build_problem
@@ -18,8 +20,9 @@ from autopar.passes.find_strategies import find_strategies
 from autopar.plan_types import Plan
 from autopar.solver import min_peak_usage, solve
 
-# Prefix of the progress messages that start a pass (benchmarks time the passes by them).
-STAGE = "[stage]"
+# STAGE prefixes the progress messages that start a pass (benchmarks time the passes by
+# them); the hand strategies' solves are announced the same way.
+__all__ = ["STAGE", "plan", "plan_graph"]
 
 
 def _gib(nbytes: float) -> str:
@@ -29,7 +32,7 @@ def _gib(nbytes: float) -> str:
 def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
          memory_budget: float | None = None, time_limit: float = 30.0,
          dynamic_shapes=None, constraints: Mapping[str, str] | None = None,
-         fold_layers: bool = True, seed: int = 0,
+         fold_layers: bool = True, seed: int = 0, hand_strategies: bool = False,
          progress: Callable[[str], None] | None = None) -> Plan:
     """Choose how every op and tensor of `model` is split over `mesh`.
 
@@ -37,8 +40,11 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     models need no memory. The plan minimises the modelled training step time such that
     every device holds at most `memory_budget` bytes (default: the hardware's memory).
     `constraints` pins named tensors' placements (see `autopar.passes.constrain`);
-    `fold_layers` makes identical blocks share one decision. `progress` receives a message
-    as each pass starts (prefixed `STAGE`) and the solver's progress lines. Raises
+    `fold_layers` makes identical blocks share one decision. With `hand_strategies`, the
+    plan also carries the standard hand-written strategies (data parallel, ZeRO-3, Megatron,
+    data x tensor) costed the same way (`autopar.hand_strategies`), which costs one more
+    solve each. `progress` receives a message as each pass starts (prefixed `STAGE`) and the
+    solver's progress lines. Raises
     `InfeasiblePlanError` with the least memory any plan needs when nothing fits.
     """
     say = progress or (lambda message: None)
@@ -48,19 +54,21 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     return plan_graph(annotate(gm), mesh, model_name=type(model).__name__,
                       memory_budget=memory_budget, time_limit=time_limit,
                       constraints=constraints, fold_layers=fold_layers, seed=seed,
-                      progress=progress)
+                      hand_strategies=hand_strategies, progress=progress)
 
 
 def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                memory_budget: float | None = None, time_limit: float = 30.0,
                constraints: Mapping[str, str] | None = None, fold_layers: bool = True,
-               seed: int = 0, progress: Callable[[str], None] | None = None) -> Plan:
-    """`plan` from the strategy pass on, for a graph already captured and annotated."""
+               seed: int = 0, hand_strategies: bool = False,
+               progress: Callable[[str], None] | None = None) -> Plan:
+    """`plan` from the strategy pass on, for a graph already captured and annotated. The
+    hand strategies, when asked for, ignore `constraints`: they are the standard ones."""
     say = progress or (lambda message: None)
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
     hints = size_hints(gm)
     say(f"{STAGE} find_strategies")
-    table = find_strategies(gm, mesh)
+    found = table = find_strategies(gm, mesh)
     if constraints:
         table = constrain(gm, table, mesh, constraints)
     say(f"{STAGE} build_problem")
@@ -77,5 +85,11 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
             fix="raise memory_budget, use more devices, or shrink the batch or model")
     say(f"{STAGE} extract_plan")
     warnings = tuple(f"no sharding rule for {op}: kept replicated" for op in table.unsupported)
-    return extract_plan(gm, build, solution, model_name=model_name,
-                        sizes={str(k): v for k, v in hints.items()}, warnings=warnings)
+    result = extract_plan(gm, build, solution, model_name=model_name,
+                          sizes={str(k): v for k, v in hints.items()}, warnings=warnings)
+    if not hand_strategies:
+        return result
+    records = evaluate_hand_strategies(gm, mesh, memory_budget=budget, time_limit=time_limit,
+                                       fold_layers=fold_layers, seed=seed, table=found,
+                                       progress=progress)
+    return dataclasses.replace(result, hand_strategies=records)

@@ -1,4 +1,9 @@
-"""Text rendering of a `Plan`: per op group placements and costs, then the totals."""
+"""Text rendering of a `Plan`: per op group placements and costs, the totals, the bytes moved,
+and, when the plan carries them, the hand strategies it is compared with.
+
+Scaling efficiency is the compute-only lower bound of the step time (the step's compute on
+one device divided by the number of devices: perfect splitting, nothing moved) over a
+predicted step time (`autopar.hand_strategies.scaling_efficiency`)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
-from autopar.plan_types import NodePlan, Plan, layer_pattern
+from autopar.hand_strategies import SINGLE_DEVICE, scaling_efficiency
+from autopar.plan_types import HandStrategyRecord, NodePlan, Plan, layer_pattern
 
 
 def _ms(seconds: float) -> str:
@@ -61,6 +67,8 @@ def _totals_table(plan: Plan) -> Table:
         ("  compute", f"{_ms(plan.compute_s)} ms"),
         ("  communication", f"{_ms(plan.comm_s)} ms"),
         ("peak memory", f"{_size(plan.peak_memory_bytes)} of {_size(plan.memory_limit_bytes)}"),
+        *((("scaling efficiency", f"{efficiency:.1%}"),)
+          if (efficiency := scaling_efficiency(plan, plan.step_time_s)) is not None else ()),
         ("solver", f"{solver.status}, gap {solver.gap:.2%}, {solver.wall_time_s:.2f} s, "
                    f"{solver.decisions} decisions ({solver.tied} tied)"),
     ]
@@ -80,12 +88,65 @@ def _comm_table(plan: Plan) -> Table:
     return table
 
 
+_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A"}
+
+
+def _by_kind_and_axis(rows) -> str:
+    totals: dict[tuple[str, str], float] = defaultdict(float)
+    for kind, axis, _, nbytes in rows:
+        totals[(kind, axis)] += nbytes
+    return "\n".join(f"{_SHORT[kind]} {axis} {_size(nbytes)}"
+                     for (kind, axis), nbytes in sorted(totals.items())) or "none"
+
+
+def _hand_row(plan: Plan, record: HandStrategyRecord) -> tuple[str, ...]:
+    if record.step_time_s is None:
+        return (record.name, "-", "-", "-", "-", "-", "n/a")
+    efficiency = scaling_efficiency(plan, record.step_time_s)
+    return (record.name, _ms(record.step_time_s), f"{record.step_time_s / plan.step_time_s:.2f}x",
+            "-" if efficiency is None else f"{efficiency:.1%}",
+            f"{_size(record.peak_memory_bytes)} / {_size(plan.memory_limit_bytes)}",
+            _by_kind_and_axis(record.comm_bytes), "fits" if record.fits else "over memory")
+
+
+def _hand_table(plan: Plan) -> Table:
+    table = Table(title="Compared with hand strategies (per device, one training step)",
+                  title_justify="left", show_lines=True)
+    for name in ("strategy", "step ms", "vs plan", "scaling eff.", "peak memory / capacity",
+                 "bytes moved", "memory"):
+        table.add_column(name, justify="right" if name in ("step ms", "vs plan",
+                                                             "scaling eff.") else "left")
+    efficiency = scaling_efficiency(plan, plan.step_time_s)
+    table.add_row("autopar plan", _ms(plan.step_time_s), "1.00x",
+                  "-" if efficiency is None else f"{efficiency:.1%}",
+                  f"{_size(plan.peak_memory_bytes)} / {_size(plan.memory_limit_bytes)}",
+                  _by_kind_and_axis((k, a, d, b) for (k, a, d), b in plan.comm_bytes().items()),
+                  "fits")
+    records = sorted(plan.hand_strategies, key=lambda r: r.name == SINGLE_DEVICE)
+    for record in records:
+        table.add_row(*_hand_row(plan, record))
+    return table
+
+
+def _hand_notes(plan: Plan) -> list[str]:
+    notes = [f"{r.name}: {r.note}" for r in plan.hand_strategies if r.note]
+    return [*notes, "scaling eff. = (one device's compute / devices) / step time. bytes moved "
+                    "per device, forward + backward: AR all-reduce, AG all-gather, RS "
+                    "reduce-scatter, A2A all-to-all. Hand strategies are the cheapest plans "
+                    "within their roles, solved with no memory limit."]
+
+
 def render_summary(plan: Plan, *, width: int = 120) -> str:
-    """The plan as plain-text tables (no colour codes), `width` columns wide."""
+    """The plan as plain-text tables (no colour codes), `width` columns wide; with the
+    comparison table "Compared with hand strategies" when the plan carries them."""
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, no_color=True, color_system=None)
     for table in (_group_table(plan), _totals_table(plan), _comm_table(plan)):
         console.print(table)
+    if plan.hand_strategies:
+        console.print(_hand_table(plan))
+        for note in _hand_notes(plan):
+            console.print(note)
     for warning in plan.warnings:
         console.print(f"warning: {warning}")
     return buffer.getvalue()

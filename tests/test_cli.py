@@ -20,6 +20,21 @@ def test_plan_prints_the_summary_and_writes_json(tmp_path):
     assert result.exit_code == 0, result.output
     assert "predicted step time" in result.output and "[stage] solve" in result.output
     assert json.loads(out.read_text())["mesh"]["axis_names"] == ["dp", "tp"]
+    # On by default: each hand strategy's solve is announced, then compared in the summary.
+    assert "[stage] hand strategy: data parallel" in result.output
+    for text in ("Compared with hand strategies", "data parallel", "fully sharded (ZeRO-3)",
+                 "Megatron tensor parallel", "data x tensor parallel", "scaling efficiency",
+                 "peak memory / capacity", "AR dp"):
+        assert text in result.output, text
+    assert len(json.loads(out.read_text())["hand_strategies"]) == 5
+
+
+def test_plan_can_skip_the_hand_strategies():
+    result = CliRunner().invoke(main, [
+        "plan", str(ROOT / "examples" / "mlp.py"), "--mesh", "2", "--no-hand-strategies"])
+    assert result.exit_code == 0, result.output
+    assert "predicted step time" in result.output
+    assert "Compared with hand strategies" not in result.output
 
 
 def test_plan_reports_bad_input_without_a_traceback(tmp_path):

@@ -1,12 +1,39 @@
-"""`autopar plan FILE.py`: plan a model file's `build()` on a mesh and print the summary."""
+"""`autopar plan FILE.py`: plan a model file's `build()` on a mesh and print the summary.
+
+Progress goes to stderr as it happens: one line per pass and per hand strategy's solve
+(under a spinner on a terminal, with the solver's lines as the spinner's text; every line
+when stderr is a file or a pipe). The summary, with the comparison against the hand
+strategies unless `--no-hand-strategies`, goes to stdout.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 import click
+from rich.console import Console
 
 from autopar.cli.options import axis_names as parse_axis_names
 from autopar.cli.options import config, mesh_shape
 from autopar.errors import AutoparError
+
+
+@contextmanager
+def progress_lines() -> Iterator[Callable[[str], None]]:
+    """A progress callback: a spinner over the stage lines on a terminal, plain lines else."""
+    from autopar.api import STAGE
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield lambda message: click.echo(f"... {message}", err=True)
+        return
+    with console.status("planning") as status:
+        def show(message: str) -> None:
+            if message.startswith(STAGE):
+                console.print(f"... {message}", highlight=False, markup=False)
+            status.update(message)
+        yield show
 
 
 @click.command("plan")
@@ -17,9 +44,11 @@ from autopar.errors import AutoparError
 @click.option("--memory-budget", type=float, default=None, help="bytes per device")
 @click.option("--time-limit", type=float, default=30.0, show_default=True, help="solver s")
 @click.option("--set", "settings", multiple=True, help="build() argument, KEY=VALUE")
+@click.option("--hand-strategies/--no-hand-strategies", default=True, show_default=True,
+              help="also cost data parallel, ZeRO-3, Megatron and data x tensor parallel")
 @click.option("--out", type=click.Path(), default=None, help="write the plan as JSON")
 def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, time_limit,
-                 settings, out) -> None:
+                 settings, hand_strategies, out) -> None:
     """Plan MODEL_FILE (a .py file with build() -> (model, example_inputs))."""
     from autopar.api import plan
     from autopar.mesh import Mesh
@@ -29,8 +58,10 @@ def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, tim
     try:
         mesh = Mesh(shape, parse_axis_names(axis_names, len(shape)), hardware)
         model, inputs = load_model_file(model_file, **config(settings))
-        result = plan(model, mesh, inputs, memory_budget=memory_budget, time_limit=time_limit,
-                      progress=lambda message: click.echo(f"... {message}", err=True))
+        with progress_lines() as progress:
+            result = plan(model, mesh, inputs, memory_budget=memory_budget,
+                          time_limit=time_limit, hand_strategies=hand_strategies,
+                          progress=progress)
     except AutoparError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(result.summary())

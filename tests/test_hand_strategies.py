@@ -1,0 +1,76 @@
+"""Hand strategies costed alongside the solver's plan (`autopar.hand_strategies`)."""
+
+import dataclasses
+
+import pytest
+
+import autopar
+from autopar.hand_strategies import SINGLE_DEVICE, scaling_efficiency
+from autopar.plan_types import Plan
+from examples import mlp
+
+NAMES = ("data parallel", "fully sharded (ZeRO-3)", "Megatron tensor parallel",
+         "data x tensor parallel")
+
+
+@pytest.fixture(scope="module")
+def small_plan():
+    model, inputs = mlp.build(batch=64, hidden=256, ffn=1024, device="meta")
+    mesh = autopar.Mesh((2, 2), ("dp", "tp"), hardware="a100-sxm")
+    return autopar.plan(model, mesh, inputs, hand_strategies=True, time_limit=10)
+
+
+def test_every_standard_strategy_is_costed_no_better_than_the_solver(small_plan):
+    records = {r.name: r for r in small_plan.hand_strategies}
+    assert set(records) == {*NAMES, SINGLE_DEVICE}
+    for name in NAMES:
+        record = records[name]
+        assert record.step_time_s is not None, record.note
+        assert record.compute_s + record.comm_s == pytest.approx(record.step_time_s)
+        assert record.peak_memory_bytes > 0
+        if record.fits:
+            assert small_plan.step_time_s <= record.step_time_s * (1 + 1e-9), name
+    dp = records["data parallel"]
+    assert dp.step_time_s >= small_plan.step_time_s
+    assert {kind for kind, *_ in dp.comm_bytes} >= {"all_reduce"}  # the gradients
+    zero = records["fully sharded (ZeRO-3)"]
+    assert {kind for kind, *_ in zero.comm_bytes} >= {"all_gather", "reduce_scatter"}
+    assert zero.peak_memory_bytes < dp.peak_memory_bytes
+
+
+def test_efficiency_is_against_one_device_compute_over_the_devices(small_plan):
+    single = next(r for r in small_plan.hand_strategies if r.name == SINGLE_DEVICE)
+    assert single.comm_s == 0 and single.comm_bytes == ()
+    efficiency = scaling_efficiency(small_plan, small_plan.step_time_s)
+    assert efficiency == pytest.approx(single.compute_s / 4 / small_plan.step_time_s)
+    assert 0 < efficiency <= 1
+
+
+def test_summary_compares_and_the_records_survive_a_save(small_plan, tmp_path):
+    text = small_plan.summary()
+    assert "predicted step time" in text and "Compared with hand strategies" in text
+    assert all(name in text for name in NAMES) and "scaling efficiency" in text
+    path = tmp_path / "plan.json"
+    small_plan.save(path)
+    assert Plan.load(path).hand_strategies == small_plan.hand_strategies
+    assert "Compared with" not in dataclasses.replace(small_plan, hand_strategies=()).summary()
+
+
+def test_large_batch_small_layer_solver_is_data_parallel():
+    """The textbook case (tests/test_textbook.py): the solver's plan is data parallelism,
+    so the best data-parallel plan costs exactly the same."""
+    model, inputs = mlp.build(batch=16384, hidden=512, ffn=2048, device="meta")
+    mesh = autopar.Mesh((8,), ("dp",), hardware="h100-sxm")
+    plan = autopar.plan(model, mesh, inputs, hand_strategies=True)
+    records = {r.name: r for r in plan.hand_strategies}
+    assert records["data parallel"].step_time_s == pytest.approx(plan.step_time_s, rel=1e-9)
+    assert records["data parallel"].fits
+    tensor = records["data x tensor parallel"]
+    assert tensor.step_time_s is None and "2 axes" in tensor.note
+    assert all(r.step_time_s is not None or r.note for r in plan.hand_strategies)
+
+
+def test_hand_strategies_are_off_by_default():
+    model, inputs = mlp.build(batch=8, device="meta")
+    plan = autopar.plan(model, autopar.Mesh((2,), ("dp",), hardware="h100-sxm"), inputs)
+    assert plan.hand_strategies == () and "Compared with" not in plan.summary()
