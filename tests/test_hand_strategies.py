@@ -74,3 +74,18 @@ def test_hand_strategies_are_off_by_default():
     model, inputs = mlp.build(batch=8, device="meta")
     plan = autopar.plan(model, autopar.Mesh((2,), ("dp",), hardware="h100-sxm"), inputs)
     assert plan.hand_strategies == () and "Compared with" not in plan.summary()
+
+
+def test_a_strategy_over_the_budget_is_costed_but_does_not_fit(small_plan):
+    """Hand strategies are solved with no memory limit; `fits` compares with the budget."""
+    records = {r.name: r for r in small_plan.hand_strategies}
+    dp, zero = records["data parallel"], records["fully sharded (ZeRO-3)"]
+    budget = (dp.peak_memory_bytes + zero.peak_memory_bytes) / 2
+    model, inputs = mlp.build(batch=64, hidden=256, ffn=1024, device="meta")
+    plan = autopar.plan(model, small_plan.mesh, inputs, hand_strategies=True, time_limit=10,
+                        memory_budget=budget)
+    again = {r.name: r for r in plan.hand_strategies}
+    assert plan.peak_memory_bytes <= budget
+    assert not again["data parallel"].fits and again["fully sharded (ZeRO-3)"].fits
+    assert again["data parallel"].step_time_s == pytest.approx(dp.step_time_s)
+    assert "over memory" in plan.summary()
