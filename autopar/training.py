@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from autopar.api import plan as make_plan
 from autopar.compiler import compile as compile_model
 from autopar.errors import AutoparError
 from autopar.mesh import Mesh
 from autopar.model_file import load_model_file
 from autopar.plan_types import Plan
+from autopar.runtime.counter import Key
 
 # AdamW's normalised update amplifies the rounding differences of reordered fp32 sums
 # (about 1e-7 relative on the first step) roughly tenfold per step, in proportion to the
@@ -39,8 +41,6 @@ from autopar.plan_types import Plan
 VERIFY_LEARNING_RATE = 5e-5
 TOLERANCE = 1e-5
 LEARNING_RATE = 1e-3
-
-Key = tuple[str, str, str]  # (collective kind, mesh axis, "forward"/"backward")
 
 
 class TrainingRunError(AutoparError, ValueError):
@@ -126,11 +126,9 @@ def plan_run(run: TrainingRun, progress: Callable[[str], None] | None = None) ->
     group needed), so that planning errors surface before any rank starts."""
     if run.plan is not None:
         return Plan.from_dict(run.plan)
-    from autopar.api import plan
-
     model, inputs = build(run)
-    return plan(model, run.build_mesh(), inputs, memory_budget=run.memory_budget,
-                time_limit=run.time_limit, seed=run.seed, progress=progress)
+    return make_plan(model, run.build_mesh(), inputs, memory_budget=run.memory_budget,
+                     time_limit=run.time_limit, seed=run.seed, progress=progress)
 
 
 def _grad_errors(full: dict, reference: nn.Module) -> tuple[float, str | None]:
