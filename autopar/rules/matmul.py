@@ -1,4 +1,4 @@
-"""Matrix products: linear, mm, addmm, bmm, baddbmm, matmul.
+"""Matrix products: linear, mm, addmm, bmm, baddbmm, matmul (and einsum, in `einsum`).
 
 For `a @ b` with a = [..., M, K] and b = [..., K, N] the splits over one mesh axis are the
 Alpa set:
@@ -29,6 +29,7 @@ import torch
 from autopar.placement import Placement, Shard
 from autopar.rules.base import AxisStrategy, OpSpec, Rule
 from autopar.rules.common import P, R, S, finish, follow, is_float, tensor_slots
+from autopar.rules.einsum import RULES as EINSUM_RULES
 from autopar.specs import TensorSpec
 
 aten = torch.ops.aten
@@ -134,4 +135,5 @@ RULES: dict[object, Rule] = {
     aten.dot.default: _product,
     aten.addmm.default: _fused("mat1", "mat2"),
     aten.baddbmm.default: _fused("batch1", "batch2"),
+    **EINSUM_RULES,
 }
