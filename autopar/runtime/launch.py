@@ -21,6 +21,7 @@ terminated after `grace` seconds, and `LaunchError` names the rank with its trac
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import pickle
 import queue as queue_module
@@ -70,6 +71,9 @@ def _run_rank(rank: int, nprocs: int, port: int, fn: Callable, args: tuple, queu
         sys.stdout.flush()
         sys.stderr.flush()
         # Skip interpreter teardown (seconds with gloo threads around): the result is sent.
+        # multiprocessing's own finalizers still run, so that locks the rank created (tqdm's,
+        # during capture) are released rather than reported as leaked by the parent.
+        multiprocessing.util._run_finalizers(0)
         os._exit(0 if message[1] else 1)
 
 
