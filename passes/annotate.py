@@ -11,8 +11,9 @@ every node of a copy of the graph:
 FLOPs come from torch.utils.flop_counter's registry where it has a formula (mm, addmm, bmm,
 baddbmm, convolution, fused attention) and follow its conventions (a multiply-add is 2 FLOPs,
 attention counts the full score matrix even when causal); the ops the training IR keeps
-whole (linear, matmul, scaled_dot_product_attention, norms, losses) are counted here. Bytes
-are read (each distinct input once) plus written; views move none, embedding reads its rows.
+whole (linear, matmul, conv1d/2d/3d, scaled_dot_product_attention, norms, losses) are counted
+here. Bytes are read (each distinct input once) plus written; views move none, embedding reads
+its rows.
 """
 
 from __future__ import annotations
@@ -184,6 +185,14 @@ def _sdpa_flops(node: fx.Node) -> Size:
     return flop_counter.sdpa_flop_count(_as_4d(q), _as_4d(k), _as_4d(v))
 
 
+def _conv_flops(node: fx.Node) -> Size:
+    # conv1d/2d/3d as exported; the registry's formula counts aten.convolution the same way.
+    x, w, out = _dims(_arg_spec(node, 0)), _dims(_arg_spec(node, 1)), _dims(node.meta[TENSOR])
+    if len(x) < len(w):  # unbatched: one sample
+        x, out = (1, *x), (1, *out)
+    return flop_counter.conv_flop_count(list(x), list(w), list(out))
+
+
 def _cross_entropy_flops(node: fx.Node) -> Size:
     logits, target = _arg_spec(node, 0), _arg_spec(node, 1)
     return _SOFTMAX_FLOPS * _numel(logits) + _numel(target)
@@ -192,6 +201,7 @@ def _cross_entropy_flops(node: fx.Node) -> Size:
 _FORMULAS: dict[object, Callable[[fx.Node], Size]] = {
     aten.linear: _linear_flops, aten.matmul: _matmul_flops,
     aten.scaled_dot_product_attention: _sdpa_flops, aten.cross_entropy_loss: _cross_entropy_flops,
+    aten.conv1d: _conv_flops, aten.conv2d: _conv_flops, aten.conv3d: _conv_flops,
 }
 
 

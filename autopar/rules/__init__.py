@@ -1,8 +1,8 @@
 """The sharding-rule registry: for an ATen op, the ways to split it over one mesh axis.
 
-Each family file (`matmul`, `pointwise`, `views`, `slicing`, `indexing`, `reductions`,
-`norms`, `attention`, `embedding`, `losses`, `factories`) exports `RULES`, keyed by an
-`OpOverload` (one overload) or an `OpOverloadPacket` (all its overloads). `lookup` prefers
+Each family file (`matmul`, `convolution`, `pointwise`, `views`, `slicing`, `indexing`,
+`reductions`, `norms`, `attention`, `embedding`, `losses`, `factories`) exports `RULES`, keyed
+by an `OpOverload` (one overload) or an `OpOverloadPacket` (all its overloads). `lookup` prefers
 the exact overload, then its packet. An op with no rule gets `None`: the strategy pass then
 replicates it (and warns). The contract a rule honours is in `autopar.rules.base`.
 
@@ -36,6 +36,7 @@ from typing import Any
 
 from autopar.rules import (
     attention,
+    convolution,
     embedding,
     factories,
     indexing,
@@ -53,8 +54,8 @@ from autopar.rules.decompositions import DECOMPOSITIONS
 __all__ = ["DECOMPOSITIONS", "AxisStrategy", "OpSpec", "RULES", "Rule", "local_args", "lookup"]
 
 _FAMILIES = (
-    pointwise, matmul, views, slicing, indexing, reductions, norms, attention, embedding,
-    losses, factories,
+    pointwise, matmul, convolution, views, slicing, indexing, reductions, norms, attention,
+    embedding, losses, factories,
 )
 
 
