@@ -1,21 +1,20 @@
 """What the solver buys over the standard hand-written strategies, under the same cost model.
 
-For each example model (`EXAMPLES`: a mid-size config built on the meta device; examples
-whose module is missing are skipped), each mesh and each hardware profile, plans the model
-and costs the hand strategies (`autopar.hand_strategies`: data parallel, ZeRO-3, Megatron
-over all devices, data x tensor parallel), then prints one table: the solver's predicted
-step time, each hand strategy's (`*` marks one over the memory budget, `-` one that doesn't
-apply), the best hand strategy that fits, and solver / best. A hand strategy is the cheapest
-plan within its restriction, so a fitting one is a plan the solver could have chosen: the
-script exits with status 1 when the solver is worse than the best fitting one by more than
-`TOLERANCE` (relative) in any case.
+For every case of the golden set (`tests/golden/golden_cases.py`: each example model at a
+mid-size config built on the meta device, on meshes 8 and 2x4, hardware profiles h100-sxm
+and a100-sxm), plans the model and costs the hand strategies (`autopar.hand_strategies`:
+data parallel, ZeRO-3, Megatron over all devices, data x tensor parallel), then prints one
+table: the solver's predicted step time, each hand strategy's (`*` marks one over the memory
+budget, `-` one that doesn't apply), the best hand strategy that fits, and solver / best. A
+hand strategy is the cheapest plan within its restriction, so a fitting one is a plan the
+solver could have chosen: the script exits with status 1 when the solver is worse than the
+best fitting one by more than `TOLERANCE` (relative) in any case.
 
-Usage: python benchmarks/hand_strategies.py [--examples gpt,llama] [--time-limit 30]
+Usage: python benchmarks/hand_strategies.py [--examples gpt,llama] [--time-limit 60]
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "golden"))
+
+from golden_cases import CASES, TIME_LIMIT, GoldenCase  # noqa: E402
 
 import autopar  # noqa: E402
 from autopar.api import plan_graph  # noqa: E402
@@ -36,29 +39,10 @@ TOLERANCE = 1e-9
 # Column headings of the standard hand strategies.
 SHORT = {"data parallel": "DP", "fully sharded (ZeRO-3)": "ZeRO-3",
          "Megatron tensor parallel": "Megatron", "data x tensor parallel": "DP x TP"}
-MESHES = (((8,), ("dp",)), ((2, 4), ("dp", "tp")))
-HARDWARE = ("h100-sxm", "a100-sxm")
-# (example module, build() config): sizes where the choice between strategies matters.
-EXAMPLES = (
-    ("mlp", dict(batch=4096, hidden=4096, ffn=16384)),
-    ("gpt", dict(vocab=50304, seq=1024, hidden=1024, heads=16, layers=8, batch=16)),
-    ("llama", dict(vocab=32000, seq=1024, hidden=1024, heads=16, kv_heads=4, ffn=2816,
-                   layers=8, batch=16)),
-    ("bert", dict(vocab=30522, seq=512, hidden=1024, heads=16, layers=8, batch=32)),
-    ("moe", dict(vocab=32000, seq=512, hidden=1024, heads=16, ffn=2816, experts=8, top=2,
-                 layers=4, batch=16)),
-    ("resnet", dict(batch=128, size=112, classes=1000, widths=(64, 128, 256, 512), blocks=2,
-                    groups=32)),
-)
 
 
-def _graph(name: str, config: dict):
-    """The captured, annotated graph of an example, or None when the module is missing."""
-    try:
-        module = importlib.import_module(f"examples.{name}")
-    except ModuleNotFoundError:
-        return None
-    model, inputs = module.build(device="meta", **config)
+def _graph(case: GoldenCase):
+    model, inputs = case.build()
     return annotate(capture(model, tuple(inputs)))
 
 
@@ -67,9 +51,9 @@ def _ms(seconds: float) -> str:
 
 
 @click.command()
-@click.option("--examples", "names", default=",".join(n for n, _ in EXAMPLES),
+@click.option("--examples", "names", default=",".join(dict.fromkeys(c.example for c in CASES)),
               show_default=True, help="comma-separated example modules")
-@click.option("--time-limit", type=float, default=30.0, show_default=True,
+@click.option("--time-limit", type=float, default=TIME_LIMIT, show_default=True,
               help="solver seconds per solve")
 def main(names: str, time_limit: float) -> None:
     """Solver vs hand strategies on every example, mesh and hardware profile."""
@@ -83,36 +67,35 @@ def main(names: str, time_limit: float) -> None:
         table.add_column(name, justify="left" if name in ("example", "mesh", "hardware",
                                                           "best fitting") else "right")
     worse = []
-    for name, config in EXAMPLES:
-        if name not in wanted:
+    graphs = {}
+    for case in CASES:
+        if case.example not in wanted:
             continue
-        gm = _graph(name, config)
-        if gm is None:
-            console.print(f"skipped {name}: no module examples.{name}")
-            continue
-        for shape, axes in MESHES:
-            for hardware in HARDWARE:
-                mesh = autopar.Mesh(shape, axes, hardware=hardware)
-                start = time.perf_counter()
-                plan = plan_graph(gm, mesh, model_name=name, time_limit=time_limit,
-                                  hand_strategies=True)
-                seconds = time.perf_counter() - start
-                records = {r.name: r for r in plan.hand_strategies if r.name != SINGLE_DEVICE}
-                cells = []
-                for column in columns:
-                    r = records[column]
-                    cells.append("-" if r.step_time_s is None else
-                                 _ms(r.step_time_s) + ("" if r.fits else "*"))
-                fitting = [r for r in records.values() if r.step_time_s is not None and r.fits]
-                best = min(fitting, key=lambda r: r.step_time_s, default=None)
-                ratio = plan.step_time_s / best.step_time_s if best else None
-                if ratio is not None and ratio > 1 + TOLERANCE:
-                    worse.append(f"{name} {shape} {hardware}: solver {_ms(plan.step_time_s)} "
-                                 f"ms > {best.name} {_ms(best.step_time_s)} ms")
-                table.add_row(name, "x".join(map(str, shape)), hardware, _ms(plan.step_time_s),
-                              *cells, SHORT.get(best.name, best.name) if best else "none fits",
-                              "-" if ratio is None else f"{ratio:.6f}", f"{seconds:.1f}")
-                console.print(f"{name} {shape} {hardware}: {seconds:.1f} s", highlight=False)
+        name, shape, hardware = case.example, case.mesh, case.hardware
+        if name not in graphs:  # one capture per example serves its four cases
+            graphs[name] = _graph(case)
+        gm = graphs[name]
+        mesh = case.mesh_value()
+        start = time.perf_counter()
+        plan = plan_graph(gm, mesh, model_name=name, time_limit=time_limit,
+                          hand_strategies=True)
+        seconds = time.perf_counter() - start
+        records = {r.name: r for r in plan.hand_strategies if r.name != SINGLE_DEVICE}
+        cells = []
+        for column in columns:
+            r = records[column]
+            cells.append("-" if r.step_time_s is None else
+                         _ms(r.step_time_s) + ("" if r.fits else "*"))
+        fitting = [r for r in records.values() if r.step_time_s is not None and r.fits]
+        best = min(fitting, key=lambda r: r.step_time_s, default=None)
+        ratio = plan.step_time_s / best.step_time_s if best else None
+        if ratio is not None and ratio > 1 + TOLERANCE:
+            worse.append(f"{name} {shape} {hardware}: solver {_ms(plan.step_time_s)} "
+                         f"ms > {best.name} {_ms(best.step_time_s)} ms")
+        table.add_row(name, "x".join(map(str, shape)), hardware, _ms(plan.step_time_s),
+                      *cells, SHORT.get(best.name, best.name) if best else "none fits",
+                      "-" if ratio is None else f"{ratio:.6f}", f"{seconds:.1f}")
+        console.print(f"{name} {shape} {hardware}: {seconds:.1f} s", highlight=False)
     console.print(table)
     for line in worse:
         console.print(f"solver worse than a fitting hand strategy: {line}")

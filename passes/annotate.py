@@ -29,6 +29,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 from torch.utils import flop_counter
 
+from autopar.rules import einsum as einsum_rule
 from autopar.specs import BYTES, FLOPS, TENSOR, Size, TensorSpec
 
 aten = torch.ops.aten
@@ -193,6 +194,21 @@ def _conv_flops(node: fx.Node) -> Size:
     return flop_counter.conv_flop_count(list(x), list(w), list(out))
 
 
+def _einsum_flops(node: fx.Node) -> Size:
+    # A multiply-add per point of the space of all the equation's letters (for two or more
+    # operands); summing one operand costs an add per input element.
+    equation, operands = node.args[0], node.args[1]
+    parsed = einsum_rule.parse(equation, len(operands))
+    specs = [o.meta.get(TENSOR) for o in operands]
+    if parsed is None or not all(isinstance(s, TensorSpec) for s in specs):
+        return _numel(node.meta[TENSOR])
+    sizes: dict[str, Size] = {}
+    for term, spec in zip(parsed[0], specs):
+        sizes.update(zip(term, _dims(spec)))
+    space = math.prod(sizes.values())
+    return 2 * space if len(operands) > 1 else space
+
+
 def _cross_entropy_flops(node: fx.Node) -> Size:
     logits, target = _arg_spec(node, 0), _arg_spec(node, 1)
     return _SOFTMAX_FLOPS * _numel(logits) + _numel(target)
@@ -202,6 +218,7 @@ _FORMULAS: dict[object, Callable[[fx.Node], Size]] = {
     aten.linear: _linear_flops, aten.matmul: _matmul_flops,
     aten.scaled_dot_product_attention: _sdpa_flops, aten.cross_entropy_loss: _cross_entropy_flops,
     aten.conv1d: _conv_flops, aten.conv2d: _conv_flops, aten.conv3d: _conv_flops,
+    aten.einsum: _einsum_flops,
 }
 
 

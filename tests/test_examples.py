@@ -14,9 +14,9 @@ import torch
 from autopar.passes.annotate import annotate
 from autopar.passes.capture import capture
 from autopar.specs import FLOPS, MODULE, NAMES, ROLE
-from examples import gpt, llama, mlp
+from examples import bert, gpt, llama, mlp, moe, resnet
 
-EXAMPLES = [mlp, gpt, llama]
+EXAMPLES = [mlp, gpt, llama, bert, moe, resnet]
 
 
 @functools.cache
@@ -56,7 +56,7 @@ def test_captured_graph_computes_the_loss(example):
     assert sum(n.meta[FLOPS] for n in gm.graph.nodes) > 0
 
 
-@pytest.mark.parametrize("example", [gpt, llama], ids=lambda e: e.__name__)
+@pytest.mark.parametrize("example", [gpt, llama, bert, moe], ids=lambda e: e.__name__)
 def test_meta_build_captures_with_layers_as_modules_layers_i(example):
     model, inputs = example.build(layers=3, device="meta")
     assert all(p.is_meta for p in model.parameters())

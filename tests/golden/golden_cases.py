@@ -19,16 +19,19 @@ from autopar.plan_types import NodePlan, Plan
 # Mid-size configurations, by example module (examples/<name>.py). A module that does not
 # exist (yet) is left out of the set.
 CONFIGS: dict[str, dict[str, object]] = {
-    "mlp": {"batch": 1024, "hidden": 4096, "ffn": 16384},
-    "gpt": {"vocab": 32768, "seq": 1024, "hidden": 2048, "heads": 16, "layers": 8,
+    "mlp": {"batch": 4096, "hidden": 4096, "ffn": 16384},
+    "gpt": {"vocab": 50304, "seq": 1024, "hidden": 1024, "heads": 16, "layers": 8,
             "batch": 16},
-    "llama": {"vocab": 32768, "seq": 1024, "hidden": 2048, "heads": 16, "kv_heads": 4,
-              "ffn": 5632, "layers": 8, "batch": 16},
-    "bert": {"vocab": 30720, "seq": 512, "hidden": 1024, "heads": 16, "layers": 8,
+    # 3.5B parameters: data parallelism's replicated weights and Adam states (56 GB in fp32)
+    # plus activations exceed a device, so this one needs sharding.
+    "llama": {"vocab": 32000, "seq": 1024, "hidden": 4096, "heads": 32, "kv_heads": 8,
+              "ffn": 11008, "layers": 16, "batch": 8},
+    "bert": {"vocab": 30522, "seq": 512, "hidden": 1024, "heads": 16, "layers": 8,
              "batch": 32},
-    "moe": {"vocab": 32768, "seq": 512, "hidden": 1024, "heads": 16, "layers": 4,
-            "experts": 8, "batch": 16},
-    "resnet": {"batch": 64, "image": 64},
+    "moe": {"vocab": 32000, "seq": 512, "hidden": 1024, "heads": 16, "ffn": 2816,
+            "experts": 8, "top": 2, "layers": 4, "batch": 16},
+    "resnet": {"batch": 128, "size": 112, "classes": 1000, "widths": (64, 128, 256, 512),
+               "blocks": 2, "groups": 32},
 }
 MESHES: tuple[tuple[tuple[int, ...], tuple[str, ...]], ...] = (
     ((8,), ("dp",)),

@@ -106,6 +106,12 @@ def test_matmul_and_bmm_count_2mnk():
     assert _op(gm, torch.ops.aten.matmul.default).meta[FLOPS] == 2 * 3 * 5 * 2 * 7
 
 
+def test_einsum_counts_a_multiply_add_per_point_of_its_letters():
+    x, w = torch.randn(6, 4, 5), torch.randn(4, 5, 3)  # letters t, e, h and e, h, f
+    gm = _annotated(Lambda(lambda x, w: torch.einsum("teh,ehf->etf", x, w)), (x, w))
+    assert _op(gm, torch.ops.aten.einsum.default).meta[FLOPS] == 2 * 6 * 4 * 5 * 3
+
+
 def test_dynamic_batch_gives_sympy_costs_over_its_symbol():
     hidden, out = 8, 16
     batch = Dim("batch")
