@@ -29,12 +29,16 @@ def test_plan_prints_the_summary_and_writes_json(tmp_path):
     assert len(json.loads(out.read_text())["hand_strategies"]) == 5
 
 
-def test_plan_can_skip_the_hand_strategies():
+def test_plan_can_skip_the_hand_strategies_and_write_the_report(tmp_path):
+    report = tmp_path / "plan.html"
     result = CliRunner().invoke(main, [
-        "plan", str(ROOT / "examples" / "mlp.py"), "--mesh", "2", "--no-hand-strategies"])
+        "plan", str(ROOT / "examples" / "mlp.py"), "--mesh", "2", "--no-hand-strategies",
+        "--report", str(report)])
     assert result.exit_code == 0, result.output
     assert "predicted step time" in result.output
     assert "Compared with hand strategies" not in result.output
+    assert f"report written to {report}" in result.output
+    assert report.read_text().startswith("<!DOCTYPE html>")
 
 
 def test_plan_reports_bad_input_without_a_traceback(tmp_path):

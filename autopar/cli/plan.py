@@ -3,7 +3,8 @@
 Progress goes to stderr as it happens: one line per pass and per hand strategy's solve
 (under a spinner on a terminal, with the solver's lines as the spinner's text; every line
 when stderr is a file or a pipe). The summary, with the comparison against the hand
-strategies unless `--no-hand-strategies`, goes to stdout.
+strategies unless `--no-hand-strategies`, goes to stdout; `--out` saves the plan as JSON and
+`--report` writes its HTML report.
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ def progress_lines() -> Iterator[Callable[[str], None]]:
 @click.option("--hand-strategies/--no-hand-strategies", default=True, show_default=True,
               help="also cost data parallel, ZeRO-3, Megatron and data x tensor parallel")
 @click.option("--out", type=click.Path(), default=None, help="write the plan as JSON")
+@click.option("--report", "report_out", type=click.Path(), default=None,
+              help="write the plan's HTML report (see `autopar report`)")
 def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, time_limit,
-                 settings, hand_strategies, out) -> None:
+                 settings, hand_strategies, out, report_out) -> None:
     """Plan MODEL_FILE (a .py file with build() -> (model, example_inputs))."""
     from autopar.api import plan
     from autopar.mesh import Mesh
@@ -68,3 +71,9 @@ def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, tim
     if out:
         result.save(out)
         click.echo(f"plan written to {out}")
+    if report_out:
+        try:
+            written = result.report(report_out)
+        except AutoparError as exc:
+            raise click.ClickException(str(exc)) from exc
+        click.echo(f"report written to {written}")
