@@ -22,10 +22,10 @@ CONFIGS: dict[str, dict[str, object]] = {
     "mlp": {"batch": 4096, "hidden": 4096, "ffn": 16384},
     "gpt": {"vocab": 50304, "seq": 1024, "hidden": 1024, "heads": 16, "layers": 8,
             "batch": 16},
-    # 3.5B parameters: data parallelism's replicated weights and Adam states (56 GB in fp32)
-    # plus activations exceed a device, so this one needs sharding.
+    # Llama-2-7B's shape: data parallelism's replicated fp32 weights, gradients and Adam
+    # states (16 bytes a parameter, 100 GiB) exceed a device, so this one needs sharding.
     "llama": {"vocab": 32000, "seq": 1024, "hidden": 4096, "heads": 32, "kv_heads": 8,
-              "ffn": 11008, "layers": 16, "batch": 8},
+              "ffn": 11008, "layers": 32, "batch": 8},
     "bert": {"vocab": 30522, "seq": 512, "hidden": 1024, "heads": 16, "layers": 8,
              "batch": 32},
     "moe": {"vocab": 32000, "seq": 512, "hidden": 1024, "heads": 16, "ffn": 2816,
