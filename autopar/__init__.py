@@ -13,7 +13,9 @@ from autopar.errors import (
     ModelFileError,
     PlanFormatError,
     ProblemFormatError,
+    ReportError,
     ShardingError,
+    TrainingRunError,
 )
 from autopar.hardware import HardwareProfile, available_hardware, load_hardware
 from autopar.mesh import Mesh
@@ -24,6 +26,7 @@ from autopar.runtime.parallel_module import ParallelModule
 __all__ = [
     "AutoparError", "CaptureError", "HardwareError", "HardwareProfile", "InfeasiblePlanError",
     "InitializationError", "InputMismatchError", "Mesh", "MeshError", "ModelFileError",
-    "ParallelModule", "Plan", "PlanFormatError", "ProblemFormatError", "ShardingError",
+    "ParallelModule", "Plan", "PlanFormatError", "ProblemFormatError", "ReportError",
+    "ShardingError", "TrainingRunError",
     "available_hardware", "compile", "launch", "load_hardware", "plan",
 ]

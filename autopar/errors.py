@@ -81,3 +81,11 @@ class InputMismatchError(AutoparError, ValueError):
 class InitializationError(AutoparError, ValueError):
     """Parameters or buffers of a model that can't be given values (meta tensors with no
     way to initialise them)."""
+
+
+class ReportError(AutoparError, ValueError):
+    """A plan report that cannot be written where it was asked to go."""
+
+
+class TrainingRunError(AutoparError, ValueError):
+    """A training configuration with a value that cannot run (steps, learning rate)."""

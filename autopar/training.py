@@ -28,7 +28,7 @@ from torch import nn
 
 from autopar.api import plan as make_plan
 from autopar.compiler import compile as compile_model
-from autopar.errors import AutoparError
+from autopar.errors import TrainingRunError
 from autopar.mesh import Mesh
 from autopar.model_file import load_model_file
 from autopar.plan_types import Plan
@@ -41,10 +41,6 @@ from autopar.runtime.counter import Key
 VERIFY_LEARNING_RATE = 5e-5
 TOLERANCE = 1e-5
 LEARNING_RATE = 1e-3
-
-
-class TrainingRunError(AutoparError, ValueError):
-    """A training configuration with a value that cannot run (steps, learning rate)."""
 
 
 @dataclass(frozen=True)

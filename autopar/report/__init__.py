@@ -9,8 +9,8 @@ One module per part of the page: `overview`, `graph` (the layered node drawing),
 `script.js` are inlined into every page.
 """
 
+from autopar.errors import ReportError
 from autopar.report.dot import to_dot
-from autopar.report.errors import ReportError
 from autopar.report.page import render_html, write_report
 
 __all__ = ["ReportError", "render_html", "to_dot", "write_report"]

@@ -8,10 +8,10 @@ import json
 from importlib import resources
 from pathlib import Path
 
+from autopar.errors import ReportError
 from autopar.plan_types import Plan
 from autopar.report.comm import comm_section
 from autopar.report.cost import cost_section
-from autopar.report.errors import ReportError
 from autopar.report.graph import graph_section
 from autopar.report.hand import hand_section
 from autopar.report.layers import group_layers

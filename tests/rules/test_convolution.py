@@ -1,6 +1,7 @@
-"""The convolution and group_norm rules: every strategy is exact on 2 and 4 simulated ranks
-(forward and backward) and in pairs over a 2x2 mesh; the set offered is the intended one;
-convolution FLOPs are counted."""
+"""The convolution and group_norm rules beyond the checks every rule gets (each strategy
+exact on 2 and 4 simulated ranks, forward and backward: `test_rule_strategies` runs the
+cases of `rule_cases_conv`): strategies in pairs over a 2x2 mesh, the set offered is the
+intended one, convolution FLOPs are counted."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import itertools
 
 import pytest
 import torch
-from rule_cases import Case, call, f
-from simulate import Uneven, build, simulate
+from rule_cases import Case
+from rule_cases_conv import CASES
+from simulate import Uneven, build
 from simulate_mesh import simulate_mesh
 from torch import nn
 
-from autopar.placement import Replicate, format_placement
+from autopar.placement import Replicate
 from autopar.rules import AxisStrategy, lookup
 from autopar.rules.common import P, R, S
 from autopar.specs import FLOPS
@@ -23,54 +25,11 @@ from passes.capture import capture
 
 aten = torch.ops.aten
 
-CASES = [
-    call("conv2d_bias", aten.conv2d.default, f(4, 8, 6, 6), f(12, 8, 3, 3), f(12), [2, 2],
-         [1, 1]),
-    call("conv2d", aten.conv2d.default, f(4, 8, 6, 6), f(4, 8, 1, 1), None, [2, 2]),
-    call("conv2d_same", aten.conv2d.padding, f(4, 4, 5, 5), f(8, 4, 3, 3), f(8), [1, 1],
-         "same"),
-    call("conv2d_unbatched", aten.conv2d.default, f(8, 6, 6), f(4, 8, 3, 3), f(4)),
-    call("conv2d_dilated", aten.conv2d.default, f(4, 4, 9, 9), f(8, 4, 3, 3), None, [1, 1],
-         [2, 2], [2, 2]),
-    call("conv2d_grouped", aten.conv2d.default, f(4, 8, 6, 6), f(8, 4, 3, 3), f(8), [1, 1],
-         [1, 1], [1, 1], 2),
-    call("conv1d", aten.conv1d.default, f(4, 8, 10), f(4, 8, 3), f(4)),
-    call("conv3d", aten.conv3d.default, f(2, 4, 4, 4, 4), f(4, 4, 2, 2, 2)),
-    call("convolution", aten.convolution.default, f(4, 8, 6, 6), f(4, 8, 3, 3), f(4), [1, 1],
-         [1, 1], [1, 1], False, [0, 0], 1),
-    call("conv_transposed", aten.convolution.default, f(4, 8, 5, 5), f(8, 4, 3, 3), f(4),
-         [2, 2], [1, 1], [1, 1], True, [1, 1], 1),
-    call("group_norm", aten.group_norm.default, f(4, 8, 3, 3), 4, f(8), f(8), 1e-5),
-    call("group_norm_plain", aten.group_norm.default, f(4, 8, 5), 2),
-]
-
-
-def _label(s: AxisStrategy) -> str:
-    return ",".join(map(format_placement, s.inputs)) + "->" + format_placement(s.output)
 
 
 def _strategies(case: Case) -> list[AxisStrategy]:
     op, _ = build(case.target, case.args, case.kwargs)
-    rule = lookup(case.target)
-    assert rule is not None, case.target
-    return rule(op)
-
-
-PARAMS = [pytest.param(case, s, id=f"{case.name}:{_label(s)}")
-          for case in CASES for s in _strategies(case)]
-
-
-@pytest.mark.parametrize("case,strategy", PARAMS)
-def test_strategy_is_exact(case: Case, strategy: AxisStrategy) -> None:
-    ran = 0
-    for n in (2, 4):
-        try:
-            simulate(case.target, case.args, case.kwargs, strategy, n, backward=case.backward,
-                     frozen=case.frozen)
-            ran += 1
-        except Uneven:
-            continue
-    assert ran, "the case never divides evenly: pick sizes that exercise the strategy"
+    return lookup(case.target)(op)
 
 
 # One case per layout the rule distinguishes (fp64 conv1d/conv3d kernels are slow on CPU).
