@@ -19,11 +19,11 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.placement import format_placements
+from autopar.placement import Replicate, Shard, format_placements
 from autopar.runtime.axis_ops import apply_steps
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.errors import RedistributionError
-from autopar.runtime.grad_reduce import GradientReducer, reduce_later
+from autopar.runtime.grad_reduce import GradientReducer, reduce_later_on_axis, reducible
 from autopar.runtime.pending import pending_reducible, reduce_output
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.regather import Regather
@@ -107,6 +107,18 @@ class RankContext:
     reducer: GradientReducer = field(default_factory=GradientReducer)
 
 
+def _local_slice(redistribution: Redistribution,
+                 mesh: DeviceMesh | None) -> tuple[int, int, int] | None:
+    """(dim, pieces, this rank's index) when the edge's forward is one local `R -> S(dim)`
+    step, else None (also without a mesh: a program only shown, never run)."""
+    steps = redistribution.forward_steps
+    if mesh is None or len(steps) != 1 or steps[0].kind is not None \
+            or not isinstance(steps[0].dst, Shard) or not isinstance(steps[0].src, Replicate):
+        return None
+    axis = steps[0].axis
+    return steps[0].dst.dim, mesh.size(axis), mesh.get_local_rank(axis)
+
+
 class Collective(nn.Module):
     """One graph edge's `redistribute` as a module, so that a rank program's code names it:
     `linear_1__R_S0 = self.linear_1__R_S0(linear_1)`. Holds no state. With `overlapped`
@@ -120,14 +132,23 @@ class Collective(nn.Module):
         super().__init__()
         self.redistribution, self.context, self.overlapped = redistribution, context, overlapped
         self.output = output and pending_reducible(redistribution)
+        # Resolved once: the program calls its collectives on every step, and what they
+        # check and look up here is fixed when the program is built.
+        if overlapped:
+            assert reducible(redistribution), redistribution
+            self._axis = redistribution.backward_steps[0].axis
+        self._slice = _local_slice(redistribution, context.mesh)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.output:
             return reduce_output(x, self.redistribution, self.context.mesh,
                                  self.context.counter)
         if self.overlapped:
-            return reduce_later(x, self.redistribution, self.context.mesh,
-                                self.context.counter, self.context.reducer)
+            return reduce_later_on_axis(x, self._axis, self.context.mesh,
+                                        self.context.counter, self.context.reducer)
+        if self._slice is not None and not (x.requires_grad and torch.is_grad_enabled()):
+            dim, pieces, index = self._slice  # an input's piece: no autograd, no collective
+            return x.chunk(pieces, dim)[index].contiguous()
         if not self.redistribution.requires_grad:
             # The consumer passes no gradient back (an integer tensor, or `zeros_like(x)`).
             x = x.detach()

@@ -114,7 +114,14 @@ def reduce_later(parameter: torch.Tensor, redistribution: Redistribution, mesh: 
     """`parameter` itself, whose gradient through this use `reducer` all-reduces (see the
     module docstring). `redistribution` must be `reducible`."""
     assert reducible(redistribution) and parameter.is_leaf, redistribution
+    (step,) = redistribution.backward_steps
+    return reduce_later_on_axis(parameter, step.axis, mesh, counter, reducer)
+
+
+def reduce_later_on_axis(parameter: torch.Tensor, axis: int, mesh: DeviceMesh,
+                         counter: CommCounter, reducer: GradientReducer) -> torch.Tensor:
+    """`reduce_later` with the edge's checks done and its mesh axis found by the caller
+    (a rank program's collective, on every forward)."""
     if not (parameter.requires_grad and torch.is_grad_enabled()):
         return parameter
-    (step,) = redistribution.backward_steps
-    return _ReduceLater.apply(parameter, step.axis, mesh, counter, reducer)
+    return _ReduceLater.apply(parameter, axis, mesh, counter, reducer)
