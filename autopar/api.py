@@ -9,20 +9,19 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autopar.errors import InfeasiblePlanError
-from autopar.hand_strategies import STAGE, evaluate_hand_strategies
 from autopar.mesh import Mesh
 from autopar.passes.annotate import annotate, size_hints
 from autopar.passes.build_problem import build_problem
 from autopar.passes.capture import capture
 from autopar.passes.constrain import constrain
 from autopar.passes.extract_plan import extract_plan
-from autopar.passes.find_strategies import find_strategies
+from autopar.passes.find_strategies import StrategyTable, find_strategies
 from autopar.plan_types import Plan
 from autopar.solver import min_peak_usage, solve
 
-# STAGE prefixes the progress messages that start a pass (benchmarks time the passes by
-# them); the hand strategies' solves are announced the same way.
-__all__ = ["STAGE", "plan", "plan_graph"]
+# Prefix of the progress messages that start a pass (benchmarks time the passes by them);
+# the hand strategies' solves are announced the same way.
+STAGE = "[stage]"
 
 
 def _gib(nbytes: float) -> str:
@@ -66,30 +65,50 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
     hand strategies, when asked for, ignore `constraints`: they are the standard ones."""
     say = progress or (lambda message: None)
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
-    hints = size_hints(gm)
     say(f"{STAGE} find_strategies")
     found = table = find_strategies(gm, mesh)
     if constraints:
         table = constrain(gm, table, mesh, constraints)
-    say(f"{STAGE} build_problem")
-    build = build_problem(gm, table, mesh, memory_budget=budget, hints=hints,
-                          fold_layers=fold_layers)
-    say(f"{STAGE} solve ({build.problem.num_nodes} decisions, {build.problem.num_edges} edges)")
-    solution = solve(build.problem, time_limit=time_limit, seed=seed, progress=progress)
-    if not solution.choices:
-        least = min_peak_usage(build.problem, time_limit=time_limit)
-        raise InfeasiblePlanError(
-            f"no plan of {model_name} fits in {_gib(budget)} per device",
-            min_bytes=least, expected=f"a memory budget of at least {_gib(least)}",
-            got=_gib(budget),
-            fix="raise memory_budget, use more devices, or shrink the batch or model")
-    say(f"{STAGE} extract_plan")
-    warnings = tuple(f"no sharding rule for {op}: kept replicated" for op in table.unsupported)
-    result = extract_plan(gm, build, solution, model_name=model_name,
-                          sizes={str(k): v for k, v in hints.items()}, warnings=warnings)
+    result = plan_table(gm, table, mesh, model_name=model_name, memory_budget=budget,
+                        time_limit=time_limit, fold_layers=fold_layers, seed=seed,
+                        progress=progress)
     if not hand_strategies:
         return result
+    from autopar.hand_strategies import evaluate_hand_strategies  # it plans with plan_table
+
     records = evaluate_hand_strategies(gm, mesh, memory_budget=budget, time_limit=time_limit,
                                        fold_layers=fold_layers, seed=seed, table=found,
                                        progress=progress)
     return dataclasses.replace(result, hand_strategies=records)
+
+
+def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_name: str,
+               memory_budget: float | None, time_limit: float, fold_layers: bool, seed: int,
+               progress: Callable[[str], None] | None = None) -> Plan:
+    """The cheapest plan choosing among `table`'s strategies (the problem, solve and
+    extract passes), within `memory_budget` bytes per device (None: no limit). Raises
+    `InfeasiblePlanError`, with the least memory any plan of the table needs, when none fits.
+    """
+    say = progress or (lambda message: None)
+    hints = size_hints(gm)
+    say(f"{STAGE} build_problem")
+    build = build_problem(gm, table, mesh, memory_budget=memory_budget, hints=hints,
+                          fold_layers=fold_layers)
+    say(f"{STAGE} solve ({build.problem.num_nodes} decisions, {build.problem.num_edges} edges)")
+    solution = solve(build.problem, time_limit=time_limit, seed=seed, progress=progress)
+    if not solution.choices:
+        if memory_budget is None:  # only forbidden strategy pairs can leave no plan
+            raise InfeasiblePlanError(f"no plan of {model_name} among its allowed strategies",
+                                      expected="a strategy table with a compatible choice "
+                                      "for every node", got=f"solver status {solution.status}",
+                                      fix="allow more strategies (fewer constraints)")
+        least = min_peak_usage(build.problem, time_limit=time_limit)
+        raise InfeasiblePlanError(
+            f"no plan of {model_name} fits in {_gib(memory_budget)} per device",
+            min_bytes=least, expected=f"a memory budget of at least {_gib(least)}",
+            got=_gib(memory_budget),
+            fix="raise memory_budget, use more devices, or shrink the batch or model")
+    say(f"{STAGE} extract_plan")
+    warnings = tuple(f"no sharding rule for {op}: kept replicated" for op in table.unsupported)
+    return extract_plan(gm, build, solution, model_name=model_name,
+                        sizes={str(k): v for k, v in hints.items()}, warnings=warnings)

@@ -18,19 +18,14 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
+from autopar.api import STAGE, plan_table
+from autopar.errors import InfeasiblePlanError
 from autopar.mesh import Mesh
-from autopar.passes.annotate import size_hints
-from autopar.passes.build_problem import build_problem
-from autopar.passes.extract_plan import extract_plan
 from autopar.passes.find_strategies import StrategyTable, find_strategies
 from autopar.passes.restrict import ROLES, restrict
 from autopar.plan_types import HandStrategyRecord, Plan
-from autopar.solver import solve
 
 SINGLE_DEVICE = "single device"
-
-# Prefix of the progress message that starts each hand strategy's solve.
-STAGE = "[stage]"
 
 
 @dataclass(frozen=True)
@@ -100,23 +95,21 @@ def _relaxation_note(relaxed: tuple[str, ...]) -> str:
 def _solve_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, time_limit: float,
                  fold_layers: bool, seed: int) -> Plan | str:
     """The cheapest plan of `table` with no memory limit, or why there is none."""
-    hints = size_hints(gm)
-    build = build_problem(gm, table, mesh, memory_budget=None, hints=hints,
-                          fold_layers=fold_layers)
-    solution = solve(build.problem, time_limit=time_limit, seed=seed)
-    if not solution.choices:
-        return f"no plan within this restriction ({solution.status})"
-    return extract_plan(gm, build, solution, model_name=type(gm).__name__,
-                        sizes={str(k): v for k, v in hints.items()})
+    try:
+        return plan_table(gm, table, mesh, model_name=type(gm).__name__, memory_budget=None,
+                          time_limit=time_limit, fold_layers=fold_layers, seed=seed)
+    except InfeasiblePlanError as exc:
+        return f"no plan within this restriction ({exc.got})"
 
 
-def single_device_record(gm: fx.GraphModule, mesh: Mesh, *, budget: float) -> HandStrategyRecord:
+def single_device_record(gm: fx.GraphModule, mesh: Mesh, *, budget: float,
+                         time_limit: float = 10.0, seed: int = 0) -> HandStrategyRecord:
     """The step on one device of `mesh`'s hardware (every node replicated, nothing moved)."""
     one = Mesh((1,), (mesh.axis_names[0],), hardware=mesh.hardware)
     reference = HandStrategy(SINGLE_DEVICE, "the same step on one device (scaling reference)",
                              ("dp",))
-    result = _solve_table(gm, find_strategies(gm, one), one, time_limit=10.0, fold_layers=True,
-                          seed=0)
+    result = _solve_table(gm, find_strategies(gm, one), one, time_limit=time_limit,
+                          fold_layers=True, seed=seed)
     if isinstance(result, str):
         return _missing(reference, result)
     return _record(reference, result, budget, "")
@@ -153,7 +146,8 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
         else:
             records.append(_record(strategy, result, memory_budget, note))
     say(f"{STAGE} hand strategy: {SINGLE_DEVICE}")
-    records.append(single_device_record(gm, mesh, budget=memory_budget))
+    records.append(single_device_record(gm, mesh, budget=memory_budget, time_limit=time_limit,
+                                        seed=seed))
     return tuple(records)
 
 

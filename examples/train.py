@@ -18,6 +18,7 @@ the one batch), then the bytes its collectives moved next to what the plan predi
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -30,7 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import click  # noqa: E402
+
 import autopar  # noqa: E402
+from autopar.cli.options import axis_names, mesh_shape  # noqa: E402
+from autopar.cli.options import config as parse_config  # noqa: E402
 from autopar.training import (  # noqa: E402
     RankReport,
     TrainingRun,
@@ -55,16 +60,6 @@ def train(rank: int, run: TrainingRun, example: str) -> RankReport:
     return report
 
 
-def _config(pairs: list[str]) -> tuple[tuple[str, object], ...]:
-    config = []
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {pair!r}: expected KEY=VALUE")
-        config.append((key, int(value) if value.lstrip("-").isdigit() else value))
-    return tuple(config)
-
-
 def parse(argv: list[str] | None = None) -> tuple[TrainingRun, str, int | None]:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -84,11 +79,13 @@ def parse(argv: list[str] | None = None) -> tuple[TrainingRun, str, int | None]:
     parser.add_argument("--nproc", type=int, default=None,
                         help="processes to launch without torchrun (default: the mesh size)")
     args = parser.parse_args(argv)
-    shape = tuple(int(size) for size in args.mesh.lower().split("x"))
-    names = tuple(args.axis_names.split(",")) if args.axis_names else \
-        ("dp", "tp", "cp")[:len(shape)]
-    # The examples take their seed as a build() argument.
-    config = (("seed", args.seed), *_config(args.settings))
+    try:
+        shape = mesh_shape(args.mesh)
+        names = axis_names(args.axis_names, len(shape))
+        # The examples take their seed as a build() argument.
+        config = (("seed", args.seed), *parse_config(tuple(args.settings)).items())
+    except click.BadParameter as exc:
+        parser.error(exc.format_message())
     run = TrainingRun(str(ROOT / "examples" / f"{args.example}.py"), shape, names, config,
                       args.hardware, args.steps, args.lr, args.seed, args.time_limit,
                       args.memory_budget)
@@ -106,9 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             dist.destroy_process_group()
         return
-    size = 1
-    for axis in run.mesh:
-        size *= axis
+    size = math.prod(run.mesh)
     nproc = size if nproc is None else nproc
     if nproc == 1 and size == 1:
         train(0, run, example)  # a mesh of one device needs no process group

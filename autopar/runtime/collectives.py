@@ -23,7 +23,7 @@ from autopar.placement import Replicate, Shard, format_placements
 from autopar.runtime.axis_ops import apply_steps
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.errors import RedistributionError
-from autopar.runtime.grad_reduce import GradientReducer, reduce_later_on_axis, reducible
+from autopar.runtime.grad_reduce import GradientReducer, reduce_later, reducible
 from autopar.runtime.pending import pending_reducible, reduce_output
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.regather import Regather
@@ -144,7 +144,7 @@ class Collective(nn.Module):
             return reduce_output(x, self.redistribution, self.context.mesh,
                                  self.context.counter)
         if self.overlapped:
-            return reduce_later_on_axis(x, self._axis, self.context.mesh,
+            return reduce_later(x, self._axis, self.context.mesh,
                                         self.context.counter, self.context.reducer)
         if self._slice is not None and not (x.requires_grad and torch.is_grad_enabled()):
             dim, pieces, index = self._slice  # an input's piece: no autograd, no collective

@@ -109,19 +109,11 @@ class _ReduceLater(torch.autograd.Function):
         return None, None, None, None, None
 
 
-def reduce_later(parameter: torch.Tensor, redistribution: Redistribution, mesh: DeviceMesh,
-                 counter: CommCounter, reducer: GradientReducer) -> torch.Tensor:
-    """`parameter` itself, whose gradient through this use `reducer` all-reduces (see the
-    module docstring). `redistribution` must be `reducible`."""
-    assert reducible(redistribution) and parameter.is_leaf, redistribution
-    (step,) = redistribution.backward_steps
-    return reduce_later_on_axis(parameter, step.axis, mesh, counter, reducer)
-
-
-def reduce_later_on_axis(parameter: torch.Tensor, axis: int, mesh: DeviceMesh,
-                         counter: CommCounter, reducer: GradientReducer) -> torch.Tensor:
-    """`reduce_later` with the edge's checks done and its mesh axis found by the caller
-    (a rank program's collective, on every forward)."""
+def reduce_later(parameter: torch.Tensor, axis: int, mesh: DeviceMesh, counter: CommCounter,
+                 reducer: GradientReducer) -> torch.Tensor:
+    """`parameter` itself, whose gradient through this use `reducer` all-reduces over mesh
+    axis `axis` (see the module docstring): the use's edge is `reducible`, its one backward
+    step on `axis`, as the caller checked once when it built the program."""
     if not (parameter.requires_grad and torch.is_grad_enabled()):
         return parameter
     return _ReduceLater.apply(parameter, axis, mesh, counter, reducer)

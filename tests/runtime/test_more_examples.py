@@ -108,10 +108,10 @@ def test_expert_weights_are_stored_split_along_the_expert_dim(outcomes):
     assert all("S(0)" in n.output for n in experts), [(n.name, n.output) for n in experts]
 
 
+# The pins are on mesh (2,) only (`PINS`): this test takes that mesh's run alone.
+@pytest.mark.parametrize("outcomes", list(PINS), indirect=True, ids=lambda s: "x".join(map(str, s)))
 def test_pinned_convolutions_split_their_channels(outcomes):
-    shape, chosen, results = outcomes
-    if shape != (2,):
-        pytest.skip("pinned on mesh (2,) only")
+    _, chosen, results = outcomes
     plan = autopar.Plan.from_dict(_outcome(chosen, results, "examples.resnet").plan)
     nodes = {n.name: n for n in plan.nodes}
     assert (nodes["conv2d_1"].inputs, nodes["conv2d_1"].output) == (("R", "S(0)"), "S(1)")
