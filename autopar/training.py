@@ -127,20 +127,27 @@ def plan_run(run: TrainingRun, progress: Callable[[str], None] | None = None) ->
                      time_limit=run.time_limit, seed=run.seed, progress=progress)
 
 
-def _grad_errors(full: dict, reference: nn.Module) -> tuple[float, str | None]:
-    """The worst relative gradient difference and the parameter it belongs to."""
-    worst, where = 0.0, None
+def gradient_errors(full: dict, reference: nn.Module) -> dict[str, float]:
+    """Per parameter of `reference` (after its backward), the largest difference of
+    `full[name]` (the compiled model's full gradient, or None) from its gradient, relative
+    to that gradient's largest entry; inf where only one of the two has a gradient."""
+    errors = {}
     for name, param in reference.named_parameters():
         if param.grad is None:
-            error = 0.0 if full[name] is None else float("inf")
+            errors[name] = 0.0 if full[name] is None else float("inf")
         elif full[name] is None:
-            error = float("inf")
+            errors[name] = float("inf")
         else:
             diff = float((full[name] - param.grad).abs().max())
-            error = _relative(diff, float(param.grad.abs().max()))
-        if where is None or error > worst:
-            worst, where = error, name
-    return worst, where
+            errors[name] = _relative(diff, float(param.grad.abs().max()))
+    return errors
+
+
+def _grad_errors(full: dict, reference: nn.Module) -> tuple[float, str | None]:
+    """The worst relative gradient difference and the parameter it belongs to."""
+    errors = gradient_errors(full, reference)
+    where = max(errors, key=errors.get, default=None)
+    return (0.0 if where is None else errors[where]), where
 
 
 def train_rank(rank: int, run: TrainingRun, *,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 import autopar
+from autopar.training import gradient_errors
 
 # AdamW at lr 5e-5 (the scale of transformer training). Its normalised update g/sqrt(v)
 # amplifies the rounding differences of a reordered fp32 sum (about 1e-7 relative on the
@@ -59,18 +60,6 @@ class Outcome:
     loss_type: str  # the class of the compiled model's loss (PendingSum while in flight)
 
 
-def _relative_errors(full: dict, reference: torch.nn.Module) -> dict[str, float]:
-    errors = {}
-    for name, param in reference.named_parameters():
-        if param.grad is None:
-            errors[name] = 0.0 if full[name] is None else float("inf")
-            continue
-        scale = float(param.grad.abs().max())
-        diff = float((full[name] - param.grad).abs().max())
-        errors[name] = diff / scale if scale > 0 else diff
-    return errors
-
-
 def train(rank: int, case: Case, mesh: autopar.Mesh) -> Outcome:
     """Run `case` on this rank (under `autopar.launch`); see the module docstring."""
     torch.manual_seed(0)
@@ -95,7 +84,7 @@ def train(rank: int, case: Case, mesh: autopar.Mesh) -> Outcome:
             expected = reference(*inputs)
             expected.backward()
             reference_losses.append(float(expected.detach()))
-            errors.append(_relative_errors(grads, reference))
+            errors.append(gradient_errors(grads, reference))
             reference_optimizer.step()
             reference_optimizer.zero_grad()
     return Outcome(tuple(losses), tuple(reference_losses) if reference else None,
