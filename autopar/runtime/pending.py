@@ -11,6 +11,14 @@ printing, any op on it) and never before. `loss.backward()` creates the seed gra
 `ones_like`, which reads only the shape, so the backward starts at once and the loss's
 all-reduce overlaps it.
 
+The all-reduce starts at the end of the forward, not later. On a CPU process group each
+collective wakes gloo's threads, and starting the sum together with the backward's first
+gradient bucket instead measured about 2% of a data-parallel step faster on two busy cores.
+But a rank only reaches that bucket if it runs the backward: one that reads the loss alone
+(`if rank == 0: print(loss.item())`) while another waits in some other collective first
+(`dist.barrier()`) would wait for it forever. The end of the forward is the one point
+every rank is sure to reach.
+
 Contract: a `PendingSum` behaves as the summed tensor in every op (results are plain
 tensors); `detach()` stays pending. Like any collective, every rank starts it in the same
 order; reading it on one rank only is fine.
