@@ -44,7 +44,7 @@ from autopar.placement import Placements, Shard, format_placements, parse_placem
 from autopar.plan_types import Plan
 from autopar.rules.embedding import is_vocab_split, masked_embedding
 from autopar.runtime.collectives import Collective, RankContext
-from autopar.runtime.grad_reduce import reducible
+from autopar.runtime.grad_reduce import owns_gradient, reducible
 from autopar.runtime.redistribution import Redistribution
 from autopar.specs import NAMES, ROLE, TENSOR, TensorSpec
 
@@ -200,9 +200,9 @@ class _Lowering:
             name += "_"
         overlapped = (producer_of(leaf).meta.get(ROLE) == "parameter"
                       and reducible(redistribution))
-        self.root.add_module(name, Collective(redistribution, self.context,
-                                              overlapped=overlapped,
-                                              output=consumer.op == "output"))
+        self.root.add_module(name, Collective(
+            redistribution, self.context, overlapped=overlapped,
+            owned_gradient=owns_gradient(consumer.target), output=consumer.op == "output"))
         self.collectives.append((name, redistribution))
         return self.graph.call_module(name, (self.env[leaf],))
 

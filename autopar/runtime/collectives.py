@@ -128,9 +128,12 @@ class Collective(nn.Module):
     all-reduce runs in the background too (`autopar.runtime.pending`)."""
 
     def __init__(self, redistribution: Redistribution, context: RankContext, *,
-                 overlapped: bool = False, output: bool = False) -> None:
+                 overlapped: bool = False, owned_gradient: bool = False,
+                 output: bool = False) -> None:
+        """`owned_gradient`: with `overlapped`, the consumer op `owns_gradient`."""
         super().__init__()
         self.redistribution, self.context, self.overlapped = redistribution, context, overlapped
+        self.owned_gradient = overlapped and owned_gradient
         self.output = output and pending_reducible(redistribution)
         # Resolved once: the program calls its collectives on every step, and what they
         # check and look up here is fixed when the program is built.
@@ -144,8 +147,8 @@ class Collective(nn.Module):
             return reduce_output(x, self.redistribution, self.context.mesh,
                                  self.context.counter)
         if self.overlapped:
-            return reduce_later(x, self._axis, self.context.mesh,
-                                        self.context.counter, self.context.reducer)
+            return reduce_later(x, self._axis, self.context.mesh, self.context.counter,
+                                self.context.reducer, owned=self.owned_gradient)
         if self._slice is not None and not (x.requires_grad and torch.is_grad_enabled()):
             dim, pieces, index = self._slice  # an input's piece: no autograd, no collective
             return x.chunk(pieces, dim)[index].contiguous()

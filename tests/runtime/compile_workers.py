@@ -68,3 +68,35 @@ def accumulate_two_backwards(rank: int) -> float:
     grads = pm.full_grads()
     return max(float((grads[n] - 2 * p.grad).abs().max() / p.grad.abs().max())
                for n, p in reference.named_parameters())
+
+
+def large_gradients_accumulated(rank: int) -> tuple[float, list[int]]:
+    """Data parallel on an MLP whose weight gradients (1 MiB each) fill a gradient bucket
+    alone, so that they are all-reduced in place: the largest relative difference between
+    the gradients of two backward passes without zero_grad and twice the plain model's, and
+    the sizes of the gradient all-reduces of the second pass."""
+    from autopar.runtime import grad_reduce
+
+    torch.manual_seed(0)
+    model, inputs = mlp.build(hidden=256, ffn=1024)
+    reference = copy.deepcopy(model)
+    pm = autopar.compile(model, autopar.Mesh((2,), ("dp",), hardware="cpu"), inputs,
+                         constraints=DATA_PARALLEL)
+    pm(*inputs).backward()
+    sizes: list[int] = []
+    all_reduce = grad_reduce.dist.all_reduce
+
+    def recording(tensor, *args, **kwargs):
+        sizes.append(tensor.numel())
+        return all_reduce(tensor, *args, **kwargs)
+
+    grad_reduce.dist.all_reduce = recording
+    try:
+        pm(*inputs).backward()
+    finally:
+        grad_reduce.dist.all_reduce = all_reduce
+    reference(*inputs).backward()
+    grads = pm.full_grads()
+    error = max(float((grads[n] - 2 * p.grad).abs().max() / p.grad.abs().max())
+                for n, p in reference.named_parameters())
+    return error, sorted(sizes)
