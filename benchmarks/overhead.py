@@ -110,16 +110,26 @@ class Contender:
     global_loss: Callable[[torch.Tensor], float] = float
 
 
-def training_step(module: nn.Module, inputs: tuple) -> Callable[[], torch.Tensor]:
-    """One AdamW step of `module` on `inputs`; returns the detached loss."""
+def training_step(module: nn.Module, inputs: tuple, *,
+                  sum_loss: bool = False) -> Callable[[], torch.Tensor]:
+    """One AdamW step of `module` on `inputs`; returns the detached loss. With `sum_loss` (a
+    DDP module), the step returns the global batch's mean loss on every rank, as autopar's
+    program does: the rank-local losses are summed by an all-reduce started right after the
+    forward, in the background of the backward and the optimizer step."""
     optimizer = torch.optim.AdamW(module.parameters(), lr=LEARNING_RATE)
 
     def step() -> torch.Tensor:
         optimizer.zero_grad()
         loss = module(*inputs)
+        if sum_loss:
+            total = loss.detach().clone()
+            work = dist.all_reduce(total, async_op=True)
         loss.backward()
         optimizer.step()
-        return loss.detach()
+        if not sum_loss:
+            return loss.detach()
+        work.wait()
+        return total / dist.get_world_size()
 
     return step
 
@@ -206,25 +216,6 @@ def _check_data_parallel(pm: autopar.ParallelModule) -> None:
     assert forward <= 8, f"forward all-reduces {forward} bytes, more than the loss"
 
 
-def _ddp_step_with_loss_sum(module: nn.Module, inputs: tuple) -> Callable[[], torch.Tensor]:
-    """One AdamW step of DDP `module` returning the global batch's mean loss on every rank,
-    as autopar's program does: the rank-local losses are summed by an all-reduce started
-    right after the forward, in the background of the backward and the optimizer step."""
-    optimizer = torch.optim.AdamW(module.parameters(), lr=LEARNING_RATE)
-
-    def step() -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = module(*inputs)
-        total = loss.detach().clone()
-        work = dist.all_reduce(total, async_op=True)
-        loss.backward()
-        optimizer.step()
-        work.wait()
-        return total / dist.get_world_size()
-
-    return step
-
-
 def data_parallel(rank: int, config: Config) -> list[Row]:
     """A pinned data-parallel plan vs DistributedDataParallel on the same global batch,
     without and with the sum of the loss over the ranks."""
@@ -240,7 +231,7 @@ def data_parallel(rank: int, config: Config) -> list[Row]:
                     Contender(training_step(ddp, halves), _mean_over_ranks), config,
                     target=1.05),
             compare("data parallel vs DDP + loss sum", Contender(training_step(pm, inputs)),
-                    Contender(_ddp_step_with_loss_sum(ddp, halves)), config, target=1.05)]
+                    Contender(training_step(ddp, halves, sum_loss=True)), config, target=1.05)]
 
 
 def _check_megatron(pm: autopar.ParallelModule, config: Config) -> None:

@@ -83,8 +83,7 @@ class GradientReducer:
         nbytes = grad.numel() * grad.element_size()
         counter.record("all_reduce", axis_name(mesh, axis), "backward", nbytes)
         if owned and nbytes >= self.bucket_bytes and grad.is_contiguous():
-            work = dist.all_reduce(grad, group=mesh.get_group(axis), async_op=True)
-            self._in_flight.append(([(parameter, grad)], grad.view(-1), work))
+            self._all_reduce([(parameter, grad)], grad.view(-1), mesh, axis)
             return
         key = (id(mesh), axis)
         self._meshes[key] = mesh
@@ -97,7 +96,11 @@ class GradientReducer:
         bucket = self._buckets.pop(key)
         mesh, axis = self._meshes[key], key[1]
         # A new buffer: the incoming gradients may be shared with other branches.
-        flat = torch.cat([g.reshape(-1) for _, g in bucket])
+        self._all_reduce(bucket, torch.cat([g.reshape(-1) for _, g in bucket]), mesh, axis)
+
+    def _all_reduce(self, bucket: list[tuple[torch.Tensor, torch.Tensor]], flat: torch.Tensor,
+                    mesh: DeviceMesh, axis: int) -> None:
+        """Start summing `flat` (`bucket`'s gradients end to end) in place over `axis`."""
         work = dist.all_reduce(flat, group=mesh.get_group(axis), async_op=True)
         self._in_flight.append((bucket, flat, work))
 
