@@ -12,6 +12,11 @@ Comparisons of one training step (forward, backward, AdamW step) of the example 
    tensor parallelism (`parallelize_module` with `ColwiseParallel`/`RowwiseParallel`),
    2 gloo ranks. Target <= 1.05x.
 
+Every process keeps the memory it frees (`autopar.runtime.keep_freed_memory`, which
+`autopar.runtime.launch` applies to its ranks): with glibc's defaults each step page-faults
+megabytes of tensors back in, at random moments, which made single blocks vary by +-15%
+and could favour either contender.
+
 Both contenders start from the same weights and see the same global batch (DDP ranks get
 their half of it). Timed blocks of `--steps` steps alternate A, B, B, A, ... so that drifts
 in machine load hit both alike; a block's ms/step is its wall time over its steps (ranks
@@ -287,6 +292,7 @@ def print_table(rows: list[Row], config: Config) -> None:
 @click.option("--batch", default=128, show_default=True, help="global batch (even)")
 def main(steps: int, repeats: int, hidden: int, batch: int) -> None:
     config = Config(steps, repeats, hidden, batch)
+    autopar.runtime.keep_freed_memory()  # as in the ranks `launch` starts
     rows = [single_device(config)]
     # Rank 0's view: the barriers around each block make every rank's times alike.
     rows += autopar.launch(distributed, RANKS, config, timeout=3600.0)[0]

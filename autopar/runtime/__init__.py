@@ -3,7 +3,8 @@ autograd-aware collectives that move tensors between placements.
 
 - `launch.launch(fn, nprocs, *args)` / `init_from_env()`: ranks on one machine, or under
   torchrun. (The function is not re-exported here, so that `autopar.runtime.launch` stays
-  the module, with `autopar.runtime.launch.init_from_env` in it.)
+  the module, with `autopar.runtime.launch.init_from_env` in it.) Both make CPU ranks'
+  malloc keep the memory they free (`keep_freed_memory`): steps stop page-faulting it back.
 - `device_mesh(mesh)`: the torch DeviceMesh of an `autopar.Mesh`.
 - `Redistribution.for_edge(...)` + `redistribute(x, r, mesh, counter)`: one graph edge's
   conversion, forward and backward, performing exactly the collectives the cost model
@@ -14,6 +15,7 @@ autograd-aware collectives that move tensors between placements.
   the ranks returned as `PendingSum`s that complete in the background too (`pending`).
 """
 
+from autopar.runtime.allocator import keep_freed_memory
 from autopar.runtime.collectives import redistribute
 from autopar.runtime.counter import CommCounter, transfer_totals
 from autopar.runtime.errors import (
@@ -34,5 +36,6 @@ __all__ = [
     "CommCounter", "LaunchArgumentError", "LaunchError", "PendingSum", "ProcessGroupError",
     "Redistribution",
     "RedistributionError", "Regather", "Step", "UnsupportedRedistributionError", "device_mesh",
-    "init_from_env", "local_shape", "plan_steps", "redistribute", "transfer_totals",
+    "init_from_env", "keep_freed_memory", "local_shape", "plan_steps", "redistribute",
+    "transfer_totals",
 ]

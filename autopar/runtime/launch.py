@@ -12,11 +12,13 @@ Code written as `fn(rank, *args)` runs both ways:
 
     # or, from a test or a notebook: autopar.runtime.launch.launch(main, 4)
 
-`launch` spawns `nprocs` CPU processes on this machine, initialises a gloo process group among
-them (a TCP store on 127.0.0.1 hosted by the calling process, on a free port) and returns
-what each `fn` returned, in rank order. A rank that raises, dies or hangs never hangs the
-caller: gloo collectives time out after `timeout` seconds, survivors of a failure are
-terminated after `grace` seconds, and `LaunchError` names the rank with its traceback.
+`launch` spawns `nprocs` CPU processes on this machine (sharing its cores' intra-op threads,
+their malloc keeping the memory they free: `autopar.runtime.allocator`), initialises a gloo
+process group among them (a TCP store on 127.0.0.1 hosted by the calling process, on a free
+port) and returns what each `fn` returned, in rank order. A rank that raises, dies or hangs
+never hangs the caller: gloo collectives time out after `timeout` seconds, survivors of a
+failure are terminated after `grace` seconds, and `LaunchError` names the rank with its
+traceback.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from autopar.runtime.allocator import keep_freed_memory
 from autopar.runtime.errors import LaunchArgumentError, LaunchError, ProcessGroupError
 
 HOST = "127.0.0.1"
@@ -53,6 +56,7 @@ def _run_rank(rank: int, nprocs: int, port: int, fn: Callable, args: tuple, queu
     # Ranks share the machine's cores, as torchrun's OMP_NUM_THREADS default intends:
     # oversubscribed intra-op threads make gloo's polling ranks starve each other.
     torch.set_num_threads(threads)
+    keep_freed_memory()  # CPU steps would page-fault their tensors in afresh each time
     try:
         timeout = timedelta(seconds=timeout_s)
         store = dist.TCPStore(HOST, port, nprocs, is_master=False, timeout=timeout)
@@ -201,8 +205,9 @@ def init_from_env(*, timeout: float = 1800.0) -> int:
     """Initialise the default process group from torchrun's environment; return the rank.
 
     Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK to pick the GPU); uses
-    NCCL when CUDA is available, else gloo. A no-op returning the rank when a group exists
-    (so `fn` may call it under `launch` too).
+    NCCL when CUDA is available, else gloo, on a CPU rank that keeps the memory it frees
+    (`autopar.runtime.allocator`, as `launch`'s ranks do). A no-op returning the rank when a
+    group exists (so `fn` may call it under `launch` too).
     """
     if dist.is_initialized():
         return dist.get_rank()
@@ -218,5 +223,7 @@ def init_from_env(*, timeout: float = 1800.0) -> int:
     if torch.cuda.is_available():
         backend = "nccl"
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        keep_freed_memory()
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout))
     return dist.get_rank()

@@ -75,3 +75,21 @@ def die_mid_collective(rank: int) -> int:
     dist.all_reduce(t)  # rank 1 is gone: gloo errors out, or the watchdog ends this rank
     dist.all_reduce(t)
     return rank
+
+
+def page_faults_per_step(rank: int, steps: int = 18) -> list[int]:
+    """Minor page faults of each of `steps` AdamW steps of a small MLP in this process."""
+    import resource
+
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),
+                                torch.nn.Linear(2048, 512))
+    optimizer = torch.optim.AdamW(model.parameters())
+    x = torch.randn(64, 512)
+    faults = []
+    for _ in range(steps):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return faults
