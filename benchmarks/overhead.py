@@ -13,9 +13,10 @@ Comparisons of one training step (forward, backward, AdamW step) of the example 
    2 gloo ranks. Target <= 1.05x.
 
 Every process keeps the memory it frees (`autopar.runtime.keep_freed_memory`, which
-`autopar.runtime.launch` applies to its ranks): with glibc's defaults each step page-faults
-megabytes of tensors back in, at random moments, which made single blocks vary by +-15%
-and could favour either contender.
+`autopar.runtime.launch` applies to its ranks). With glibc's defaults a step page-faulted
+its tensors back in, thousands of pages on most steps but not all, so that which contender
+paid more changed from block to block: the data-parallel ratio moved between 1.00 and 1.22
+over runs of the same code.
 
 Both contenders start from the same weights and see the same global batch (DDP ranks get
 their half of it). Timed blocks of `--steps` steps alternate A, B, B, A, ... so that drifts
