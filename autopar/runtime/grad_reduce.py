@@ -12,9 +12,10 @@ autograd engine callback) reduces the rest, waits, and adds the sums to the para
 
 A gradient that fills a bucket alone is all-reduced in place, without the copy into a bucket
 (on two busy cores, with glibc's default malloc page-faulting each new bucket in, that copy
-measured about 5% of a data-parallel step), when the use's consumer op makes it a new tensor that nothing else holds (`owns_gradient`). An op that
-hands its incoming gradient on as it is (`add`, `clone`, views) may share it with another
-branch of the backward, which must not see it summed: such gradients are always copied.
+measured about 5% of a data-parallel step), when the use's consumer op makes it a new
+tensor that nothing else holds (`owns_gradient`). An op that hands its incoming gradient on
+as it is (`add`, `clone`, views) may share it with another branch of the backward, which
+must not see it summed: such gradients are always copied.
 
 Contract: gradients of such parameters reach `.grad` only through `loss.backward()` (not
 `torch.autograd.grad`), added to what `.grad` holds (accumulation stays exact), and the
