@@ -4,9 +4,11 @@ A training step frees and allocates the same activations, gradients and buckets,
 each, every time. By default glibc's malloc hands large freed blocks back to the kernel (a
 block above its mmap threshold is a mapping of its own; free space at the top of the heap
 beyond its trim threshold is trimmed), so the next step takes them back page by page, each
-page zero-filled by the kernel on first touch. An MLP step (512 -> 2048 -> 512, batch 64,
-one thread) faulted in about 5,000 pages (20 MB) per step that way and took 58 ms; with the
-thresholds below it faults in none after the first step and takes 32-36 ms. jemalloc or
+page zero-filled by the kernel on first touch. glibc adapts both thresholds to the blocks
+freed so far, so how often that happens depends on the process's history: an MLP step
+(512 -> 2048 -> 512, batch 64, one thread) faulted in about 5,000 pages (20 MB) on most
+steps in one interpreter and took 58 ms; with the thresholds below it faults in none after
+the first step and takes 32-36 ms. jemalloc or
 tcmalloc preloaded would do the same (PyTorch's CPU performance guide suggests them); this
 needs no preload. CUDA tensors use torch's caching allocator and are not concerned.
 

@@ -93,3 +93,23 @@ def page_faults_per_step(rank: int, steps: int = 18) -> list[int]:
         optimizer.step()
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     return faults
+
+
+def mapped_bytes_of_new_tensor(rank: int, nbytes: int = 30 << 20) -> int:
+    """How many bytes of memory-mapped blocks glibc's malloc added to allocate a tensor of
+    `nbytes` (0: it came from the heap). Only glibc's initial mmap threshold, 128 KiB, or
+    one it adapted to after freeing a block as large, maps a 30 MiB tensor by itself."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
+
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+    mallinfo2.restype = MallInfo2
+    before = mallinfo2().hblkhd
+    tensor = torch.empty(nbytes, dtype=torch.uint8)
+    added = mallinfo2().hblkhd - before
+    del tensor
+    return added
