@@ -8,9 +8,9 @@ page zero-filled by the kernel on first touch. glibc adapts both thresholds to t
 freed so far, so how often that happens depends on the process's history: an MLP step
 (512 -> 2048 -> 512, batch 64, one thread) faulted in about 5,000 pages (20 MB) on most
 steps in one interpreter and took 58 ms; with the thresholds below it faults in none after
-the first step and takes 32-36 ms. jemalloc or
-tcmalloc preloaded would do the same (PyTorch's CPU performance guide suggests them); this
-needs no preload. CUDA tensors use torch's caching allocator and are not concerned.
+the first step and takes 32-36 ms. jemalloc or tcmalloc preloaded would do the same
+(PyTorch's CPU performance guide suggests them); this needs no preload. CUDA tensors use
+torch's caching allocator and are not concerned.
 
 Contract: `keep_freed_memory()` changes only this process's malloc: blocks up to 32 MiB come
 from the heap and return to it, and free heap beyond 256 MiB is still given back, so a
