@@ -56,6 +56,13 @@ def test_inputs_of_other_shapes_are_refused_with_a_fix():
         pm(x.double(), target)
     with pytest.raises(autopar.InputMismatchError, match="structured differently"):
         pm(x)
+    with pytest.raises(autopar.InputMismatchError, match="structured differently"):
+        pm(x, target=target)
+    # As many positional arguments as the example, but not the same kind of value.
+    with pytest.raises(autopar.InputMismatchError, match="input 1"):
+        pm(x, None)
+    with pytest.raises(autopar.InputMismatchError, match="input 1"):
+        pm(x, [target])
 
 
 def test_missing_example_inputs():
@@ -149,3 +156,5 @@ def test_a_non_tensor_input_is_fixed_to_its_example_value():
     assert torch.equal(pm(x, 3), model(x, 3))
     with pytest.raises(autopar.InputMismatchError, match="input 1"):
         pm(x, 4)
+    with pytest.raises(autopar.InputMismatchError, match="input 1"):
+        pm(x, torch.tensor([3, 3]))
