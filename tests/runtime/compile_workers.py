@@ -52,22 +52,34 @@ DATA_PARALLEL = {"fc1.weight": "R", "fc1.bias": "R", "fc2.weight": "R", "fc2.bia
                  "linear": "S(0)", "linear_1": "S(0)"}
 
 
-def accumulate_two_backwards(rank: int) -> float:
-    """Largest relative difference between the gradients of two backward passes without
-    zero_grad (data parallel, so every gradient all-reduce overlaps the backward) and twice
-    the plain model's gradients."""
+def _data_parallel_mlp(**sizes):
+    """A data-parallel MLP on 2 ranks, the plain model it was built from, and the inputs."""
     torch.manual_seed(0)
-    model, inputs = mlp.build()
+    model, inputs = mlp.build(**sizes)
     reference = copy.deepcopy(model)
     pm = autopar.compile(model, autopar.Mesh((2,), ("dp",), hardware="cpu"), inputs,
                          constraints=DATA_PARALLEL)
-    assert all(reducible(r) for name, r in pm.collectives if name.startswith("p_"))
-    for _ in range(2):
-        pm(*inputs).backward()
+    return pm, reference, inputs
+
+
+def _error_against_twice(pm, reference, inputs) -> float:
+    """Largest relative difference between `pm`'s gradients and twice those of one backward
+    pass of `reference`."""
     reference(*inputs).backward()
     grads = pm.full_grads()
     return max(float((grads[n] - 2 * p.grad).abs().max() / p.grad.abs().max())
                for n, p in reference.named_parameters())
+
+
+def accumulate_two_backwards(rank: int) -> float:
+    """Largest relative difference between the gradients of two backward passes without
+    zero_grad (data parallel, so every gradient all-reduce overlaps the backward) and twice
+    the plain model's gradients."""
+    pm, reference, inputs = _data_parallel_mlp()
+    assert all(reducible(r) for name, r in pm.collectives if name.startswith("p_"))
+    for _ in range(2):
+        pm(*inputs).backward()
+    return _error_against_twice(pm, reference, inputs)
 
 
 def large_gradients_accumulated(rank: int) -> tuple[float, list[int]]:
@@ -77,11 +89,7 @@ def large_gradients_accumulated(rank: int) -> tuple[float, list[int]]:
     the sizes of the gradient all-reduces of the second pass."""
     from autopar.runtime import grad_reduce
 
-    torch.manual_seed(0)
-    model, inputs = mlp.build(hidden=256, ffn=1024)
-    reference = copy.deepcopy(model)
-    pm = autopar.compile(model, autopar.Mesh((2,), ("dp",), hardware="cpu"), inputs,
-                         constraints=DATA_PARALLEL)
+    pm, reference, inputs = _data_parallel_mlp(hidden=256, ffn=1024)
     pm(*inputs).backward()
     sizes: list[int] = []
     all_reduce = grad_reduce.dist.all_reduce
@@ -95,8 +103,4 @@ def large_gradients_accumulated(rank: int) -> tuple[float, list[int]]:
         pm(*inputs).backward()
     finally:
         grad_reduce.dist.all_reduce = all_reduce
-    reference(*inputs).backward()
-    grads = pm.full_grads()
-    error = max(float((grads[n] - 2 * p.grad).abs().max() / p.grad.abs().max())
-                for n, p in reference.named_parameters())
-    return error, sorted(sizes)
+    return _error_against_twice(pm, reference, inputs), sorted(sizes)
