@@ -5,17 +5,20 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
+import torch
 import torch.fx as fx
 import torch.nn as nn
 
 from autopar.errors import InfeasiblePlanError
 from autopar.mesh import Mesh
+from autopar.optimizer_state import ADAMW, OptimizerState, optimizer_state
 from autopar.passes.annotate import annotate, size_hints
 from autopar.passes.build_problem import build_problem
 from autopar.passes.capture import capture
 from autopar.passes.constrain import constrain
 from autopar.passes.extract_plan import extract_plan
 from autopar.passes.find_strategies import StrategyTable, find_strategies
+from autopar.passes.offer_recompute import offer_recompute
 from autopar.plan_types import Plan
 from autopar.solver import min_peak_usage, solve
 
@@ -32,6 +35,8 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
          memory_budget: float | None = None, time_limit: float = 30.0,
          dynamic_shapes=None, constraints: Mapping[str, str] | None = None,
          fold_layers: bool = True, seed: int = 0, hand_strategies: bool = False,
+         optimizer: object = None, master_weights: torch.dtype | None = None,
+         recompute: bool = True,
          progress: Callable[[str], None] | None = None) -> Plan:
     """Choose how every op and tensor of `model` is split over `mesh`.
 
@@ -41,11 +46,16 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     `constraints` pins named tensors' placements (see `autopar.passes.constrain`);
     `fold_layers` makes identical blocks share one decision. With `hand_strategies`, the
     plan also carries the standard hand-written strategies (data parallel, ZeRO-3, Megatron,
-    data x tensor) costed the same way (`autopar.hand_strategies`), which costs one more
-    solve each. `progress` receives a message as each pass starts (prefixed `STAGE`) and the
+    data x tensor, and with recomputation) costed the same way (`autopar.hand_strategies`),
+    which costs one more solve each. `optimizer` is what the model is trained with: a torch
+    optimizer class, `(class, options)` or state bytes per parameter element (default
+    AdamW; `autopar.optimizer_state`), stepping a `master_weights` copy (e.g.
+    torch.float32 for a bfloat16 model) when given. `recompute` lets the solver recompute
+    activations in the backward instead of keeping them. `progress` receives a message as each pass starts (prefixed `STAGE`) and the
     solver's progress lines. Raises
     `InfeasiblePlanError` with the least memory any plan needs when nothing fits.
     """
+    state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
     say = progress or (lambda message: None)
     say(f"{STAGE} capture")
     gm = capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
@@ -53,37 +63,43 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     return plan_graph(annotate(gm), mesh, model_name=type(model).__name__,
                       memory_budget=memory_budget, time_limit=time_limit,
                       constraints=constraints, fold_layers=fold_layers, seed=seed,
-                      hand_strategies=hand_strategies, progress=progress)
+                      hand_strategies=hand_strategies, optimizer=state, recompute=recompute,
+                      progress=progress)
 
 
 def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                memory_budget: float | None = None, time_limit: float = 30.0,
                constraints: Mapping[str, str] | None = None, fold_layers: bool = True,
-               seed: int = 0, hand_strategies: bool = False,
+               seed: int = 0, hand_strategies: bool = False, optimizer: object = None,
+               master_weights: torch.dtype | None = None, recompute: bool = True,
                progress: Callable[[str], None] | None = None) -> Plan:
     """`plan` from the strategy pass on, for a graph already captured and annotated. The
     hand strategies, when asked for, ignore `constraints`: they are the standard ones."""
+    state = optimizer_state(optimizer, master_weights=master_weights)
     say = progress or (lambda message: None)
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
     say(f"{STAGE} find_strategies")
     found = table = find_strategies(gm, mesh)
+    if recompute:
+        found = table = offer_recompute(gm, table)
     if constraints:
         table = constrain(gm, table, mesh, constraints)
     result = plan_table(gm, table, mesh, model_name=model_name, memory_budget=budget,
                         time_limit=time_limit, fold_layers=fold_layers, seed=seed,
-                        progress=progress)
+                        optimizer=state, progress=progress)
     if not hand_strategies:
         return result
     from autopar.hand_strategies import evaluate_hand_strategies  # it plans with plan_table
 
     records = evaluate_hand_strategies(gm, mesh, memory_budget=budget, time_limit=time_limit,
                                        fold_layers=fold_layers, seed=seed, table=found,
-                                       progress=progress)
+                                       optimizer=state, progress=progress)
     return dataclasses.replace(result, hand_strategies=records)
 
 
 def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_name: str,
                memory_budget: float | None, time_limit: float, fold_layers: bool, seed: int,
+               optimizer: OptimizerState = ADAMW,
                progress: Callable[[str], None] | None = None) -> Plan:
     """The cheapest plan choosing among `table`'s strategies (the problem, solve and
     extract passes), within `memory_budget` bytes per device (None: no limit). Raises
@@ -93,7 +109,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     hints = size_hints(gm)
     say(f"{STAGE} build_problem")
     build = build_problem(gm, table, mesh, memory_budget=memory_budget, hints=hints,
-                          fold_layers=fold_layers)
+                          optimizer=optimizer, fold_layers=fold_layers)
     say(f"{STAGE} solve ({build.problem.num_nodes} decisions, {build.problem.num_edges} edges)")
     solution = solve(build.problem, time_limit=time_limit, seed=seed, progress=progress)
     if not solution.choices:

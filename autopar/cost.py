@@ -54,14 +54,15 @@ def compute_time(flops, nbytes, dtype: torch.dtype, hardware: HardwareProfile):
 
 
 def training_compute_time(flops, nbytes, dtype: torch.dtype, hardware: HardwareProfile,
-                          *, differentiable: bool):
-    """Forward plus (when the op is on the gradient path) backward compute time."""
+                          *, differentiable: bool, recompute: bool = False):
+    """Forward plus (when the op is on the gradient path) backward compute time; a
+    recomputed op runs its forward once more in the backward."""
     forward = compute_time(flops, nbytes, dtype, hardware)
     if not differentiable:
         return forward
     backward = compute_time(BACKWARD_FLOPS_FACTOR * flops, BACKWARD_FLOPS_FACTOR * nbytes,
                             dtype, hardware)
-    return forward + backward
+    return forward * (2 if recompute else 1) + backward
 
 
 def collective_time(kind: str, nbytes, n: int, bandwidth: float, latency: float):
@@ -176,7 +177,8 @@ def needed_grad(output_placements: Placements) -> Placements:
 
 def edge_transfers(nbytes, src: Placements, dst: Placements, consumer_output: Placements,
                    mesh_shape: tuple[int, ...], *, requires_grad: bool,
-                   regather: bool = False) -> tuple[Transfer, ...] | None:
+                   regather: bool = False, recompute: bool = False
+                   ) -> tuple[Transfer, ...] | None:
     """Forward and (for tensors on the gradient path) backward collectives of one edge, or
     None when the edge can't be carried out by single-axis collectives.
 
@@ -184,13 +186,19 @@ def edge_transfers(nbytes, src: Placements, dst: Placements, consumer_output: Pl
     its backward: the gathered copy is freed after the forward and gathered again for the
     backward, so it never counts against memory and its all-gathers are paid twice (only
     gathers can be repeated that way: other conversions of such an edge are refused).
+    `recompute` is for a consumer whose output is computed again in the backward: its
+    inputs' forward collectives run again there (once, shared with a regather).
     """
     forward = redistribute(nbytes, src, dst, mesh_shape)
-    if forward is None or not requires_grad:
-        return forward
+    if forward is None:
+        return None
+    regather = regather and requires_grad
     if regather and any(t.kind != "all_gather" for t in forward):
         return None
-    again = tuple(Transfer(t.kind, t.axis, t.nbytes, True) for t in forward) if regather else ()
+    again = (tuple(Transfer(t.kind, t.axis, t.nbytes, True) for t in forward)
+             if regather or recompute else ())
+    if not requires_grad:
+        return forward + again
     backward = redistribute(nbytes, arriving_grad(dst, consumer_output), needed_grad(src),
                             mesh_shape, backward=True)
     return None if backward is None else forward + again + backward

@@ -89,3 +89,7 @@ class ReportError(AutoparError, ValueError):
 
 class TrainingRunError(AutoparError, ValueError):
     """A training configuration with a value that cannot run (steps, learning rate)."""
+
+
+class OptimizerError(AutoparError, ValueError):
+    """An optimizer whose state the cost model cannot size, or a bad precision recipe."""

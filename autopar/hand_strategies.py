@@ -21,6 +21,7 @@ import torch.fx as fx
 from autopar.api import STAGE, plan_table
 from autopar.errors import InfeasiblePlanError
 from autopar.mesh import Mesh
+from autopar.optimizer_state import ADAMW, OptimizerState
 from autopar.passes.find_strategies import StrategyTable, find_strategies
 from autopar.passes.restrict import ROLES, restrict
 from autopar.plan_types import HandStrategyRecord, Plan
@@ -93,23 +94,25 @@ def _relaxation_note(relaxed: tuple[str, ...]) -> str:
 
 
 def _solve_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, time_limit: float,
-                 fold_layers: bool, seed: int) -> Plan | str:
+                 fold_layers: bool, seed: int, optimizer: OptimizerState) -> Plan | str:
     """The cheapest plan of `table` with no memory limit, or why there is none."""
     try:
         return plan_table(gm, table, mesh, model_name=type(gm).__name__, memory_budget=None,
-                          time_limit=time_limit, fold_layers=fold_layers, seed=seed)
+                          time_limit=time_limit, fold_layers=fold_layers, seed=seed,
+                          optimizer=optimizer)
     except InfeasiblePlanError as exc:
         return f"no plan within this restriction ({exc.got})"
 
 
 def single_device_record(gm: fx.GraphModule, mesh: Mesh, *, budget: float,
-                         time_limit: float = 10.0, seed: int = 0) -> HandStrategyRecord:
+                         time_limit: float = 10.0, seed: int = 0,
+                         optimizer: OptimizerState = ADAMW) -> HandStrategyRecord:
     """The step on one device of `mesh`'s hardware (every node replicated, nothing moved)."""
     one = Mesh((1,), (mesh.axis_names[0],), hardware=mesh.hardware)
     reference = HandStrategy(SINGLE_DEVICE, "the same step on one device (scaling reference)",
                              ("dp",))
     result = _solve_table(gm, find_strategies(gm, one), one, time_limit=time_limit,
-                          fold_layers=True, seed=seed)
+                          fold_layers=True, seed=seed, optimizer=optimizer)
     if isinstance(result, str):
         return _missing(reference, result)
     return _record(reference, result, budget, "")
@@ -119,6 +122,7 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
                              time_limit: float = 30.0, fold_layers: bool = True, seed: int = 0,
                              table: StrategyTable | None = None,
                              strategies: tuple[HandStrategy, ...] | None = None,
+                             optimizer: OptimizerState = ADAMW,
                              progress: Callable[[str], None] | None = None,
                              ) -> tuple[HandStrategyRecord, ...]:
     """One record per hand strategy (default `standard_hand_strategies(mesh)`), then the
@@ -139,7 +143,7 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
         say(f"{STAGE} hand strategy: {strategy.name} ({','.join(strategy.roles)})")
         restricted = restrict(gm, table, mesh, strategy.roles)
         result = _solve_table(gm, restricted.table, mesh, time_limit=time_limit,
-                              fold_layers=fold_layers, seed=seed)
+                              fold_layers=fold_layers, seed=seed, optimizer=optimizer)
         note = _relaxation_note(restricted.relaxed)
         if isinstance(result, str):
             records.append(_missing(strategy, "; ".join(filter(None, (result, note)))))
@@ -147,7 +151,7 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
             records.append(_record(strategy, result, memory_budget, note))
     say(f"{STAGE} hand strategy: {SINGLE_DEVICE}")
     records.append(single_device_record(gm, mesh, budget=memory_budget, time_limit=time_limit,
-                                        seed=seed))
+                                        seed=seed, optimizer=optimizer))
     return tuple(records)
 
 

@@ -20,7 +20,7 @@ import sympy
 from autopar.errors import PlanFormatError
 from autopar.mesh import Mesh
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: recompute and gathered per node, the optimizer
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,14 @@ class TransferRecord:
 
 @dataclass(frozen=True)
 class NodePlan:
-    """The decision for one graph node and its modelled cost on one device."""
+    """The decision for one graph node and its modelled cost on one device.
+
+    `recompute` (ops): the output is not kept for the backward but computed again from the
+    op's inputs when the backward needs it; `transfers` then lists its inputs' forward
+    collectives a second time, as backward ones. `gathered` (parameters stored sharded):
+    the placements it is gathered into at its use and kept in until its backward (ZeRO-2);
+    empty when it is gathered at each use (ZeRO-3) or never.
+    """
 
     name: str
     op: str
@@ -50,6 +57,8 @@ class NodePlan:
     memory_bytes: float
     transfers: tuple[TransferRecord, ...]
     formula: str
+    recompute: bool = False
+    gathered: str = ""
 
     @property
     def time_s(self) -> float:
@@ -102,6 +111,7 @@ class Plan:
     sizes: tuple[tuple[str, int], ...] = ()
     warnings: tuple[str, ...] = ()
     hand_strategies: tuple[HandStrategyRecord, ...] = ()
+    optimizer: str = "AdamW (2 states in the parameter's dtype)"
     version: int = FORMAT_VERSION
 
     @property
@@ -185,6 +195,7 @@ class Plan:
                            HandStrategyRecord(**{**h, "comm_bytes": tuple(
                                tuple(row) for row in h.get("comm_bytes", ()))})
                            for h in data.get("hand_strategies", ())),
+                       **({"optimizer": data["optimizer"]} if "optimizer" in data else {}),
                        version=version)
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanFormatError(f"plan file is corrupt: {exc!r}",

@@ -9,10 +9,14 @@ map from problem indices back to graph nodes and tensors.
   gradient path (masks, position tables) pay no backward.
 - Edge cost: the forward collectives that turn the producer's placement into the one the
   consumer's strategy wants, plus the backward collectives derived in `autopar.cost`.
-- Memory per device: parameters with their gradient and optimizer states, buffers, user
-  inputs, and every activation on the gradient path that is kept for the backward (views
-  share their base's storage and add nothing). Stored tensors live for the whole step, kept
-  activations from their op to the end of the forward, others until their last use.
+- Memory per device: parameters with their gradient, master copy and optimizer states
+  (`autopar.optimizer_state`; the three where the parameter is stored, the parameter
+  itself also gathered, once per use that saves it, when kept gathered: ZeRO-2), buffers,
+  user inputs, and every activation on the gradient path that is kept for the backward
+  (views share their base's storage and add nothing). Stored tensors live for the whole
+  step, kept activations from their op to the end of the forward, others until their last
+  use. A recomputed op keeps nothing, except in the first block of tied blocks: there its
+  activations stand for the one block the backward recomputes at a time.
 - Ties: the blocks of a `ModuleList` (module paths `<list>.<i>...`) whose nodes and
   strategies match the first block's are tied node by node, so identical transformer blocks
   are one decision (the plan is uniform across them).
@@ -29,13 +33,11 @@ import torch.fx as fx
 
 from autopar import cost
 from autopar.mesh import Mesh
+from autopar.optimizer_state import ADAMW, OptimizerState
 from autopar.passes.find_strategies import STORED_ROLES, Strategy, StrategyTable
 from autopar.rules import factories
 from autopar.solver.problem import ShardingProblem
 from autopar.specs import BYTES, FLOPS, MODULE, NAMES, ROLE, TENSOR, TensorSpec
-
-# fp32 Adam keeps two moments per parameter element.
-ADAM_STATE_BYTES = 8
 
 _LAYER = re.compile(r"^(?P<list>(?:[^.]+\.)*?[^.]+)\.(?P<index>\d+)(?:\.|$)")
 
@@ -49,7 +51,8 @@ class EdgeRef:
     position: int
     tensor: TensorSpec
     requires_grad: bool
-    regather: bool  # a saved parameter: gathered again for the backward (cost.edge_transfers)
+    saved: bool  # a parameter its consumer saves for the backward
+    same_block: bool  # both ends in one recompute region (`recompute_region`)
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,7 +65,7 @@ class ProblemBuild:
     strategies: tuple[tuple[Strategy, ...], ...]
     requires_grad: dict[str, bool]
     mesh: Mesh
-    optimizer_state_bytes: int
+    optimizer: OptimizerState
 
 
 def module_of(node: fx.Node) -> str:
@@ -106,15 +109,72 @@ def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
              position: int) -> EdgeRef:
     """The edge into tensor input `position` of `consumer`, whose tensor inputs are `inputs`
     (`find_strategies.tensor_inputs`); `by_name` maps node names to graph nodes. A parameter
-    is regathered when its consumer saves it for the backward: when some other input of the
-    consumer carries a gradient (a linear's weight when its input does)."""
+    is saved by its consumer for the backward when some other input of the consumer carries
+    a gradient (a linear's weight when its input does)."""
     producer, spec = inputs[position]
-    regather = by_name[producer].meta.get(ROLE) == "parameter" and any(
+    saved = by_name[producer].meta.get(ROLE) == "parameter" and any(
         on_path[name] and _differentiable(other)
         for i, (name, other) in enumerate(inputs) if i != position and name != producer)
     requires_grad = (on_path[producer] and _differentiable(spec)
                      and passes_gradient(by_name[consumer]))
-    return EdgeRef(producer, consumer, position, spec, requires_grad, regather)
+    return EdgeRef(producer, consumer, position, spec, requires_grad, saved,
+                   recompute_region(by_name[producer]) == recompute_region(by_name[consumer]))
+
+
+def recompute_region(node: fx.Node) -> str:
+    """The block (`<list>.<i>` of a ModuleList) a node belongs to, else the node itself.
+    Recomputing an op may recompute the ops it reads from in the same region only, so a
+    backward rebuilds one region at a time, from tensors that were kept."""
+    match = _LAYER.match(module_of(node))
+    return f"{match['list']}.{match['index']}" if match else node.name
+
+
+def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
+                            mesh_shape: tuple[int, ...]) -> tuple[cost.Transfer, ...] | None:
+    """The collectives of edge `ref` when its producer chose `src` and its consumer `dst`
+    (None: forbidden). A parameter kept gathered (ZeRO-2) must reach its consumer in the
+    gathered placement and is not gathered again for the backward; one gathered at each use
+    (ZeRO-3) is, when its consumer saves it. A recomputed op reads recomputed inputs from
+    its own region only (`recompute_region`)."""
+    if src.gathered is not None and dst.inputs[ref.position] != src.gathered:
+        return None
+    if src.recompute and dst.recompute and not ref.same_block:
+        return None
+    return cost.edge_transfers(nbytes, src.output, dst.inputs[ref.position], dst.output,
+                               mesh_shape, requires_grad=ref.requires_grad,
+                               regather=ref.saved and src.gathered is None,
+                               recompute=dst.recompute)
+
+
+def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bool,
+                    size=lambda value: value):
+    """Seconds one rank computes `node` under `strategy` (forward, backward, recompute):
+    the node's FLOPs and bytes, through `size` (a number for the solve, the sympy formula
+    for the plan), divided over the axes the strategy splits the work on. 0 for views and
+    metadata ops, which launch no kernel, and for nodes that are not ops."""
+    if node.op != "call_function":
+        return 0
+    flops, nbytes = size(node.meta.get(FLOPS, 0)), size(node.meta.get(BYTES, 0))
+    if flops == 0 and nbytes == 0:
+        return 0
+    divisor = cost.compute_divisor(strategy.inputs, strategy.output, mesh.shape)
+    return cost.training_compute_time(flops / divisor, nbytes / divisor,
+                                      _outputs(node)[0].dtype, mesh.hardware,
+                                      differentiable=differentiable,
+                                      recompute=strategy.recompute)
+
+
+def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer: OptimizerState,
+                    saving_uses: int) -> float:
+    """Bytes one rank holds for a parameter: its stored piece, gradient, master copy and
+    optimizer states (all stored as `strategy.output`), plus, when it is kept gathered
+    (ZeRO-2), one gathered copy for each use that saves it for the backward."""
+    stored = cost.local_bytes(spec.nbytes, strategy.output, mesh.shape)
+    elements = cost.local_bytes(spec.numel, strategy.output, mesh.shape)
+    total = 2 * stored + elements * optimizer.element_bytes(spec.dtype)
+    if strategy.gathered is not None:
+        total += saving_uses * cost.local_bytes(spec.nbytes, strategy.gathered, mesh.shape)
+    return total
 
 
 def _outputs(node: fx.Node) -> tuple[TensorSpec, ...]:
@@ -129,40 +189,35 @@ def _number(value, hints) -> float:
 
 class _Builder:
     def __init__(self, gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
-                 optimizer_state_bytes: int, hints: dict) -> None:
+                 optimizer: OptimizerState, hints: dict) -> None:
         self.gm, self.table, self.mesh, self.hints = gm, table, mesh, hints
-        self.optimizer_state_bytes = optimizer_state_bytes
+        self.optimizer = optimizer
         self.by_name = {n.name: n for n in gm.graph.nodes}
         self.order = [n.name for n in gm.graph.nodes if n.name in table.strategies]
         self.index = {name: i for i, name in enumerate(self.order)}
         self.on_path = gradient_path(gm)
+        self.saving_uses: dict[str, int] = {}  # parameter -> uses that save it
         self.edge_cache: dict[tuple, float] = {}
         self.matrix_cache: dict[tuple, np.ndarray] = {}
 
     def node_cost(self, node: fx.Node, strategy: Strategy) -> float:
-        if node.op != "call_function":
-            return 0.0
-        divisor = cost.compute_divisor(strategy.inputs, strategy.output, self.mesh.shape)
-        flops = _number(node.meta.get(FLOPS, 0), self.hints) / divisor
-        nbytes = _number(node.meta.get(BYTES, 0), self.hints) / divisor
-        if flops == 0 and nbytes == 0:
-            return 0.0  # views and metadata ops launch no kernel
-        return float(cost.training_compute_time(
-            flops, nbytes, _outputs(node)[0].dtype, self.mesh.hardware,
-            differentiable=self.on_path[node.name]))
+        return float(op_compute_time(node, strategy, self.mesh,
+                                     differentiable=self.on_path[node.name],
+                                     size=lambda value: _number(value, self.hints)))
 
-    def node_usage(self, node: fx.Node, strategy: Strategy) -> float:
+    def node_usage(self, node: fx.Node, strategy: Strategy, *, first_of_tie: bool) -> float:
         role = node.meta.get(ROLE)
+        if role == "parameter":
+            return float(parameter_bytes(_outputs(node)[0], strategy, self.mesh,
+                                         self.optimizer, self.saving_uses.get(node.name, 0)))
         held = sum(cost.local_bytes(s.nbytes, strategy.output, self.mesh.shape)
                    for s in _outputs(node)) if node.op != "output" else 0
-        if role == "parameter":
-            elements = sum(cost.local_bytes(s.numel, strategy.output, self.mesh.shape)
-                           for s in _outputs(node))
-            return float(2 * held + elements * self.optimizer_state_bytes)
         if role in STORED_ROLES or role == "input":
             return float(held)
         if _number(node.meta.get(BYTES, 0), self.hints) == 0:
             return 0.0  # a view shares its base's storage
+        if strategy.recompute and not first_of_tie:
+            return 0.0
         return float(held)
 
     def interval(self, node: fx.Node) -> tuple[int, int]:
@@ -187,7 +242,7 @@ class _Builder:
         dst = self.table.strategies[ref.consumer]
         # Strategy tuples are shared between identical ops, so repeated blocks hit this cache.
         key = (id(src), id(dst), ref.position, ref.tensor.nbytes, ref.requires_grad,
-               ref.regather)
+               ref.saved, ref.same_block)
         if key not in self.matrix_cache:
             self.matrix_cache[key] = self._edge_matrix(src, dst, ref)
         return self.matrix_cache[key]
@@ -196,13 +251,13 @@ class _Builder:
         matrix = np.empty((len(src), len(dst)))
         for k, s in enumerate(src):
             for m, d in enumerate(dst):
-                key = (ref.tensor.nbytes, s.output, d.inputs[ref.position], d.output,
-                       ref.requires_grad, ref.regather)
+                key = (ref.tensor.nbytes, s.output, s.gathered, d.inputs[ref.position],
+                       d.output, d.recompute, s.recompute, ref.requires_grad, ref.saved,
+                       ref.same_block)
                 value = self.edge_cache.get(key)
                 if value is None:
-                    transfers = cost.edge_transfers(ref.tensor.nbytes, *key[1:4], self.mesh.shape,
-                                                    requires_grad=ref.requires_grad,
-                                                    regather=ref.regather)
+                    transfers = strategy_edge_transfers(ref, s, d, ref.tensor.nbytes,
+                                                        self.mesh.shape)
                     value = (math.inf if transfers is None  # not executable: forbidden
                              else float(sum(t.time(self.mesh) for t in transfers)))
                     self.edge_cache[key] = value
@@ -232,29 +287,34 @@ class _Builder:
 
 def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
                   memory_budget: float | None, hints: dict | None = None,
-                  optimizer_state_bytes: int = ADAM_STATE_BYTES,
-                  fold_layers: bool = True) -> ProblemBuild:
+                  optimizer: OptimizerState = ADAMW, fold_layers: bool = True) -> ProblemBuild:
     """The sharding problem of an annotated graph over `mesh` (see the module docstring).
 
-    `hints` maps the graph's size symbols to the values the solve uses.
+    `hints` maps the graph's size symbols to the values the solve uses; `optimizer` says
+    what the optimizer keeps per parameter element.
     """
-    builder = _Builder(gm, table, mesh, optimizer_state_bytes, hints or {})
+    builder = _Builder(gm, table, mesh, optimizer, hints or {})
     strategies = tuple(table.strategies[name] for name in builder.order)
     nodes = [builder.by_name[name] for name in builder.order]
     edges = tuple(
         edge_ref(builder.by_name, builder.on_path, table.inputs[node.name], node.name, position)
         for node in nodes for position in range(len(table.inputs[node.name])))
+    for ref in edges:
+        builder.saving_uses[ref.producer] = builder.saving_uses.get(ref.producer, 0) + ref.saved
+    ties = builder.ties(strategies) if fold_layers else ()
+    first_of_tie = {group[0] for group in ties}
     problem = ShardingProblem(
         node_costs=tuple(np.array([builder.node_cost(n, s) for s in ss], dtype=float)
                          for n, ss in zip(nodes, strategies)),
-        node_usages=tuple(np.array([builder.node_usage(n, s) for s in ss], dtype=float)
-                          for n, ss in zip(nodes, strategies)),
+        node_usages=tuple(np.array([builder.node_usage(n, s, first_of_tie=i in first_of_tie)
+                                    for s in ss], dtype=float)
+                          for i, (n, ss) in enumerate(zip(nodes, strategies))),
         intervals=tuple(builder.interval(n) for n in nodes),
         edges=tuple((builder.index[e.producer], builder.index[e.consumer]) for e in edges),
         edge_costs=tuple(builder.edge_matrix(e) for e in edges),
         usage_limit=memory_budget,
-        ties=builder.ties(strategies) if fold_layers else (),
+        ties=ties,
         name=type(gm).__name__,
     )
     return ProblemBuild(problem, tuple(builder.order), edges, strategies, builder.on_path, mesh,
-                        optimizer_state_bytes)
+                        optimizer)

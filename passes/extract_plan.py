@@ -12,31 +12,26 @@ from __future__ import annotations
 import sympy
 import torch.fx as fx
 
-from autopar import cost
-from autopar.passes.build_problem import ProblemBuild, module_of
+from autopar.passes.build_problem import (
+    ProblemBuild,
+    module_of,
+    op_compute_time,
+    strategy_edge_transfers,
+)
 from autopar.placement import format_placements
 from autopar.plan_types import NodePlan, Plan, SolverReport, TransferRecord
 from autopar.solver import Solution
-from autopar.specs import BYTES, FLOPS, ROLE, TENSOR
+from autopar.specs import ROLE
 
 
 def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound) -> sympy.Expr:
     mesh = build.mesh
-    total = sympy.Integer(0)
-    flops, nbytes = node.meta.get(FLOPS, 0), node.meta.get(BYTES, 0)
-    if node.op == "call_function" and (flops != 0 or nbytes != 0):
-        divisor = cost.compute_divisor(strategy.inputs, strategy.output, mesh.shape)
-        spec = node.meta[TENSOR]
-        dtype = (spec[0] if isinstance(spec, tuple) else spec).dtype
-        total += cost.training_compute_time(sympy.sympify(flops) / divisor,
-                                            sympy.sympify(nbytes) / divisor, dtype,
-                                            mesh.hardware,
-                                            differentiable=build.requires_grad[node.name])
+    total = sympy.sympify(op_compute_time(node, strategy, mesh,
+                                          differentiable=build.requires_grad[node.name],
+                                          size=sympy.sympify))
     for ref, src, dst, _ in inbound:
-        for transfer in cost.edge_transfers(ref.tensor.sym_nbytes, src.output,
-                                            dst.inputs[ref.position], dst.output, mesh.shape,
-                                            requires_grad=ref.requires_grad,
-                                            regather=ref.regather):
+        for transfer in strategy_edge_transfers(ref, src, dst, ref.tensor.sym_nbytes,
+                                                mesh.shape):
             total += transfer.time(mesh)
     return sympy.sympify(total)
 
@@ -62,10 +57,7 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
             TransferRecord(t.kind, mesh.axis_names[t.axis], float(t.nbytes), t.backward,
                            ref.producer, float(t.time(mesh)))
             for ref, src, dst, _ in inbound[name]
-            for t in cost.edge_transfers(ref.tensor.nbytes, src.output, dst.inputs[ref.position],
-                                         dst.output, mesh.shape,
-                                         requires_grad=ref.requires_grad,
-                                         regather=ref.regather))
+            for t in strategy_edge_transfers(ref, src, dst, ref.tensor.nbytes, mesh.shape))
         nodes.append(NodePlan(
             name=name, op=str(node.target) if node.op == "call_function" else node.op,
             role=node.meta.get(ROLE, node.op), module=module_of(node),
@@ -77,13 +69,15 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
             transfers=transfers,
             formula=str(_symbolic_cost(node, build, strategy, inbound[name])) if sizes
             else repr(float(problem.node_costs[i][solution.choices[i]])
-                      + sum(c for *_, c in inbound[name]))))
+                      + sum(c for *_, c in inbound[name])),
+            recompute=strategy.recompute,
+            gathered=format_placements(strategy.gathered) if strategy.gathered else ""))
     report = SolverReport(objective=solution.cost, bound=solution.bound, gap=solution.gap,
                           status=solution.status, wall_time_s=solution.wall_time,
                           decisions=problem.num_nodes,
                           tied=sum(len(group) - 1 for group in problem.ties))
     limit = problem.usage_limit if problem.usage_limit is not None else float("inf")
     return Plan(model=model_name, mesh=mesh, nodes=tuple(nodes), solver=report,
-                memory_limit_bytes=limit,
+                memory_limit_bytes=limit, optimizer=build.optimizer.describe(),
                 peak_memory_bytes=problem.peak_usage(solution.choices),
                 sizes=tuple(sorted(sizes.items())), warnings=warnings)

@@ -9,7 +9,8 @@ strategies, plus all-replicated, are multiplied over the mesh axes and combinati
 cut some dim unevenly are dropped (every shard has the same shape, so local shapes are
 exact). An op without a rule keeps only the replicated strategy, and one warning per op
 names it. Parameters, buffers and constants may be stored replicated or sharded along any
-dim on each axis (ZeRO-3/FSDP-style storage); user inputs arrive whole on every rank, so
+dim on each axis (ZeRO-3/FSDP-style storage), and a sharded parameter may instead be kept
+gathered over some of its split axes from its use to its backward (ZeRO-2); user inputs arrive whole on every rank, so
 they are replicated. `operator.getitem` nodes that pick one output of a multi-output op are
 not decisions: they carry their producer's placement.
 """
@@ -36,10 +37,20 @@ STORED_ROLES = ("parameter", "buffer", "constant")
 
 @dataclass(frozen=True)
 class Strategy:
-    """A placement for each tensor input of a node and for its output(s), over the mesh."""
+    """A placement for each tensor input of a node and for its output(s), over the mesh.
+
+    Two more choices ride on a strategy. `recompute` (ops): the output is not kept for the
+    backward but computed again from the op's inputs when the backward needs it. `gathered`
+    (parameters stored sharded): the placement the parameter is gathered into at its use
+    and kept in until the backward (ZeRO-2: sharded gradient and optimizer state, the
+    parameter gathered once per step); None means gathered at each use and, when the use
+    saves it, again for the backward (ZeRO-3), or not gathered at all.
+    """
 
     inputs: tuple[Placements, ...]
     output: Placements
+    recompute: bool = False
+    gathered: Placements | None = None
 
     @property
     def name(self) -> str:
@@ -121,10 +132,23 @@ def _replicated(op: OpSpec) -> AxisStrategy:
     return AxisStrategy(tuple(Replicate() for _ in op.inputs), Replicate())
 
 
-def _stored_strategies(spec: TensorSpec, mesh: Mesh) -> tuple[Strategy, ...]:
+def _stored_strategies(spec: TensorSpec, mesh: Mesh, *, parameter: bool) -> tuple[Strategy, ...]:
     choices = [Replicate(), *(Shard(d) for d in range(spec.ndim))]
     axis = [AxisStrategy((), c) for c in choices]
-    return _combine(_per_axis(axis, mesh), OpSpec(None, (), outputs=(spec,)), mesh)
+    stored = _combine(_per_axis(axis, mesh), OpSpec(None, (), outputs=(spec,)), mesh)
+    if not parameter:
+        return stored
+    return stored + tuple(Strategy((), s.output, gathered=gathered)
+                          for s in stored for gathered in _gatherings(s.output))
+
+
+def _gatherings(stored: Placements) -> list[Placements]:
+    """Every placement a parameter stored `stored` can be kept gathered in: replicated on
+    some non-empty set of the axes that split it, as split as before on the others."""
+    split = [axis for axis, p in enumerate(stored) if isinstance(p, Shard)]
+    return [tuple(Replicate() if axis in axes else p for axis, p in enumerate(stored))
+            for count in range(1, len(split) + 1)
+            for axes in itertools.combinations(split, count)]
 
 
 def _per_axis(axis: list[AxisStrategy], mesh: Mesh) -> list[list[AxisStrategy]]:
@@ -151,11 +175,11 @@ def find_strategies(gm: fx.GraphModule, mesh: Mesh) -> StrategyTable:
                                               all_replicated),)
         elif node.op == "placeholder":
             spec = node.meta[TENSOR]
-            stored = node.meta.get(ROLE) in STORED_ROLES
-            key = repr((stored, spec))
+            role = node.meta.get(ROLE)
+            key = repr((role, spec))
             if key not in known:
-                known[key] = (_stored_strategies(spec, mesh) if stored
-                              else (Strategy((), all_replicated),))
+                known[key] = (_stored_strategies(spec, mesh, parameter=role == "parameter")
+                              if role in STORED_ROLES else (Strategy((), all_replicated),))
             strategies[node.name] = known[key]
         else:
             op = op_spec(node)

@@ -104,8 +104,10 @@ def _placements(gm: fx.GraphModule, plan: Plan) -> dict[str, Strategy]:
                 got=f"a plan with {len(plan.nodes)} nodes",
                 fix="plan again with autopar.plan(model, mesh, example_inputs), or compile "
                     "without plan= to plan on the fly")
-        placed[node.name] = Strategy(tuple(map(parse_placements, entry.inputs)),
-                                    parse_placements(entry.output))
+        placed[node.name] = Strategy(
+            tuple(map(parse_placements, entry.inputs)), parse_placements(entry.output),
+            recompute=entry.recompute,
+            gathered=parse_placements(entry.gathered) if entry.gathered else None)
     return placed
 
 
@@ -186,12 +188,13 @@ class _Lowering:
 
     def _edge(self, leaf: fx.Node, consumer: fx.Node, inputs, position: int):
         ref = edge_ref(self.by_name, self.on_path, inputs, consumer.name, position)
-        src = self.placed[producer_of(leaf).name].output
+        producer = self.placed[producer_of(leaf).name]
+        src = producer.output
         dst = self.placed[consumer.name]
         spec: TensorSpec = leaf.meta[TENSOR]
         redistribution = Redistribution.for_edge(
             spec.shape, spec.dtype, src, dst.inputs[position], dst.output, self.mesh_shape,
-            requires_grad=ref.requires_grad, regather=ref.regather)
+            requires_grad=ref.requires_grad, regather=ref.saved and producer.gathered is None)
         if not redistribution.forward_steps and not redistribution.backward_steps:
             return self.env[leaf]
         assert self.context is not None, "a collective on a mesh without a DeviceMesh"
