@@ -23,7 +23,7 @@ from autopar.errors import InfeasiblePlanError
 from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState
 from autopar.passes.find_strategies import StrategyTable, find_strategies
-from autopar.passes.restrict import ROLES, restrict
+from autopar.passes.restrict import RECOMPUTE, ROLES, restrict
 from autopar.plan_types import HandStrategyRecord, Plan
 
 SINGLE_DEVICE = "single device"
@@ -38,14 +38,18 @@ class HandStrategy:
     description: str
     roles: tuple[str, ...] | None
     note: str = ""
+    recompute: str = "none"
 
     def __post_init__(self) -> None:
         assert self.roles is not None or self.note, "a strategy that doesn't apply says why"
         assert self.roles is None or all(role in ROLES for role in self.roles), self.roles
+        assert self.recompute in RECOMPUTE, self.recompute
 
 
 def standard_hand_strategies(mesh: Mesh) -> tuple[HandStrategy, ...]:
-    """Data parallel, ZeRO-3, Megatron over all devices, and data x tensor parallel."""
+    """Data parallel, ZeRO-3, Megatron over all devices, data x tensor parallel, FSDP with
+    full recomputation, and Megatron with selective recomputation and a distributed
+    optimizer over the first axis."""
     n = mesh.ndim
     axes = ", ".join(mesh.axis_names)
     strategies = [
@@ -58,16 +62,30 @@ def standard_hand_strategies(mesh: Mesh) -> tuple[HandStrategy, ...]:
                      f"weight matrices split over {axes} (column/row), batch replicated",
                      ("tp",) * n),
     ]
+    two_axes = f"needs a mesh of at least 2 axes; {mesh.describe()} has 1"
+    rest = ", ".join(mesh.axis_names[1:])
     name = "data x tensor parallel"
     if n >= 2:
-        rest = ", ".join(mesh.axis_names[1:])
         strategies.append(HandStrategy(
             name, f"batch split over {mesh.axis_names[0]}, Megatron over {rest}",
             ("dp",) + ("tp",) * (n - 1)))
     else:
         strategies.append(HandStrategy(
             name, "batch split over the first axis, Megatron over the others", None,
-            note=f"needs a mesh of at least 2 axes; {mesh.describe()} has 1"))
+            note=two_axes))
+    strategies.append(HandStrategy(
+        "FSDP + full recompute", f"ZeRO-3 over {axes}, every block recomputed in the backward",
+        ("zero",) * n, recompute="full"))
+    name = "Megatron TP + selective recompute + distributed optimizer"
+    if n >= 2:
+        strategies.append(HandStrategy(
+            name, f"batch and optimizer states split over {mesh.axis_names[0]} (ZeRO-2), "
+                  f"Megatron over {rest}, non-matmul activations recomputed",
+            ("dopt",) + ("tp",) * (n - 1), recompute="selective"))
+    else:
+        strategies.append(HandStrategy(
+            name, "distributed optimizer over the first axis, Megatron over the others",
+            None, note=two_axes))
     return tuple(strategies)
 
 
@@ -141,7 +159,7 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
             records.append(_missing(strategy, strategy.note))
             continue
         say(f"{STAGE} hand strategy: {strategy.name} ({','.join(strategy.roles)})")
-        restricted = restrict(gm, table, mesh, strategy.roles)
+        restricted = restrict(gm, table, mesh, strategy.roles, strategy.recompute)
         result = _solve_table(gm, restricted.table, mesh, time_limit=time_limit,
                               fold_layers=fold_layers, seed=seed, optimizer=optimizer)
         note = _relaxation_note(restricted.relaxed)

@@ -100,7 +100,9 @@ class HandStrategyRecord:
 @dataclass(frozen=True)
 class Plan:
     """A solved sharding plan. `nodes` are in graph order. `hand_strategies` holds the
-    standard strategies evaluated alongside it (empty unless asked for)."""
+    standard strategies evaluated alongside it (empty unless asked for). `optimizer` says
+    what the memory of the parameters counts (`autopar.optimizer_state`); `model_flops` is
+    the whole model's FLOPs of one training step (see `mfu`)."""
 
     model: str
     mesh: Mesh
@@ -112,6 +114,7 @@ class Plan:
     warnings: tuple[str, ...] = ()
     hand_strategies: tuple[HandStrategyRecord, ...] = ()
     optimizer: str = "AdamW (2 states in the parameter's dtype)"
+    model_flops: float = 0.0
     version: int = FORMAT_VERSION
 
     @property
@@ -126,6 +129,18 @@ class Plan:
     def step_time_s(self) -> float:
         """Predicted time of one training step (forward + backward), seconds."""
         return self.compute_s + self.comm_s
+
+    @property
+    def mfu(self) -> float | None:
+        """Predicted model FLOPs utilisation: the model's training FLOPs of one step (forward
+        plus twice it for the backward, recomputation not counted) over the predicted step
+        time times the devices times their bfloat16 peak. None for a plan without FLOPs."""
+        if not self.model_flops or not self.step_time_s:
+            return None
+        import torch
+
+        peak = self.mesh.hardware.flops_per_second(torch.bfloat16)
+        return self.model_flops / (self.step_time_s * self.mesh.size * peak)
 
     def node(self, name: str) -> NodePlan:
         for node in self.nodes:
@@ -195,7 +210,8 @@ class Plan:
                            HandStrategyRecord(**{**h, "comm_bytes": tuple(
                                tuple(row) for row in h.get("comm_bytes", ()))})
                            for h in data.get("hand_strategies", ())),
-                       **({"optimizer": data["optimizer"]} if "optimizer" in data else {}),
+                       **{key: data[key] for key in ("optimizer", "model_flops")
+                          if key in data},
                        version=version)
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanFormatError(f"plan file is corrupt: {exc!r}",

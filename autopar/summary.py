@@ -69,12 +69,39 @@ def _totals_table(plan: Plan) -> Table:
         ("peak memory", f"{_size(plan.peak_memory_bytes)} of {_size(plan.memory_limit_bytes)}"),
         *((("scaling efficiency", f"{efficiency:.1%}"),)
           if (efficiency := scaling_efficiency(plan, plan.step_time_s)) is not None else ()),
+        *((("predicted MFU (bf16 peak)", f"{plan.mfu:.1%}"),) if plan.mfu is not None else ()),
+        ("recomputed in the backward", _recomputed(plan)),
+        ("parameter storage", _storage(plan)),
+        ("optimizer", plan.optimizer),
         ("solver", f"{solver.status}, gap {solver.gap:.2%}, {solver.wall_time_s:.2f} s, "
                    f"{solver.decisions} decisions ({solver.tied} tied)"),
     ]
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def _recomputed(plan: Plan) -> str:
+    ops = [n for n in plan.nodes if n.recompute]
+    if not ops:
+        return "nothing"
+    kinds = sorted({n.op.removeprefix("aten.").split(".")[0] for n in ops})
+    return f"{len(ops)} ops ({', '.join(kinds)})"
+
+
+def _storage(plan: Plan) -> str:
+    """Parameters by how they are stored: replicated, sharded and gathered at each use
+    (ZeRO-3), or sharded and kept gathered over the step (ZeRO-2)."""
+    counts: dict[str, int] = defaultdict(int)
+    for node in plan.nodes:
+        if node.role == "parameter":
+            if node.gathered:
+                counts["kept gathered (ZeRO-2)"] += 1
+            elif "S" in node.output:
+                counts["sharded"] += 1
+            else:
+                counts["replicated"] += 1
+    return ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items())) or "none"
 
 
 def _comm_table(plan: Plan) -> Table:

@@ -132,11 +132,14 @@ def recompute_region(node: fx.Node) -> str:
 def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
                             mesh_shape: tuple[int, ...]) -> tuple[cost.Transfer, ...] | None:
     """The collectives of edge `ref` when its producer chose `src` and its consumer `dst`
-    (None: forbidden). A parameter kept gathered (ZeRO-2) must reach its consumer in the
-    gathered placement and is not gathered again for the backward; one gathered at each use
+    (None: forbidden). A parameter kept gathered (ZeRO-2) must reach its consumer from the
+    gathered placement by local steps only (slices, partial reads) and is not gathered
+    again for the backward; one gathered at each use
     (ZeRO-3) is, when its consumer saves it. A recomputed op reads recomputed inputs from
     its own region only (`recompute_region`)."""
-    if src.gathered is not None and dst.inputs[ref.position] != src.gathered:
+    if src.gathered is not None and cost.redistribute(nbytes, src.gathered,
+                                                       dst.inputs[ref.position],
+                                                       mesh_shape) != ():
         return None
     if src.recompute and dst.recompute and not ref.same_block:
         return None

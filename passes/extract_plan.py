@@ -12,6 +12,7 @@ from __future__ import annotations
 import sympy
 import torch.fx as fx
 
+from autopar import cost
 from autopar.passes.build_problem import (
     ProblemBuild,
     module_of,
@@ -21,7 +22,7 @@ from autopar.passes.build_problem import (
 from autopar.placement import format_placements
 from autopar.plan_types import NodePlan, Plan, SolverReport, TransferRecord
 from autopar.solver import Solution
-from autopar.specs import ROLE
+from autopar.specs import FLOPS, ROLE
 
 
 def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound) -> sympy.Expr:
@@ -34,6 +35,18 @@ def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound) -> sym
                                                 mesh.shape):
             total += transfer.time(mesh)
     return sympy.sympify(total)
+
+
+def training_flops(gm: fx.GraphModule, on_path: dict[str, bool], sizes: dict) -> float:
+    """FLOPs of one training step of the whole model on one device: each op's forward, and
+    twice it again for the backward of ops on the gradient path."""
+    symbols = {sympy.Symbol(k): v for k, v in sizes.items()}
+    total = 0.0
+    for node in gm.graph.nodes:
+        flops = node.meta.get(FLOPS, 0)
+        flops = float(flops.subs(symbols)) if hasattr(flops, "subs") else float(flops)
+        total += flops * (1 + cost.BACKWARD_FLOPS_FACTOR * on_path.get(node.name, False))
+    return total
 
 
 def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
@@ -79,5 +92,6 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
     limit = problem.usage_limit if problem.usage_limit is not None else float("inf")
     return Plan(model=model_name, mesh=mesh, nodes=tuple(nodes), solver=report,
                 memory_limit_bytes=limit, optimizer=build.optimizer.describe(),
+                model_flops=training_flops(gm, build.requires_grad, sizes),
                 peak_memory_bytes=problem.peak_usage(solution.choices),
                 sizes=tuple(sorted(sizes.items())), warnings=warnings)

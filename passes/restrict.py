@@ -7,9 +7,18 @@ A hand strategy gives each mesh axis a role (`ROLES`):
 - "zero", ZeRO-3/FSDP: parameters are stored split along some dim on the axis (replicated
   when no dim divides), and every op reads them replicated (gathered at use); user inputs as
   for "dp".
+- "dopt", data parallel with a distributed optimizer (ZeRO-2, Megatron's distributed
+  optimizer): parameters are stored split on the axis (gradients and optimizer states
+  with them) and kept gathered from their use to their backward; inputs as for "dp".
 - "tp", Megatron tensor parallel: parameters of two or more dims are stored split on the
   axis and read split (no gather: the op's compute is split, column- or row-wise); 1-dim
   parameters (biases, norm weights) are free; user inputs are read replicated.
+
+A hand strategy may also fix activation recomputation (`RECOMPUTE`): "none"; "full", every
+op that may be recomputed is, except a block's results that later blocks read (the blocks'
+inputs are kept: checkpointing each block); "selective", the same but keeping the outputs
+of compute-heavy ops (matmuls, attention: more than `SELECTIVE_KEEP_FLOPS_PER_BYTE`), as
+Megatron's selective recomputation and torch's selective checkpointing policies do.
 
 Everything else (activations, buffers, how each op splits its work within those bounds) is
 left to the solver, so the cheapest plan of the restricted table is the best plan of that
@@ -25,15 +34,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import sympy
 import torch.fx as fx
 
 from autopar.errors import ShardingError
 from autopar.mesh import Mesh
+from autopar.passes.annotate import size_hints
+from autopar.passes.build_problem import recompute_region
 from autopar.passes.find_strategies import Strategy, StrategyTable
 from autopar.placement import Placement, Replicate, Shard
-from autopar.specs import ROLE, TENSOR, TensorSpec
+from autopar.specs import BYTES, FLOPS, ROLE, TENSOR, TensorSpec
 
-ROLES = ("dp", "zero", "tp")
+ROLES = ("dp", "zero", "dopt", "tp")
+RECOMPUTE = ("none", "full", "selective")
+# Arithmetic intensity above which selective recomputation keeps an op's output: matmuls
+# and attention do hundreds of FLOPs per byte, norms and elementwise ops a few.
+SELECTIVE_KEEP_FLOPS_PER_BYTE = 16
 
 # What a placement on one axis must be: None (anything), "R", "S" (any Shard) or "S0".
 Want = str | None
@@ -58,13 +74,25 @@ def _ok(placement: Placement, want: Want) -> bool:
 
 
 def _storage_wants(spec: TensorSpec, roles: Sequence[str]) -> tuple[Want, ...]:
-    by_role = {"dp": "R", "zero": "S", "tp": "S" if spec.ndim >= 2 else None}
+    by_role = {"dp": "R", "zero": "S", "dopt": "S", "tp": "S" if spec.ndim >= 2 else None}
     return tuple(by_role[role] for role in roles)
 
 
 def _read_wants(spec: TensorSpec, roles: Sequence[str]) -> tuple[Want, ...]:
-    by_role = {"dp": "R", "zero": "R", "tp": "S" if spec.ndim >= 2 else None}
+    by_role = {"dp": "R", "zero": "R", "dopt": "R", "tp": "S" if spec.ndim >= 2 else None}
     return tuple(by_role[role] for role in roles)
+
+
+def _gathering_ok(strategy: Strategy, roles: Sequence[str]) -> bool:
+    """Kept gathered exactly over the "dopt" axes that split it, gathered at each use
+    (or never) otherwise."""
+    kept = [axis for axis, role in enumerate(roles)
+            if role == "dopt" and isinstance(strategy.output[axis], Shard)]
+    if not kept:
+        return strategy.gathered is None
+    return strategy.gathered is not None and all(
+        isinstance(g, Replicate) if axis in kept else g == p
+        for axis, (g, p) in enumerate(zip(strategy.gathered, strategy.output)))
 
 
 def _input_wants(spec: TensorSpec, roles: Sequence[str], mesh: Mesh) -> tuple[Want, ...]:
@@ -81,13 +109,37 @@ def _input_wants(spec: TensorSpec, roles: Sequence[str], mesh: Mesh) -> tuple[Wa
     return tuple(wants)
 
 
-def _keep_storage(candidates: tuple[Strategy, ...], wants: tuple[Want, ...]) -> list[Strategy]:
+def _keep_storage(candidates: tuple[Strategy, ...], wants: tuple[Want, ...],
+                  roles: Sequence[str]) -> list[Strategy]:
     kept = list(candidates)
     for axis, want in enumerate(wants):
         narrowed = [s for s in kept if _ok(s.output[axis], want)]
         # Stored split where some dim divides, else replicated: that is the definition.
         kept = narrowed or [s for s in kept if _ok(s.output[axis], "R")]
-    return kept
+    return [s for s in kept if _gathering_ok(s, roles)]
+
+
+def _recompute_wanted(node: fx.Node, mode: str | None, region_output: bool,
+                      hints: dict) -> bool | None:
+    """Whether `mode` recomputes `node` (None: the solver chooses)."""
+    if mode is None:
+        return None
+    if mode == "none" or region_output:
+        return False
+    if mode == "full":
+        return True
+    flops, nbytes = node.meta.get(FLOPS, 0), node.meta.get(BYTES, 0)
+    # The ratio of two size formulas is a number when both scale alike; compare at sizes
+    # the graph was captured with otherwise.
+    intensity = sympy.sympify(flops) / sympy.sympify(nbytes) if nbytes else 0
+    return not float(intensity.subs(hints) if hasattr(intensity, "subs") else intensity) \
+        > SELECTIVE_KEEP_FLOPS_PER_BYTE
+
+
+def _keep_recompute(candidates: tuple[Strategy, ...], wanted: bool | None) -> tuple:
+    if wanted is None or not any(s.recompute for s in candidates):
+        return candidates  # the op can't be recomputed: nothing to fix
+    return tuple(s for s in candidates if s.recompute == wanted)
 
 
 def _keep_op(candidates: tuple[Strategy, ...],
@@ -97,24 +149,37 @@ def _keep_op(candidates: tuple[Strategy, ...],
                    for position, per_axis in wants for axis, want in enumerate(per_axis))]
 
 
-def _check_roles(roles: Sequence[str], mesh: Mesh) -> tuple[str, ...]:
+def _check_roles(roles: Sequence[str], mesh: Mesh, recompute: str | None) -> tuple[str, ...]:
     roles = tuple(roles)
     if len(roles) != mesh.ndim or any(role not in ROLES for role in roles):
         raise ShardingError("a hand strategy needs one role per mesh axis",
                             expected=f"{mesh.ndim} of {ROLES}", got=repr(roles),
                             fix=f"e.g. {('dp',) * mesh.ndim}")
+    if recompute is not None and recompute not in RECOMPUTE:
+        raise ShardingError("unknown recomputation mode", expected=f"None or one of {RECOMPUTE}",
+                            got=repr(recompute), fix="e.g. recompute='selective'")
     return roles
 
 
+def _region_outputs(gm: fx.GraphModule) -> set[str]:
+    """Ops read by a node of another recompute region (a block's results)."""
+    return {node.name for node in gm.graph.nodes if node.op == "call_function"
+            and any(user.op == "call_function"
+                    and recompute_region(user) != recompute_region(node)
+                    for user in node.users)}
+
+
 def restrict(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
-             roles: Sequence[str]) -> Restriction:
-    """`table` cut down to the strategies allowed by `roles` (one of `ROLES` per mesh axis,
-    see the module docstring). Axes of one device are never restricted. Nodes whose
-    strategy tuples are shared (identical ops) share the restricted tuple too, so the
-    problem pass still recognises repeated blocks."""
-    roles = _check_roles(roles, mesh)
+             roles: Sequence[str], recompute: str | None = None) -> Restriction:
+    """`table` cut down to the strategies allowed by `roles` (one of `ROLES` per mesh axis)
+    and by `recompute` (one of `RECOMPUTE`, None: free), see the module docstring. Axes of
+    one device are never restricted. Nodes whose strategy tuples are shared (identical ops)
+    share the restricted tuple too, so the problem pass still recognises repeated blocks."""
+    roles = _check_roles(roles, mesh, recompute)
     free_axes = tuple(size == 1 for size in mesh.shape)
     by_name = {node.name: node for node in gm.graph.nodes}
+    region_outputs = _region_outputs(gm) if recompute is not None else set()
+    hints = size_hints(gm)
 
     def unrestricted(wants: tuple[Want, ...]) -> tuple[Want, ...]:
         return tuple(None if free else want for want, free in zip(wants, free_axes))
@@ -141,13 +206,15 @@ def restrict(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
                 elif role == "input":
                     wants.append((position, unrestricted(_input_wants(spec, roles, mesh))))
             wants = tuple(wants)
-        key = (id(candidates), kind, wants)
+        wanted = (_recompute_wanted(node, recompute, name in region_outputs, hints)
+                  if kind == "op" else None)
+        key = (id(candidates), kind, wants, wanted)
         if key not in cache:
-            if not wants or kind == "output":
+            if kind == "output" or (not wants and wanted is None):
                 cache[key] = candidates
             else:
-                kept = (_keep_storage(candidates, wants) if kind == "storage"
-                        else _keep_op(candidates, wants))
+                kept = (_keep_storage(candidates, wants, roles) if kind == "storage"
+                        else _keep_op(_keep_recompute(candidates, wanted), wants))
                 cache[key] = tuple(kept) if kept else None
         kept = cache[key]
         if kept is None:

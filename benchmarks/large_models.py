@@ -1,0 +1,109 @@
+"""Plan Llama-shaped models from `transformers` configs at the sizes people train, and print
+what the solver chose: predicted step time, MFU, peak memory, what it recomputes and how it
+stores the parameters.
+
+    python benchmarks/large_models.py              # 70B on 8x8 H100, 8B on 8x8 H100
+    python benchmarks/large_models.py --case 8b    # one case
+
+Models are built on the meta device in bfloat16 (nothing is allocated) and trained, in the
+cost model, by AdamW with fp32 master weights and states (the Megatron recipe). The MFU is
+the plan's: 6 x parameters x tokens plus attention FLOPs (counted from the graph, as
+forward + 2 x forward) over predicted step x devices x bf16 peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+import autopar
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    batch: int
+    seq: int
+    mesh: tuple[int, ...] = (8, 8)
+
+
+CASES = {
+    "70b": Case("Llama-3-70B shape", 80, 8192, 64, 8, 28672, 128256, 64, 4096),
+    "8b": Case("Llama-3-8B shape", 32, 4096, 32, 8, 14336, 128256, 64, 8192),
+}
+
+
+class CausalLMLoss(nn.Module):
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=input_ids, labels=labels).loss
+
+
+def build(case: Case) -> tuple[nn.Module, tuple]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=case.vocab, hidden_size=case.hidden,
+                         intermediate_size=case.ffn, num_hidden_layers=case.layers,
+                         num_attention_heads=case.heads, num_key_value_heads=case.kv_heads,
+                         max_position_embeddings=case.seq, use_cache=False,
+                         attn_implementation="sdpa", torch_dtype=torch.bfloat16)
+    with torch.device("meta"):
+        lm = LlamaForCausalLM(config).to(torch.bfloat16)
+    lm.loss_type = "ForCausalLM"
+    ids = torch.zeros(case.batch, case.seq, dtype=torch.long, device="meta")
+    return CausalLMLoss(lm), (ids, ids)
+
+
+def report(case: Case, time_limit: float) -> None:
+    model, inputs = build(case)
+    params = sum(p.numel() for p in model.parameters())
+    mesh = autopar.Mesh(case.mesh, ("dp", "tp"), hardware="h100-sxm")
+    start = time.monotonic()
+    plan = autopar.plan(model, mesh, inputs, optimizer=torch.optim.AdamW,
+                        master_weights=torch.float32, time_limit=time_limit)
+    took = time.monotonic() - start
+    layer0 = [n for n in plan.nodes if ".layers.0." in n.module or n.module.endswith("layers.0")]
+    recomputed = Counter(n.op.removeprefix("aten.").split(".")[0] for n in layer0 if n.recompute)
+    kept = Counter(n.op.removeprefix("aten.").split(".")[0] for n in layer0
+                   if n.role == "op" and not n.recompute and n.memory_bytes > 0)
+    storage = Counter((n.output, n.gathered) for n in plan.nodes if n.role == "parameter"
+                      and ".layers.0." in n.module + ".")
+    print(f"## {case.name}: {params / 1e9:.1f} B parameters, batch {case.batch} x {case.seq}, "
+          f"mesh {mesh.describe()}")
+    print(f"planned in {took:.0f} s; solver {plan.solver.status}, gap {plan.solver.gap:.2%}")
+    print(f"predicted step {plan.step_time_s:.3f} s (compute {plan.compute_s:.3f}, "
+          f"communication {plan.comm_s:.3f}), MFU {plan.mfu:.3f}")
+    print(f"peak memory {plan.peak_memory_bytes / 2**30:.2f} GiB of "
+          f"{plan.memory_limit_bytes / 2**30:.2f} GiB; optimizer {plan.optimizer}")
+    print(f"layer 0 recomputes: {dict(recomputed) or 'nothing'}")
+    print(f"layer 0 keeps: {dict(kept)}")
+    print("layer 0 parameters (stored, kept gathered):",
+          {f"{out} / {gathered or '-'}": count for (out, gathered), count in storage.items()})
+    print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=sorted(CASES), action="append")
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    args = parser.parse_args()
+    for name in args.case or ("70b", "8b"):
+        report(CASES[name], args.time_limit)
+
+
+if __name__ == "__main__":
+    main()
