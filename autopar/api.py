@@ -51,9 +51,10 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     optimizer class, `(class, options)` or state bytes per parameter element (default
     AdamW; `autopar.optimizer_state`), stepping a `master_weights` copy (e.g.
     torch.float32 for a bfloat16 model) when given. `recompute` lets the solver recompute
-    activations in the backward instead of keeping them. `progress` receives a message as each pass starts (prefixed `STAGE`) and the
-    solver's progress lines. Raises
-    `InfeasiblePlanError` with the least memory any plan needs when nothing fits.
+    activations in the backward instead of keeping them. `progress` receives a message as
+    each pass starts (prefixed `STAGE`) and the solver's progress lines. Raises
+    `InfeasiblePlanError` with the least memory any plan needs when nothing fits, and
+    `OptimizerError` for an optimizer whose state the cost model can't size.
     """
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
     say = progress or (lambda message: None)

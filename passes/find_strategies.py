@@ -10,9 +10,9 @@ cut some dim unevenly are dropped (every shard has the same shape, so local shap
 exact). An op without a rule keeps only the replicated strategy, and one warning per op
 names it. Parameters, buffers and constants may be stored replicated or sharded along any
 dim on each axis (ZeRO-3/FSDP-style storage), and a sharded parameter may instead be kept
-gathered over some of its split axes from its use to its backward (ZeRO-2); user inputs arrive whole on every rank, so
-they are replicated. `operator.getitem` nodes that pick one output of a multi-output op are
-not decisions: they carry their producer's placement.
+gathered over some of its split axes from its use to its backward (ZeRO-2); user inputs
+arrive whole on every rank, so they are replicated. `operator.getitem` nodes that pick one
+output of a multi-output op are not decisions: they carry their producer's placement.
 """
 
 from __future__ import annotations
