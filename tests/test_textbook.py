@@ -4,6 +4,8 @@ Each case picks sizes where the answer is unambiguous under the cost model, with
 arithmetic in its docstring, and asserts the placements of the linear layers.
 """
 
+import pytest
+
 import autopar
 from examples import gpt, mlp
 
@@ -61,3 +63,67 @@ def test_13b_gpt_on_two_nodes_is_tensor_parallel_inside_data_parallel_across():
     attention = [n for n in plan.nodes if "scaled_dot_product" in n.op]
     assert all(n.output == "S(0),S(1)" for n in attention)  # batch over dp, heads over tp
     assert plan.peak_memory_bytes <= mesh.hardware.memory_bytes
+
+
+def _pinned_data_parallel_mlp(budget: float | None):
+    """An MLP (hidden 2048, ffn 8192: 33.6 M parameters) at batch 4096 on 4 GPUs with its
+    two linears pinned batch-split, so only the parameters' storage is left to choose."""
+    model, inputs = mlp.build(batch=4096, hidden=2048, ffn=8192, device="meta")
+    mesh = autopar.Mesh((4,), ("dp",), hardware="h100-sxm")
+    pins = {"linear": "S(0)", "linear_1": "S(0)"}
+    return autopar.plan(model, mesh, inputs, memory_budget=budget, constraints=pins)
+
+
+def weights(plan):
+    return [n for n in plan.nodes if n.role == "parameter" and n.name.endswith("weight")]
+
+
+def test_states_that_do_not_fit_replicated_are_sharded_not_the_parameters_use():
+    """fp32 AdamW keeps 16 bytes per parameter element replicated (parameter, gradient, two
+    moments): 537 MB for 33.6 M elements, plus ~84 MB of activations per GPU. Under a 450 MB
+    budget the states must be split. A distributed optimizer (ZeRO-2: gradient and states
+    split, the parameter gathered once at its use and kept for the backward) holds
+    4 + 1 + 2 + 1 = 8 bytes per element (268 MB) and moves a forward all-gather and a
+    backward reduce-scatter, the bytes of data parallelism's all-reduce. ZeRO-3 would hold
+    less but gather the weights again for the backward: a third pass of 134 MB over the
+    links for memory the budget does not need. With ample memory nothing is sharded."""
+    sharded = _pinned_data_parallel_mlp(450e6)
+    assert sharded.peak_memory_bytes <= 450e6
+    assert all(w.output == "S(0)" or w.output == "S(1)" for w in weights(sharded))
+    assert all(w.gathered == "R" for w in weights(sharded))  # kept gathered: ZeRO-2
+    kinds = {(kind, direction) for kind, _, direction in sharded.comm_bytes()}
+    assert ("all_gather", "backward") not in kinds  # no regather (ZeRO-3)
+    ample = _pinned_data_parallel_mlp(None)
+    assert all(w.output == "R" and not w.gathered for w in weights(ample))
+    assert ample.step_time_s <= sharded.step_time_s
+
+
+def _long_sequence_gpt():
+    """A small GPT (hidden 256, 2 layers) on sequences of 8192 tokens: its activations
+    (8 x 8192 x 256 x 4 B = 64 MiB per tensor, ~20 kept per layer) dwarf its 1.6 M
+    parameters."""
+    return gpt.build(batch=8, seq=8192, hidden=256, heads=4, layers=2, vocab=512,
+                     device="meta")
+
+
+def test_long_sequences_whose_activations_do_not_fit_are_recomputed():
+    """On 4 GPUs the activations of a long sequence can't all be kept under a budget of
+    0.8 x the least memory any plan without recomputation needs: the solver recomputes
+    some ops in the backward (paying their forward again) rather than fail."""
+    model, inputs = _long_sequence_gpt()
+    mesh = autopar.Mesh((4,), ("dp",), hardware="h100-sxm")
+    with pytest.raises(autopar.InfeasiblePlanError) as keeping:
+        autopar.plan(model, mesh, inputs, memory_budget=1, recompute=False)
+    budget = 0.8 * keeping.value.min_bytes
+    keep_all = autopar.plan(model, mesh, inputs, recompute=False)
+    plan = autopar.plan(model, mesh, inputs, memory_budget=budget)
+    assert plan.peak_memory_bytes <= budget
+    assert any(n.recompute for n in plan.nodes)
+    assert plan.compute_s > keep_all.compute_s  # the recomputed forward is paid for
+
+
+def test_a_small_model_with_ample_memory_recomputes_nothing():
+    """Recomputation only ever costs time; with memory to spare the plan keeps everything."""
+    model, inputs = _long_sequence_gpt()
+    plan = autopar.plan(model, autopar.Mesh((4,), ("dp",), hardware="h100-sxm"), inputs)
+    assert not any(n.recompute for n in plan.nodes)
