@@ -13,7 +13,10 @@ global. Per node:
   for a parameter that all-reduce overlaps the rest of the backward);
 - ops run with this rank's local size arguments (`autopar.rules.local_args`);
 - an embedding whose table is split by rows runs `masked_embedding` from this rank's first
-  row (obligation 2 of `autopar.rules`).
+  row (obligation 2 of `autopar.rules`);
+- an op the plan recomputes runs through a `Recomputed` module that also takes its inputs as
+  they were before their edges' collectives, so that the backward can rebuild its output
+  instead of keeping it (`autopar.runtime.recompute`).
 
 Edges are lowered one by one, as the plan charges them: two consumers reading the same
 tensor in the same placement convert it twice. On a mesh of one device every placement is
@@ -45,6 +48,7 @@ from autopar.plan_types import Plan
 from autopar.rules.embedding import is_vocab_split, masked_embedding
 from autopar.runtime.collectives import Collective, RankContext
 from autopar.runtime.grad_reduce import owns_gradient, reducible
+from autopar.runtime.recompute import Recompute, Recomputed
 from autopar.runtime.redistribution import Redistribution
 from autopar.specs import NAMES, ROLE, TENSOR, TensorSpec
 
@@ -78,13 +82,16 @@ class RankProgram:
 
     `inputs` holds the global `TensorSpec` of every flat user input (for a non-tensor leaf,
     the example value the graph was specialised to); `collectives` names each inserted
-    `Collective` submodule with its edge.
+    `Collective` submodule with its edge. `recompute` is the saved-tensor scope of the
+    recomputed ops (None without any): run the module inside it; it also does the work of
+    the `Regather` scope.
     """
 
     module: fx.GraphModule
     state: tuple[StateSlot, ...]
     inputs: tuple[object, ...]
     collectives: tuple[tuple[str, Redistribution], ...]
+    recompute: Recompute | None = None
 
 
 def _placements(gm: fx.GraphModule, plan: Plan) -> dict[str, Strategy]:
@@ -140,6 +147,7 @@ class _Lowering:
         self.collectives: list[tuple[str, Redistribution]] = []
         self.state: list[StateSlot] = []
         self.inputs: list[object] = []
+        self.recompute: Recompute | None = None  # the scope, made at the first recomputed op
 
     def run(self) -> RankProgram:
         for node in self.gm.graph.nodes:
@@ -160,7 +168,7 @@ class _Lowering:
                 self.env[node] = self._op(node)
         module = fx.GraphModule(self.root, self.graph, class_name="RankProgram")
         return RankProgram(module, tuple(self.state), tuple(self.inputs),
-                           tuple(self.collectives))
+                           tuple(self.collectives), self.recompute)
 
     def _record_placeholder(self, node: fx.Node) -> None:
         role, spec = node.meta.get(ROLE), node.meta.get(TENSOR)
@@ -171,8 +179,9 @@ class _Lowering:
             self.state.append(StateSlot(tuple(node.meta[NAMES]), role, spec.shape, spec.dtype,
                                         self.placed[node.name].output))
 
-    def _arguments(self, node: fx.Node) -> tuple[tuple, dict]:
-        """`node`'s (args, kwargs) over the new graph, each tensor input converted."""
+    def _arguments(self, node: fx.Node, before: dict | None = None) -> tuple[tuple, dict]:
+        """`node`'s (args, kwargs) over the new graph, each tensor input converted; `before`
+        maps each converted value to (the value before its collective, the edge)."""
         leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
         inputs = tensor_inputs(node)
         position = 0
@@ -180,13 +189,16 @@ class _Lowering:
             if not isinstance(leaf, fx.Node):
                 continue
             if isinstance(leaf.meta.get(TENSOR), TensorSpec):
-                leaves[i] = self._edge(leaf, node, inputs, position)
+                leaves[i], redistribution = self._edge(leaf, node, inputs, position)
+                if before is not None and redistribution is not None:
+                    before[leaves[i]] = (self.env[leaf], redistribution)
                 position += 1
             else:
                 leaves[i] = self.env[leaf]
         return pytree.tree_unflatten(leaves, spec)
 
-    def _edge(self, leaf: fx.Node, consumer: fx.Node, inputs, position: int):
+    def _edge(self, leaf: fx.Node, consumer: fx.Node, inputs, position: int
+              ) -> tuple[fx.Node, Redistribution | None]:
         ref = edge_ref(self.by_name, self.on_path, inputs, consumer.name, position)
         producer = self.placed[producer_of(leaf).name]
         src = producer.output
@@ -196,7 +208,7 @@ class _Lowering:
             spec.shape, spec.dtype, src, dst.inputs[position], dst.output, self.mesh_shape,
             requires_grad=ref.requires_grad, regather=ref.saved and producer.gathered is None)
         if not redistribution.forward_steps and not redistribution.backward_steps:
-            return self.env[leaf]
+            return self.env[leaf], None
         assert self.context is not None, "a collective on a mesh without a DeviceMesh"
         name = f"{leaf.name}__{_identifier(dst.inputs[position])}"
         while hasattr(self.root, name):
@@ -207,22 +219,44 @@ class _Lowering:
             redistribution, self.context, overlapped=overlapped,
             owned_gradient=owns_gradient(consumer.target), output=consumer.op == "output"))
         self.collectives.append((name, redistribution))
-        return self.graph.call_module(name, (self.env[leaf],))
+        return self.graph.call_module(name, (self.env[leaf],)), redistribution
 
     def _op(self, node: fx.Node) -> fx.Node:
-        (args, kwargs), placed = self._arguments(node), self.placed[node.name]
+        placed, before = self.placed[node.name], {}
+        args, kwargs = self._arguments(node, before)
         op = op_spec(node)
         pieces = [shard_count(placed.output, self.mesh_shape, d)
                   for d in range(op.outputs[0].ndim)] if op.outputs else []
         local, local_kwargs = rules.local_args(op, pieces)
         args, kwargs = _substitute((args, kwargs), (local, local_kwargs))
+        target, kwargs = _RELAXED.get(node.target, node.target), self._on_device(kwargs)
         if placed.inputs and any(is_vocab_split(op, p) for p in placed.inputs[0]):
             start = _first_row(op.inputs[0], placed.inputs[0], self.mesh_shape, self.coordinate)
             padding = op.arg(2, "padding_idx", -1)
-            return self.graph.create_node("call_function", masked_embedding,
-                                          (args[0], args[1], start, padding), name=node.name)
-        return self.graph.create_node("call_function", _RELAXED.get(node.target, node.target),
-                                      args, self._on_device(kwargs), name=node.name)
+            target, args, kwargs = masked_embedding, (args[0], args[1], start, padding), {}
+        if placed.recompute:
+            return self._recomputed(node.name, target, args, kwargs, before)
+        return self.graph.create_node("call_function", target, args, kwargs, name=node.name)
+
+    def _recomputed(self, name: str, target, args: tuple, kwargs: dict,
+                    before: dict[fx.Node, tuple[fx.Node, Redistribution]]) -> fx.Node:
+        """The op called through a `Recomputed` module, which is given each input both as
+        the op reads it and as it was before its edge's collective, to rebuild the output
+        in the backward instead of keeping it."""
+        if self.recompute is None:
+            self.recompute = Recompute(self.context.regather if self.context else None)
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        slots = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, fx.Node))
+        reads = tuple(leaves[i] for i in slots)
+        edges = tuple(before.get(value, (value, None)) for value in reads)
+        module = Recomputed(
+            target, spec, tuple(None if i in slots else leaf for i, leaf in enumerate(leaves)),
+            slots, tuple(r.forward_steps if r else () for _, r in edges), self.recompute,
+            self.context.mesh if self.context else None,
+            self.context.counter if self.context else None)
+        self.root.add_module(f"{name}__recompute", module)
+        return self.graph.create_node("call_module", f"{name}__recompute",
+                                      (*reads, *(value for value, _ in edges)), name=name)
 
     def _on_device(self, kwargs: dict) -> dict:
         device = kwargs.get("device")

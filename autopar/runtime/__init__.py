@@ -8,7 +8,8 @@ autograd-aware collectives that move tensors between placements.
 - `device_mesh(mesh)`: the torch DeviceMesh of an `autopar.Mesh`.
 - `Redistribution.for_edge(...)` + `redistribute(x, r, mesh, counter)`: one graph edge's
   conversion, forward and backward, performing exactly the collectives the cost model
-  charges; `CommCounter` measures them; `Regather` frees gathered parameters for backward.
+  charges; `CommCounter` measures them; `Regather` frees gathered parameters for backward,
+  `Recompute` the outputs of ops the plan computes again in the backward.
 - `parallel_module.ParallelModule`: a compiled rank's model (built by `autopar.compile`),
   over its pieces of the state (`shards`, `materialize`), with parameter gradients
   all-reduced in the background of the backward (`grad_reduce`), and outputs summed over
@@ -28,13 +29,14 @@ from autopar.runtime.errors import (
 from autopar.runtime.groups import device_mesh
 from autopar.runtime.launch import init_from_env
 from autopar.runtime.pending import PendingSum
+from autopar.runtime.recompute import Recompute
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.regather import Regather
 from autopar.runtime.steps import Step, local_shape, plan_steps
 
 __all__ = [
     "CommCounter", "LaunchArgumentError", "LaunchError", "PendingSum", "ProcessGroupError",
-    "Redistribution",
+    "Recompute", "Redistribution",
     "RedistributionError", "Regather", "Step", "UnsupportedRedistributionError", "device_mesh",
     "init_from_env", "keep_freed_memory", "local_shape", "plan_steps", "redistribute",
     "transfer_totals",

@@ -96,10 +96,13 @@ class ParallelModule(nn.Module):
         # Where each slot's tensor lives, resolved once: forward reads them on every call.
         self._homes = {slot.names[0]: _owner(self, slot.names[0]) for slot in slots
                        if slot.role != "constant"}
-        # The regather scope hooks every tensor autograd saves: enter it only when needed.
-        self._regathers = context is not None and any(
+        # The saved-tensor scopes hook every tensor autograd saves: enter one only when
+        # needed. The recompute scope also regathers (only the innermost hooks are active).
+        regathers = context is not None and any(
             r.regather and any(s.kind == "all_gather" for s in r.forward_steps)
             for _, r in program.collectives)
+        self._scope = program.recompute if program.recompute is not None else \
+            context.regather if regathers else None
 
     @property
     def counter(self) -> CommCounter:
@@ -158,10 +161,10 @@ class ParallelModule(nn.Module):
     def forward(self, *args, **kwargs):
         flat = self._flat_inputs(args, kwargs)
         values = [self._value(slot) for slot in self._arguments]
-        if not self._regathers:
+        if self._scope is None:
             outputs = self._program(*values, *flat)
         else:
-            with self._context.regather:
+            with self._scope:
                 outputs = self._program(*values, *flat)
         if self._mutated:
             with torch.no_grad():

@@ -71,7 +71,7 @@ class Regather(torch.autograd.graph.saved_tensors_hooks):
 
     def __init__(self) -> None:
         self._sources: dict[int, tuple[weakref.ref, _Source]] = {}
-        super().__init__(self._pack, self._unpack)
+        super().__init__(self.pack, self.unpack)
 
     def track(self, gathered: torch.Tensor, shard: torch.Tensor, steps: tuple[Step, ...],
               mesh: DeviceMesh, counter: CommCounter) -> None:
@@ -83,7 +83,10 @@ class Regather(torch.autograd.graph.saved_tensors_hooks):
         # Forget the entry when the gathered tensor dies, before its address can be reused.
         weakref.finalize(gathered, self._sources.pop, key, None)
 
-    def _pack(self, tensor: torch.Tensor):
+    def pack(self, tensor: torch.Tensor):
+        """The pack hook: a handle for a regathered tensor or a view of one, else `tensor`
+        itself. A handle counts as one unpack due in the backward (`Recompute` takes some
+        for the ops it recomputes)."""
         # Only plain dense tensors can alias a gathered buffer (subclasses may lack storage).
         if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or \
                 tensor.layout is not torch.strided or tensor.device.type == "meta":
@@ -96,7 +99,8 @@ class Regather(torch.autograd.graph.saved_tensors_hooks):
         return _Handle(source, tensor.size(), tensor.stride(), tensor.storage_offset())
 
     @staticmethod
-    def _unpack(saved):
+    def unpack(saved):
+        """The unpack hook: the tensor `pack` was given, rebuilt if it returned a handle."""
         if isinstance(saved, torch.Tensor):
             return saved
         full = saved.source.unpack()
