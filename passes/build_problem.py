@@ -137,9 +137,8 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
     again for the backward; one gathered at each use
     (ZeRO-3) is, when its consumer saves it. A recomputed op reads recomputed inputs from
     its own region only (`recompute_region`)."""
-    if src.gathered is not None and cost.redistribute(nbytes, src.gathered,
-                                                       dst.inputs[ref.position],
-                                                       mesh_shape) != ():
+    if src.gathered is not None and not _reads_gathered(src, dst.inputs[ref.position],
+                                                        nbytes, mesh_shape):
         return None
     if src.recompute and dst.recompute and not ref.same_block:
         return None
@@ -147,6 +146,15 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
                                mesh_shape, requires_grad=ref.requires_grad,
                                regather=ref.saved and src.gathered is None,
                                recompute=dst.recompute)
+
+
+def _reads_gathered(src: Strategy, read, nbytes, mesh_shape: tuple[int, ...]) -> bool:
+    """Whether a consumer reading `read` uses the copy `src` keeps gathered: it is gathered
+    on every axis the copy is (else that axis's gather never runs and the copy is never
+    made), and reached from the copy by local steps alone."""
+    gathered_axes = [axis for axis, (g, s) in enumerate(zip(src.gathered, src.output)) if g != s]
+    return (all(read[axis] != src.output[axis] for axis in gathered_axes)
+            and cost.redistribute(nbytes, src.gathered, read, mesh_shape) == ())
 
 
 def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bool,
