@@ -11,6 +11,7 @@ from autopar.errors import (
     InputMismatchError,
     MeshError,
     ModelFileError,
+    OptimizerError,
     PlanFormatError,
     ProblemFormatError,
     ReportError,
@@ -19,14 +20,15 @@ from autopar.errors import (
 )
 from autopar.hardware import HardwareProfile, available_hardware, load_hardware
 from autopar.mesh import Mesh
+from autopar.mixed_precision import MasterWeights, master_weights
 from autopar.plan_types import Plan
 from autopar.runtime.launch import launch
 from autopar.runtime.parallel_module import ParallelModule
 
 __all__ = [
     "AutoparError", "CaptureError", "HardwareError", "HardwareProfile", "InfeasiblePlanError",
-    "InitializationError", "InputMismatchError", "Mesh", "MeshError", "ModelFileError",
-    "ParallelModule", "Plan", "PlanFormatError", "ProblemFormatError", "ReportError",
-    "ShardingError", "TrainingRunError",
-    "available_hardware", "compile", "launch", "load_hardware", "plan",
+    "InitializationError", "InputMismatchError", "MasterWeights", "Mesh", "MeshError",
+    "ModelFileError", "OptimizerError", "ParallelModule", "Plan", "PlanFormatError",
+    "ProblemFormatError", "ReportError", "ShardingError", "TrainingRunError",
+    "available_hardware", "compile", "launch", "load_hardware", "master_weights", "plan",
 ]

@@ -62,7 +62,9 @@ def _rank_device(mesh: DeviceMesh | None) -> torch.device:
 def compile(model: nn.Module, mesh: Mesh, example_inputs: tuple | None = None, *,
             plan: Plan | None = None, memory_budget: float | None = None,
             time_limit: float = 30.0, constraints: Mapping[str, str] | None = None,
-            seed: int = 0, progress: Callable[[str], None] | None = None) -> ParallelModule:
+            seed: int = 0, optimizer: object = None,
+            master_weights: torch.dtype | None = None,
+            progress: Callable[[str], None] | None = None) -> ParallelModule:
     """This rank's `ParallelModule` of `model` split over `mesh` (see DESIGN.md's API).
 
     Collective: every rank of the default process group calls it with the same model
@@ -72,7 +74,9 @@ def compile(model: nn.Module, mesh: Mesh, example_inputs: tuple | None = None, *
     have been made for this model, these input shapes and this mesh. The model may live
     on the meta device (with meta example inputs; the compiled model is then called with
     real tensors of the same shapes): each rank initialises only its own pieces (see
-    `autopar.runtime.materialize`).
+    `autopar.runtime.materialize`). `optimizer` and `master_weights` are what the plan's
+    memory counts per parameter element (see `autopar.plan`); train a bfloat16 model with
+    `master_weights=torch.float32` through `autopar.master_weights`, which keeps exactly that.
 
     Raises `ProcessGroupError` (no process group, or a world size that is not the mesh's),
     `MeshError`/`PlanFormatError` for a plan of another mesh or model, and the planning
@@ -88,7 +92,8 @@ def compile(model: nn.Module, mesh: Mesh, example_inputs: tuple | None = None, *
         _check_plan_mesh(plan, mesh)
     chosen = _agreed(lambda: plan or plan_graph(
         gm, mesh, model_name=type(model).__name__, memory_budget=memory_budget,
-        time_limit=time_limit, constraints=constraints, seed=seed, progress=progress), device)
+        time_limit=time_limit, constraints=constraints, seed=seed, optimizer=optimizer,
+        master_weights=master_weights, progress=progress), device)
     return assemble(model, gm, chosen, device)
 
 
