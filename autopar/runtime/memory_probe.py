@@ -3,7 +3,10 @@ end of the forward. The measured side of `autopar.memory.predicted_memory`.
 
 `state_bytes(module, optimizer)`, after `optimizer.step()` and before `zero_grad()`:
 exact bytes of the rank's parameter pieces, their `.grad`, and the tensors in
-`optimizer.state`, each storage counted once (tied names share a piece). Optimizer state
+`optimizer.state`, each storage counted once (tied names share a piece). Gradients are
+given twice: `gradients`, the bytes of the gradient tensors themselves (elements x item
+size: what the cost model counts), and `gradient_storages`, the bytes of the storages they
+live in (what is held: a `.grad` that is a view of a larger buffer keeps all of it). Optimizer state
 tensors shaped like their parameter are `optimizer_states` (what the cost model counts);
 the others (AdamW's 0-d `step` counters, 4 bytes per parameter) are `optimizer_scalars`,
 reported apart because the model does not count them.
@@ -57,6 +60,7 @@ class StateBytes:
 
     parameters: int
     gradients: int
+    gradient_storages: int
     optimizer_states: int
     optimizer_scalars: int
     buffers: int
@@ -110,7 +114,8 @@ def state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer | None = Non
                     (shaped if value.shape == param.shape and value.dim() > 0
                      else scalars).append(value)
     buffers = list(module.buffers()) + list(getattr(module, "_constants", {}).values())
-    return StateBytes(_distinct_bytes(params), _distinct_bytes(grads), _distinct_bytes(shaped),
+    own = sum(g.numel() * g.element_size() for g in grads)
+    return StateBytes(_distinct_bytes(params), own, _distinct_bytes(grads), _distinct_bytes(shaped),
                       _distinct_bytes(scalars), _distinct_bytes(buffers))
 
 
