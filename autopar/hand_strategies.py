@@ -95,7 +95,7 @@ def _record(strategy: HandStrategy, plan: Plan, budget: float, note: str) -> Han
         compute_s=plan.compute_s, comm_s=plan.comm_s, peak_memory_bytes=plan.peak_memory_bytes,
         comm_bytes=tuple((kind, axis, direction, float(nbytes))
                          for (kind, axis, direction), nbytes in plan.comm_bytes().items()),
-        fits=plan.peak_memory_bytes <= budget, note=note)
+        fits=plan.peak_memory_bytes <= budget, note=note, hidden_comm_s=plan.hidden_comm_s)
 
 
 def _missing(strategy: HandStrategy, note: str) -> HandStrategyRecord:
@@ -142,9 +142,10 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
                              strategies: tuple[HandStrategy, ...] | None = None,
                              optimizer: OptimizerState = ADAMW,
                              progress: Callable[[str], None] | None = None,
-                             ) -> tuple[HandStrategyRecord, ...]:
+                             ) -> HandStrategyResults:
     """One record per hand strategy (default `standard_hand_strategies(mesh)`), then the
-    `SINGLE_DEVICE` reference, for an annotated graph.
+    `SINGLE_DEVICE` reference, for an annotated graph, and the fastest of their plans that
+    fits in `memory_budget`.
 
     `table` is the graph's unconstrained strategy table when the caller has it (else it is
     found again); each strategy is solved with `time_limit`, `fold_layers` and `seed` as the
@@ -154,6 +155,7 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
     say = progress or (lambda message: None)
     table = table if table is not None else find_strategies(gm, mesh)
     records = []
+    fastest: Plan | None = None
     for strategy in strategies if strategies is not None else standard_hand_strategies(mesh):
         if strategy.roles is None:
             records.append(_missing(strategy, strategy.note))
@@ -167,10 +169,22 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
             records.append(_missing(strategy, "; ".join(filter(None, (result, note)))))
         else:
             records.append(_record(strategy, result, memory_budget, note))
+            if records[-1].fits and (fastest is None
+                                     or result.step_time_s < fastest.step_time_s):
+                fastest = result
     say(f"{STAGE} hand strategy: {SINGLE_DEVICE}")
     records.append(single_device_record(gm, mesh, budget=memory_budget, time_limit=time_limit,
                                         seed=seed, optimizer=optimizer))
-    return tuple(records)
+    return HandStrategyResults(tuple(records), fastest)
+
+
+@dataclass(frozen=True)
+class HandStrategyResults:
+    """The records of `evaluate_hand_strategies` and the fastest fitting plan among them
+    (None when none fits): a plan of the same search space, restricted."""
+
+    records: tuple[HandStrategyRecord, ...]
+    fastest_fitting: Plan | None
 
 
 def compute_lower_bound(plan: Plan) -> float | None:

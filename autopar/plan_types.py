@@ -20,7 +20,7 @@ import sympy
 from autopar.errors import PlanFormatError
 from autopar.mesh import Mesh
 
-FORMAT_VERSION = 2  # 2: recompute and gathered per node, the optimizer
+FORMAT_VERSION = 2  # 2: recompute, gathered and hidden_s per node, the optimizer, FLOPs
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,9 @@ class NodePlan:
     op's inputs when the backward needs it; `transfers` then lists its inputs' forward
     collectives a second time, as backward ones. `gathered` (parameters stored sharded):
     the placements it is gathered into at its use and kept in until its backward (ZeRO-2);
-    empty when it is gathered at each use (ZeRO-3) or never.
+    empty when it is gathered at each use (ZeRO-3) or never. `comm_s` is the time of all
+    its inbound collectives, `hidden_s` the part of it that overlaps the backward's compute
+    (gradient all-reduces the runtime runs in the background).
     """
 
     name: str
@@ -59,10 +61,12 @@ class NodePlan:
     formula: str
     recompute: bool = False
     gathered: str = ""
+    hidden_s: float = 0.0
 
     @property
     def time_s(self) -> float:
-        return self.compute_s + self.comm_s
+        """Compute plus the communication not hidden behind compute."""
+        return self.compute_s + self.comm_s - self.hidden_s
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class HandStrategyRecord:
     comm_bytes: tuple[tuple[str, str, str, float], ...] = ()
     fits: bool = False
     note: str = ""
+    hidden_comm_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -123,12 +128,23 @@ class Plan:
 
     @property
     def comm_s(self) -> float:
+        """Time of every collective, hidden or not."""
         return sum(n.comm_s for n in self.nodes)
 
     @property
+    def hidden_comm_s(self) -> float:
+        """Communication that overlaps compute (gradient all-reduces in the backward)."""
+        return sum(n.hidden_s for n in self.nodes)
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.comm_s - self.hidden_comm_s
+
+    @property
     def step_time_s(self) -> float:
-        """Predicted time of one training step (forward + backward), seconds."""
-        return self.compute_s + self.comm_s
+        """Predicted time of one training step (forward + backward), seconds: compute plus
+        the communication not hidden behind it."""
+        return self.compute_s + self.exposed_comm_s
 
     @property
     def mfu(self) -> float | None:

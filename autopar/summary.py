@@ -65,7 +65,8 @@ def _totals_table(plan: Plan) -> Table:
     rows = [
         ("predicted step time", f"{_ms(plan.step_time_s)} ms"),
         ("  compute", f"{_ms(plan.compute_s)} ms"),
-        ("  communication", f"{_ms(plan.comm_s)} ms"),
+        ("  communication, exposed", f"{_ms(plan.exposed_comm_s)} ms"),
+        ("  communication, hidden", f"{_ms(plan.hidden_comm_s)} ms (overlaps the backward)"),
         ("peak memory", f"{_size(plan.peak_memory_bytes)} of {_size(plan.memory_limit_bytes)}"),
         *((("scaling efficiency", f"{efficiency:.1%}"),)
           if (efficiency := scaling_efficiency(plan, plan.step_time_s)) is not None else ()),

@@ -8,7 +8,10 @@ map from problem indices back to graph nodes and tensors.
   divided over the axes where the strategy splits it (`cost.compute_divisor`). Ops off the
   gradient path (masks, position tables) pay no backward.
 - Edge cost: the forward collectives that turn the producer's placement into the one the
-  consumer's strategy wants, plus the backward collectives derived in `autopar.cost`.
+  consumer's strategy wants, plus the backward collectives derived in `autopar.cost`. A
+  parameter's gradient all-reduce, which the runtime overlaps with the rest of the
+  backward, counts at `reduction_charge` of its time (the caller's estimate of the part
+  left exposed; see `autopar.api.plan_table`).
 - Memory per device: parameters with their gradient, master copy and optimizer states
   (`autopar.optimizer_state`; the three where the parameter is stored, the parameter
   itself also gathered, once per use that saves it, when kept gathered: ZeRO-2), buffers,
@@ -53,6 +56,7 @@ class EdgeRef:
     requires_grad: bool
     saved: bool  # a parameter its consumer saves for the backward
     same_block: bool  # both ends in one recompute region (`recompute_region`)
+    producer_is_parameter: bool
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,7 +122,8 @@ def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
     requires_grad = (on_path[producer] and _differentiable(spec)
                      and passes_gradient(by_name[consumer]))
     return EdgeRef(producer, consumer, position, spec, requires_grad, saved,
-                   recompute_region(by_name[producer]) == recompute_region(by_name[consumer]))
+                   recompute_region(by_name[producer]) == recompute_region(by_name[consumer]),
+                   by_name[producer].meta.get(ROLE) == "parameter")
 
 
 def recompute_region(node: fx.Node) -> str:
@@ -155,6 +160,14 @@ def _reads_gathered(src: Strategy, read, nbytes, mesh_shape: tuple[int, ...]) ->
     gathered_axes = [axis for axis, (g, s) in enumerate(zip(src.gathered, src.output)) if g != s]
     return (all(read[axis] != src.output[axis] for axis in gathered_axes)
             and cost.redistribute(nbytes, src.gathered, read, mesh_shape) == ())
+
+
+def overlapped_reduction(ref: EdgeRef, transfers: tuple[cost.Transfer, ...]) -> bool:
+    """Whether the edge's collectives are one gradient all-reduce of a parameter that the
+    runtime starts in the background of the rest of the backward (as DDP's buckets; the
+    same edges `autopar.runtime.grad_reduce.reducible` carries out)."""
+    return (ref.producer_is_parameter and len(transfers) == 1 and transfers[0].backward
+            and transfers[0].kind == "all_reduce")
 
 
 def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bool,
@@ -200,9 +213,9 @@ def _number(value, hints) -> float:
 
 class _Builder:
     def __init__(self, gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
-                 optimizer: OptimizerState, hints: dict) -> None:
+                 optimizer: OptimizerState, hints: dict, reduction_charge: float) -> None:
         self.gm, self.table, self.mesh, self.hints = gm, table, mesh, hints
-        self.optimizer = optimizer
+        self.optimizer, self.reduction_charge = optimizer, reduction_charge
         self.by_name = {n.name: n for n in gm.graph.nodes}
         self.order = [n.name for n in gm.graph.nodes if n.name in table.strategies]
         self.index = {name: i for i, name in enumerate(self.order)}
@@ -264,13 +277,15 @@ class _Builder:
             for m, d in enumerate(dst):
                 key = (ref.tensor.nbytes, s.output, s.gathered, d.inputs[ref.position],
                        d.output, d.recompute, s.recompute, ref.requires_grad, ref.saved,
-                       ref.same_block)
+                       ref.same_block, ref.producer_is_parameter)
                 value = self.edge_cache.get(key)
                 if value is None:
                     transfers = strategy_edge_transfers(ref, s, d, ref.tensor.nbytes,
                                                         self.mesh.shape)
+                    charge = (self.reduction_charge if transfers is not None
+                              and overlapped_reduction(ref, transfers) else 1.0)
                     value = (math.inf if transfers is None  # not executable: forbidden
-                             else float(sum(t.time(self.mesh) for t in transfers)))
+                             else charge * float(sum(t.time(self.mesh) for t in transfers)))
                     self.edge_cache[key] = value
                 matrix[k, m] = value
         return matrix
@@ -298,13 +313,16 @@ class _Builder:
 
 def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
                   memory_budget: float | None, hints: dict | None = None,
-                  optimizer: OptimizerState = ADAMW, fold_layers: bool = True) -> ProblemBuild:
+                  optimizer: OptimizerState = ADAMW, fold_layers: bool = True,
+                  reduction_charge: float = 1.0) -> ProblemBuild:
     """The sharding problem of an annotated graph over `mesh` (see the module docstring).
 
     `hints` maps the graph's size symbols to the values the solve uses; `optimizer` says
-    what the optimizer keeps per parameter element.
+    what the optimizer keeps per parameter element; `reduction_charge` is the fraction of
+    each overlapped gradient all-reduce (`overlapped_reduction`) the objective counts (the
+    rest is expected hidden behind the backward's compute).
     """
-    builder = _Builder(gm, table, mesh, optimizer, hints or {})
+    builder = _Builder(gm, table, mesh, optimizer, hints or {}, reduction_charge)
     strategies = tuple(table.strategies[name] for name in builder.order)
     nodes = [builder.by_name[name] for name in builder.order]
     edges = tuple(

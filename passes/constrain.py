@@ -3,7 +3,8 @@
 `constraints` maps a parameter or buffer name (any of its tied names), a user input's
 placeholder name, or a graph node name to its placements, one per mesh axis, as text
 (`"S(0),R"`) or a tuple of placements. The returned table keeps only the matching strategy of
-each pinned node. Reads `autopar_names` and `autopar_tensor`; writes nothing.
+each pinned node (for a parameter, the one stored as pinned and not kept gathered).
+Reads `autopar_names` and `autopar_tensor`; writes nothing.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def constrain(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
                                 got=format_placements(placements),
                                 fix=f"e.g. {','.join(['R'] * mesh.ndim)}")
         node = _node_for(gm, name, table)
-        kept = tuple(s for s in strategies[node.name] if s.output == placements)
+        # A pinned parameter is stored as pinned and read from there (never kept gathered).
+        kept = tuple(s for s in strategies[node.name]
+                     if s.output == placements and s.gathered is None)
         if not kept:
             raise ShardingError(
                 f"{name!r} can't be placed {format_placements(placements)}: "

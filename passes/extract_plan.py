@@ -17,6 +17,7 @@ from autopar.passes.build_problem import (
     ProblemBuild,
     module_of,
     op_compute_time,
+    overlapped_reduction,
     strategy_edge_transfers,
 )
 from autopar.placement import format_placements
@@ -25,28 +26,86 @@ from autopar.solver import Solution
 from autopar.specs import FLOPS, ROLE
 
 
-def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound) -> sympy.Expr:
+def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound,
+                   hidden_fraction: float) -> sympy.Expr:
+    """The node's time over the graph's size symbols: compute, plus its inbound
+    collectives, less the hidden part of its overlapped gradient all-reduces."""
     mesh = build.mesh
     total = sympy.sympify(op_compute_time(node, strategy, mesh,
                                           differentiable=build.requires_grad[node.name],
                                           size=sympy.sympify))
-    for ref, src, dst, _ in inbound:
-        for transfer in strategy_edge_transfers(ref, src, dst, ref.tensor.sym_nbytes,
-                                                mesh.shape):
-            total += transfer.time(mesh)
+    for ref, src, dst in inbound:
+        transfers = strategy_edge_transfers(ref, src, dst, ref.tensor.sym_nbytes, mesh.shape)
+        share = 1 - hidden_fraction if overlapped_reduction(ref, transfers) else 1
+        total += share * sum(transfer.time(mesh) for transfer in transfers)
     return sympy.sympify(total)
+
+
+def _at(value, sizes: dict[str, int]) -> float:
+    """`value` (a number or a formula over size symbols) at `sizes` (by symbol name)."""
+    if not hasattr(value, "free_symbols"):
+        return float(value)
+    return float(value.subs({symbol: sizes[str(symbol)] for symbol in value.free_symbols}))
+
+
+def _backward_compute(node: fx.Node, build: ProblemBuild, strategy,
+                      sizes: dict[str, int]) -> float:
+    """Seconds of `node`'s compute that run in the backward (its backward and any
+    recomputed forward): what gradient all-reduces can hide behind."""
+    def size(value):
+        return _at(value, sizes)
+
+    differentiable = build.requires_grad[node.name]
+    both = op_compute_time(node, strategy, build.mesh, differentiable=differentiable,
+                           size=size)
+    forward = op_compute_time(node, strategy, build.mesh, differentiable=False, size=size)
+    return float(both - forward)
 
 
 def training_flops(gm: fx.GraphModule, on_path: dict[str, bool], sizes: dict) -> float:
     """FLOPs of one training step of the whole model on one device: each op's forward, and
     twice it again for the backward of ops on the gradient path."""
-    symbols = {sympy.Symbol(k): v for k, v in sizes.items()}
     total = 0.0
     for node in gm.graph.nodes:
-        flops = node.meta.get(FLOPS, 0)
-        flops = float(flops.subs(symbols)) if hasattr(flops, "subs") else float(flops)
+        flops = _at(node.meta.get(FLOPS, 0), sizes)
         total += flops * (1 + cost.BACKWARD_FLOPS_FACTOR * on_path.get(node.name, False))
     return total
+
+
+def hidden_fraction(gm: fx.GraphModule, build: ProblemBuild, solution: Solution,
+                    sizes: dict[str, int]) -> float:
+    """`_hidden_fraction` of a solution of `build.problem` (see there)."""
+    by_name = {n.name: n for n in gm.graph.nodes}
+    chosen = {name: build.strategies[i][solution.choices[i]]
+              for i, name in enumerate(build.nodes)}
+    return _hidden_fraction(build, by_name, chosen, _edges(build, chosen), sizes)
+
+
+def _edges(build: ProblemBuild, chosen) -> dict[str, list]:
+    """(edge, producer's strategy, consumer's strategy, transfers) per consumer."""
+    edges: dict[str, list] = {name: [] for name in build.nodes}
+    for ref in build.edges:
+        src, dst = chosen[ref.producer], chosen[ref.consumer]
+        edges[ref.consumer].append((ref, src, dst, strategy_edge_transfers(
+            ref, src, dst, ref.tensor.nbytes, build.mesh.shape)))
+    return edges
+
+
+def _hidden_fraction(build: ProblemBuild, by_name, chosen, edges,
+                     sizes: dict[str, int]) -> float:
+    """The fraction of the overlapped gradient all-reduces hidden behind the backward's
+    compute: min(1, B / G), with G their total time and B the compute that runs in the
+    backward. (The all-reduces of the last gradients the backward makes have little
+    compute left to hide behind; B counts all of it, an optimistic bound.)"""
+    mesh = build.mesh
+    reductions = sum(float(sum(t.time(mesh) for t in transfers))
+                     for per_node in edges.values() for ref, _, _, transfers in per_node
+                     if overlapped_reduction(ref, transfers))
+    if reductions == 0:
+        return 0.0
+    backward = sum(_backward_compute(by_name[name], build, chosen[name], sizes)
+                   for name in build.nodes)
+    return min(1.0, backward / reductions)
 
 
 def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
@@ -57,34 +116,36 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
     by_name = {n.name: n for n in gm.graph.nodes}
     chosen = {name: build.strategies[i][solution.choices[i]]
               for i, name in enumerate(build.nodes)}
-    inbound: dict[str, list] = {name: [] for name in build.nodes}
-    for e, ref in enumerate(build.edges):
-        a, b = problem.edges[e]
-        inbound[ref.consumer].append(
-            (ref, chosen[ref.producer], chosen[ref.consumer],
-             float(problem.edge_costs[e][solution.choices[a], solution.choices[b]])))
+    edges = _edges(build, chosen)
+    hidden = _hidden_fraction(build, by_name, chosen, edges, sizes)
     nodes = []
     for i, name in enumerate(build.nodes):
         node, strategy = by_name[name], chosen[name]
-        transfers = tuple(
-            TransferRecord(t.kind, mesh.axis_names[t.axis], float(t.nbytes), t.backward,
-                           ref.producer, float(t.time(mesh)))
-            for ref, src, dst, _ in inbound[name]
-            for t in strategy_edge_transfers(ref, src, dst, ref.tensor.nbytes, mesh.shape))
+        comm = overlapped = 0.0
+        records = []
+        for ref, _, _, transfers in edges[name]:
+            seconds = [float(t.time(mesh)) for t in transfers]
+            comm += sum(seconds)
+            if overlapped_reduction(ref, transfers):
+                overlapped += hidden * sum(seconds)
+            records.extend(TransferRecord(t.kind, mesh.axis_names[t.axis], float(t.nbytes),
+                                          t.backward, ref.producer, time)
+                           for t, time in zip(transfers, seconds))
+        compute = float(problem.node_costs[i][solution.choices[i]])
         nodes.append(NodePlan(
             name=name, op=str(node.target) if node.op == "call_function" else node.op,
             role=node.meta.get(ROLE, node.op), module=module_of(node),
             inputs=tuple(format_placements(p) for p in strategy.inputs),
             output=format_placements(strategy.output),
-            compute_s=float(problem.node_costs[i][solution.choices[i]]),
-            comm_s=sum(c for *_, c in inbound[name]),
+            compute_s=compute, comm_s=comm,
             memory_bytes=float(problem.node_usages[i][solution.choices[i]]),
-            transfers=transfers,
-            formula=str(_symbolic_cost(node, build, strategy, inbound[name])) if sizes
-            else repr(float(problem.node_costs[i][solution.choices[i]])
-                      + sum(c for *_, c in inbound[name])),
+            transfers=tuple(records),
+            formula=str(_symbolic_cost(node, build, strategy,
+                                       [e[:3] for e in edges[name]], hidden))
+            if sizes else repr(compute + comm - overlapped),
             recompute=strategy.recompute,
-            gathered=format_placements(strategy.gathered) if strategy.gathered else ""))
+            gathered=format_placements(strategy.gathered) if strategy.gathered else "",
+            hidden_s=overlapped))
     report = SolverReport(objective=solution.cost, bound=solution.bound, gap=solution.gap,
                           status=solution.status, wall_time_s=solution.wall_time,
                           decisions=problem.num_nodes,

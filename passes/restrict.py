@@ -74,7 +74,12 @@ def _ok(placement: Placement, want: Want) -> bool:
 
 
 def _storage_wants(spec: TensorSpec, roles: Sequence[str]) -> tuple[Want, ...]:
-    by_role = {"dp": "R", "zero": "S", "dopt": "S", "tp": "S" if spec.ndim >= 2 else None}
+    # A 1-dim parameter read split on a "tp" axis can't also be split on an outer axis and
+    # gathered there alone (one dim cut by two axes gathers inner first): "dopt" leaves
+    # biases and norm weights free, as "tp" does.
+    matrix = spec.ndim >= 2
+    by_role = {"dp": "R", "zero": "S", "dopt": "S" if matrix else None,
+               "tp": "S" if matrix else None}
     return tuple(by_role[role] for role in roles)
 
 

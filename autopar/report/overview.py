@@ -11,7 +11,8 @@ def overview_section(plan: Plan) -> str:
     stats = [
         ("step time", ms(plan.step_time_s)),
         ("compute", ms(plan.compute_s)),
-        ("communication", ms(plan.comm_s)),
+        ("communication", f"{ms(plan.exposed_comm_s)} exposed, "
+                          f"{ms(plan.hidden_comm_s)} hidden"),
         ("peak memory", f"{size(plan.peak_memory_bytes)} of {size(plan.memory_limit_bytes)}"),
         ("solver", f"{solver.status}, gap {solver.gap:.2%}, {solver.wall_time_s:.2f} s"),
         ("decisions", f"{solver.decisions} ({solver.tied} tied)"),
