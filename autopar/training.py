@@ -30,6 +30,7 @@ from autopar.api import plan as make_plan
 from autopar.compiler import compile as compile_model
 from autopar.errors import TrainingRunError
 from autopar.mesh import Mesh
+from autopar.mixed_precision import master_weights
 from autopar.model_file import load_model_file
 from autopar.plan_types import Plan
 from autopar.runtime.counter import Key
@@ -41,6 +42,15 @@ from autopar.runtime.counter import Key
 VERIFY_LEARNING_RATE = 5e-5
 TOLERANCE = 1e-5
 LEARNING_RATE = 1e-3
+# Under "bf16-master" every op rounds to bf16 (relative spacing 2^-8 = 3.9e-3) and a plan
+# reorders the sums, so gradients differ by some 1e-2 of their largest entry after a few
+# steps (tests/runtime/test_mixed_precision.py measures and argues it); a wrong collective
+# still differs by about 1.
+BF16_TOLERANCE = 0.1
+# How the model trains: "fp32" as built, or "bf16-master": converted to bfloat16 (floating
+# inputs too) and stepped by `autopar.master_weights` (fp32 masters and AdamW states),
+# planned with `master_weights=torch.float32`.
+PRECISIONS = ("fp32", "bf16-master")
 
 
 @dataclass(frozen=True)
@@ -62,8 +72,12 @@ class TrainingRun:
     memory_budget: float | None = None
     plan: dict | None = field(default=None, compare=False, repr=False)
     verify: bool = False
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise TrainingRunError("unknown precision", expected=" or ".join(PRECISIONS),
+                                   got=repr(self.precision), fix="e.g. --precision bf16-master")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise TrainingRunError("invalid number of training steps", expected="an int >= 1",
                                    got=repr(self.steps), fix="e.g. --steps 5")
@@ -73,6 +87,17 @@ class TrainingRun:
 
     def build_mesh(self) -> Mesh:
         return Mesh(self.mesh, self.axis_names, hardware=self.hardware)
+
+    @property
+    def master_weights(self) -> torch.dtype | None:
+        """The dtype of the master copy the precision keeps (what the plan counts)."""
+        return torch.float32 if self.precision == "bf16-master" else None
+
+    def optimizer(self, module: nn.Module):
+        """The AdamW that trains `module` (compiled or plain) under this precision."""
+        if self.precision == "bf16-master":
+            return master_weights(module, torch.optim.AdamW, dtype=torch.float32, lr=self.lr)
+        return torch.optim.AdamW(module.parameters(), lr=self.lr)
 
 
 @dataclass(frozen=True)
@@ -114,7 +139,13 @@ def _relative(diff: float, scale: float) -> float:
 def build(run: TrainingRun) -> tuple[nn.Module, tuple]:
     """The model and example inputs of `run.model_file`, the same on every rank."""
     torch.manual_seed(run.seed)
-    return load_model_file(run.model_file, **dict(run.config))
+    model, inputs = load_model_file(run.model_file, **dict(run.config))
+    if run.precision == "bf16-master":
+        # Token ids and other integer inputs stay as they are; float inputs meet bf16 weights.
+        model = model.to(torch.bfloat16)
+        inputs = tuple(x.to(torch.bfloat16) if isinstance(x, torch.Tensor)
+                       and x.is_floating_point() else x for x in inputs)
+    return model, inputs
 
 
 def plan_run(run: TrainingRun, progress: Callable[[str], None] | None = None) -> Plan:
@@ -124,7 +155,8 @@ def plan_run(run: TrainingRun, progress: Callable[[str], None] | None = None) ->
         return Plan.from_dict(run.plan)
     model, inputs = build(run)
     return make_plan(model, run.build_mesh(), inputs, memory_budget=run.memory_budget,
-                     time_limit=run.time_limit, seed=run.seed, progress=progress)
+                     time_limit=run.time_limit, seed=run.seed,
+                     master_weights=run.master_weights, progress=progress)
 
 
 def gradient_errors(full: dict, reference: nn.Module) -> dict[str, float]:
@@ -162,12 +194,12 @@ def train_rank(rank: int, run: TrainingRun, *,
     plan = Plan.from_dict(run.plan) if run.plan is not None else None
     pm = compile_model(model, run.build_mesh(), inputs, plan=plan,
                        memory_budget=run.memory_budget, time_limit=run.time_limit,
-                       seed=run.seed)
+                       seed=run.seed, master_weights=run.master_weights)
     if on_compiled is not None:
         on_compiled(pm.plan)
-    optimizer = torch.optim.AdamW(pm.parameters(), lr=run.lr)
+    optimizer = run.optimizer(pm)
     if reference is not None:
-        reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=run.lr)
+        reference_optimizer = run.optimizer(reference)
     records = []
     for step in range(1, run.steps + 1):
         loss = pm(*inputs)

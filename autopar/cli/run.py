@@ -21,7 +21,9 @@ from autopar.cli.options import axis_names as parse_axis_names
 from autopar.cli.options import config, mesh_shape
 from autopar.errors import AutoparError
 from autopar.training import (
+    BF16_TOLERANCE,
     LEARNING_RATE,
+    PRECISIONS,
     TOLERANCE,
     VERIFY_LEARNING_RATE,
     RankReport,
@@ -129,10 +131,15 @@ def _train(run: TrainingRun, nproc: int) -> RankReport:
                    "or worst gradient differs by more than --tolerance (relative). Meant for "
                    f"fp32 models and lr around {VERIFY_LEARNING_RATE:g}: AdamW amplifies "
                    "rounding differences in proportion to the learning rate")
-@click.option("--tolerance", type=float, default=TOLERANCE, show_default=True,
-              help="relative tolerance of --verify")
+@click.option("--tolerance", type=float, default=None,
+              help=f"relative tolerance of --verify (default {TOLERANCE:g}; "
+                   f"{BF16_TOLERANCE:g} with --precision bf16-master)")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
+              help="bf16-master: the model in bfloat16, trained with fp32 master weights and "
+                   "AdamW states (autopar.master_weights), planned with their memory")
 def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, seed,
-                memory_budget, time_limit, plan_file, settings, verify, tolerance) -> None:
+                memory_budget, time_limit, plan_file, settings, verify, tolerance,
+                precision) -> None:
     """Train MODEL_FILE (a .py file with build() -> (model, example_inputs)) on --nproc
     local CPU processes: the loss per step, then the bytes each collective moved against
     the plan's prediction."""
@@ -151,11 +158,13 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
             f"per device: --nproc {size}, or a mesh of {nproc} devices", param_hint="--nproc")
     if lr is None:
         lr = VERIFY_LEARNING_RATE if verify else LEARNING_RATE
+    if tolerance is None:
+        tolerance = BF16_TOLERANCE if precision == "bf16-master" else TOLERANCE
     try:
         run = TrainingRun(model_file, shape, parse_axis_names(axis_names, len(shape)),
                           config=tuple(config(settings).items()), hardware=hardware,
                           steps=steps, lr=lr, seed=seed, time_limit=time_limit,
-                          memory_budget=memory_budget, verify=verify,
+                          memory_budget=memory_budget, verify=verify, precision=precision,
                           plan=Plan.load(plan_file).to_dict() if plan_file else None)
         mesh = run.build_mesh()
         plan = plan_run(run, progress=lambda message: click.echo(f"... {message}", err=True))
@@ -166,7 +175,8 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
         click.echo(f"{plan.model} on mesh {mesh.describe()}: modelled step "
                    f"{plan.step_time_s * 1e3:.3f} ms, peak memory "
                    f"{plan.peak_memory_bytes:,.0f} B per device")
-        click.echo(f"training {steps} steps (AdamW, lr {lr:g}) on {nproc} "
+        recipe = ", fp32 master weights, bf16 model" if precision == "bf16-master" else ""
+        click.echo(f"training {steps} steps (AdamW{recipe}, lr {lr:g}) on {nproc} "
                    + ("process" if nproc == 1 else "processes")
                    + (", verified against the single-process model in rank 0" if verify
                       else ""))

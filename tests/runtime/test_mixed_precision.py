@@ -240,3 +240,26 @@ def test_bad_input_says_how_to_fix_it(make, says):
     with pytest.raises(autopar.OptimizerError) as info:
         make()
     assert says in _helpful(info.value)
+
+
+def test_autopar_run_trains_with_fp32_master_weights():
+    """`autopar run --precision bf16-master` builds the model in bf16, plans the masters'
+    memory and verifies against the same recipe (one process: the ranks are tested above)."""
+    from click.testing import CliRunner
+
+    from autopar.cli import main
+
+    result = CliRunner().invoke(main, [
+        "run", "examples/mlp.py", "--nproc", "1", "--mesh", "1", "--steps", "2",
+        "--precision", "bf16-master", "--verify"])
+    assert result.exit_code == 0, result.output
+    assert "fp32 master weights, bf16 model" in result.stdout
+    assert "within 0.1 relative" in result.stdout
+
+
+def test_an_unknown_precision_is_refused():
+    from autopar.training import TrainingRun
+
+    with pytest.raises(autopar.TrainingRunError) as info:
+        TrainingRun("examples/mlp.py", (1,), ("x",), precision="bf16")
+    assert "bf16-master" in _helpful(info.value)
