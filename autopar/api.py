@@ -23,7 +23,7 @@ from autopar.passes.offer_recompute import offer_recompute
 from autopar.plan_types import Plan
 from autopar.solver import Solution, min_peak_usage, solve
 
-# Solves at most, re-estimating how much of the gradient all-reduces stays exposed.
+# Solves at most, re-estimating how much of the background gradient reductions stays exposed.
 OVERLAP_ROUNDS = 3
 
 # Prefix of the progress messages that start a pass (benchmarks time the passes by them);
@@ -117,8 +117,8 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     extract passes), within `memory_budget` bytes per device (None: no limit). Raises
     `InfeasiblePlanError`, with the least memory any plan of the table needs, when none fits.
 
-    Gradient all-reduces the runtime overlaps with the backward cost only what the backward's
-    compute does not hide, min over nothing of a plan's own choices, which a sum of per-op
+    Gradient reductions the runtime overlaps with the backward cost only what the backward's
+    compute does not hide, max(0, G - B), a function of the whole plan that a sum of per-op
     costs can't express: the first solve charges them in full, each next one at the
     fraction the previous plan left exposed (at most `OVERLAP_ROUNDS` solves, the later
     ones with half the time limit), and the plan with the least step time is returned.
@@ -130,7 +130,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     best: Plan | None = None
     charge, limit = 1.0, time_limit
     for _ in range(OVERLAP_ROUNDS):
-        say(f"{STAGE} build_problem (gradient all-reduces charged at {charge:.0%})")
+        say(f"{STAGE} build_problem (background gradient reductions charged at {charge:.0%})")
         build = build_problem(gm, table, mesh, memory_budget=memory_budget, hints=hints,
                               optimizer=optimizer, fold_layers=fold_layers,
                               reduction_charge=charge)

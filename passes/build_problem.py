@@ -9,9 +9,9 @@ map from problem indices back to graph nodes and tensors.
   gradient path (masks, position tables) pay no backward.
 - Edge cost: the forward collectives that turn the producer's placement into the one the
   consumer's strategy wants, plus the backward collectives derived in `autopar.cost`. A
-  parameter's gradient all-reduce, which the runtime overlaps with the rest of the
-  backward, counts at `reduction_charge` of its time (the caller's estimate of the part
-  left exposed; see `autopar.api.plan_table`).
+  parameter's gradient reduction that the runtime overlaps with the rest of the backward
+  (`background_reductions`) counts at `reduction_charge` of its time (the caller's
+  estimate of the part left exposed; see `autopar.api.plan_table`).
 - Memory per device: parameters with their gradient, master copy and optimizer states
   (`autopar.optimizer_state`; the three where the parameter is stored, the parameter
   itself also gathered, once per use that saves it, when kept gathered: ZeRO-2), buffers,
@@ -162,12 +162,23 @@ def _reads_gathered(src: Strategy, read, nbytes, mesh_shape: tuple[int, ...]) ->
             and cost.redistribute(nbytes, src.gathered, read, mesh_shape) == ())
 
 
-def overlapped_reduction(ref: EdgeRef, transfers: tuple[cost.Transfer, ...]) -> bool:
-    """Whether the edge's collectives are one gradient all-reduce of a parameter that the
-    runtime starts in the background of the rest of the backward (as DDP's buckets; the
-    same edges `autopar.runtime.grad_reduce.reducible` carries out)."""
-    return (ref.producer_is_parameter and len(transfers) == 1 and transfers[0].backward
-            and transfers[0].kind == "all_reduce")
+def background_reductions(ref: EdgeRef, src: Strategy,
+                          transfers: tuple[cost.Transfer, ...]) -> tuple[cost.Transfer, ...]:
+    """The edge's gradient reductions the runtime runs in the background of the rest of
+    the backward: a replicated parameter's one all-reduce (as DDP's buckets), or the
+    reduce-scatter of a parameter kept gathered over one axis (ZeRO-2), whose edge is that
+    axis's all-gather and reduce-scatter alone (`autopar.runtime.grad_reduce` carries out
+    the same edges)."""
+    if not ref.producer_is_parameter:
+        return ()
+    if len(transfers) == 1 and transfers[0].backward and transfers[0].kind == "all_reduce":
+        return transfers
+    if (src.gathered is not None and len(transfers) == 2
+            and [(t.kind, t.backward) for t in transfers]
+            == [("all_gather", False), ("reduce_scatter", True)]
+            and transfers[0].axis == transfers[1].axis):
+        return transfers[1:]
+    return ()
 
 
 def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bool,
@@ -282,13 +293,19 @@ class _Builder:
                 if value is None:
                     transfers = strategy_edge_transfers(ref, s, d, ref.tensor.nbytes,
                                                         self.mesh.shape)
-                    charge = (self.reduction_charge if transfers is not None
-                              and overlapped_reduction(ref, transfers) else 1.0)
                     value = (math.inf if transfers is None  # not executable: forbidden
-                             else charge * float(sum(t.time(self.mesh) for t in transfers)))
+                             else self._charged(ref, s, transfers))
                     self.edge_cache[key] = value
                 matrix[k, m] = value
         return matrix
+
+    def _charged(self, ref: EdgeRef, src: Strategy, transfers) -> float:
+        """Seconds the objective charges for `transfers`: background reductions count at
+        `reduction_charge`."""
+        total = float(sum(t.time(self.mesh) for t in transfers))
+        background = float(sum(t.time(self.mesh)
+                               for t in background_reductions(ref, src, transfers)))
+        return total - (1 - self.reduction_charge) * background
 
     def ties(self, strategies) -> tuple[tuple[int, ...], ...]:
         blocks: dict[str, dict[int, list[int]]] = {}
@@ -319,8 +336,8 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
 
     `hints` maps the graph's size symbols to the values the solve uses; `optimizer` says
     what the optimizer keeps per parameter element; `reduction_charge` is the fraction of
-    each overlapped gradient all-reduce (`overlapped_reduction`) the objective counts (the
-    rest is expected hidden behind the backward's compute).
+    each gradient reduction run in the background (`background_reductions`) the objective
+    counts (the rest is expected hidden behind the backward's compute).
     """
     builder = _Builder(gm, table, mesh, optimizer, hints or {}, reduction_charge)
     strategies = tuple(table.strategies[name] for name in builder.order)

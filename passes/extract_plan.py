@@ -15,9 +15,9 @@ import torch.fx as fx
 from autopar import cost
 from autopar.passes.build_problem import (
     ProblemBuild,
+    background_reductions,
     module_of,
     op_compute_time,
-    overlapped_reduction,
     strategy_edge_transfers,
 )
 from autopar.placement import format_placements
@@ -29,15 +29,16 @@ from autopar.specs import FLOPS, ROLE
 def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound,
                    hidden_fraction: float) -> sympy.Expr:
     """The node's time over the graph's size symbols: compute, plus its inbound
-    collectives, less the hidden part of its overlapped gradient all-reduces."""
+    collectives, less the hidden part of its background gradient reductions."""
     mesh = build.mesh
     total = sympy.sympify(op_compute_time(node, strategy, mesh,
                                           differentiable=build.requires_grad[node.name],
                                           size=sympy.sympify))
     for ref, src, dst in inbound:
         transfers = strategy_edge_transfers(ref, src, dst, ref.tensor.sym_nbytes, mesh.shape)
-        share = 1 - hidden_fraction if overlapped_reduction(ref, transfers) else 1
-        total += share * sum(transfer.time(mesh) for transfer in transfers)
+        total += sum(transfer.time(mesh) for transfer in transfers)
+        total -= hidden_fraction * sum(transfer.time(mesh) for transfer
+                                       in background_reductions(ref, src, transfers))
     return sympy.sympify(total)
 
 
@@ -51,7 +52,7 @@ def _at(value, sizes: dict[str, int]) -> float:
 def _backward_compute(node: fx.Node, build: ProblemBuild, strategy,
                       sizes: dict[str, int]) -> float:
     """Seconds of `node`'s compute that run in the backward (its backward and any
-    recomputed forward): what gradient all-reduces can hide behind."""
+    recomputed forward): what background gradient reductions can hide behind."""
     def size(value):
         return _at(value, sizes)
 
@@ -93,14 +94,14 @@ def _edges(build: ProblemBuild, chosen) -> dict[str, list]:
 
 def _hidden_fraction(build: ProblemBuild, by_name, chosen, edges,
                      sizes: dict[str, int]) -> float:
-    """The fraction of the overlapped gradient all-reduces hidden behind the backward's
+    """The fraction of the background gradient reductions hidden behind the backward's
     compute: min(1, B / G), with G their total time and B the compute that runs in the
-    backward. (The all-reduces of the last gradients the backward makes have little
+    backward. (The reductions of the last gradients the backward makes have little
     compute left to hide behind; B counts all of it, an optimistic bound.)"""
     mesh = build.mesh
-    reductions = sum(float(sum(t.time(mesh) for t in transfers))
-                     for per_node in edges.values() for ref, _, _, transfers in per_node
-                     if overlapped_reduction(ref, transfers))
+    reductions = sum(float(t.time(mesh)) for per_node in edges.values()
+                     for ref, src, _, transfers in per_node
+                     for t in background_reductions(ref, src, transfers))
     if reductions == 0:
         return 0.0
     backward = sum(_backward_compute(by_name[name], build, chosen[name], sizes)
@@ -123,11 +124,11 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
         node, strategy = by_name[name], chosen[name]
         comm = overlapped = 0.0
         records = []
-        for ref, _, _, transfers in edges[name]:
+        for ref, src, _, transfers in edges[name]:
             seconds = [float(t.time(mesh)) for t in transfers]
             comm += sum(seconds)
-            if overlapped_reduction(ref, transfers):
-                overlapped += hidden * sum(seconds)
+            overlapped += hidden * sum(float(t.time(mesh))
+                                       for t in background_reductions(ref, src, transfers))
             records.extend(TransferRecord(t.kind, mesh.axis_names[t.axis], float(t.nbytes),
                                           t.backward, ref.producer, time)
                            for t, time in zip(transfers, seconds))
