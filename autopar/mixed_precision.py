@@ -135,7 +135,8 @@ class MasterWeights:
                 f"masters of {copied} of {len(self.params)} parameters)")
 
 
-def master_weights(module: nn.Module | Iterable[nn.Parameter], optimizer_class: type = None,
+def master_weights(module: nn.Module | Iterable[nn.Parameter],
+                   optimizer_class: type | None = None,
                    *, dtype: torch.dtype = torch.float32, **options) -> MasterWeights:
     """A `MasterWeights` stepping `optimizer_class(**options)` (default
     `torch.optim.AdamW`) on `dtype` masters of the trainable parameters of `module` (an
