@@ -111,7 +111,7 @@ def predicted_memory(plan: Plan, graph: fx.GraphModule,
     Raises ValueError when a plan node is missing from the graph or a parameter's
     `memory_bytes` is less than its piece, gradient and states (another optimizer).
     """
-    from autopar.passes.build_problem import gradient_path
+    from autopar.passes.gradient_path import gradient_path
 
     by_name = {n.name: n for n in graph.graph.nodes}
     planned = {n.name for n in plan.nodes}

@@ -15,11 +15,12 @@ map from problem indices back to graph nodes and tensors.
 - Memory per device: parameters with their gradient, master copy and optimizer states
   (`autopar.optimizer_state`; the three where the parameter is stored, the parameter
   itself also gathered, once per use that saves it, when kept gathered: ZeRO-2), buffers,
-  user inputs, and every activation on the gradient path that is kept for the backward
-  (views share their base's storage and add nothing). Stored tensors live for the whole
-  step, kept activations from their op to the end of the forward, others until their last
-  use. A recomputed op keeps nothing, except in the first block of tied blocks: there its
-  activations stand for the one block the backward recomputes at a time.
+  user inputs, and what autograd keeps for the backward (`find_saved`): the outputs some
+  op saves (views share their base's storage and add nothing) and the tensors ops save
+  inside (statistics, log-softmax), split as the op's work is. Stored tensors live for
+  the whole step, kept activations from their op to the end of the forward, others until
+  their last use. A recomputed op keeps no output, except in the first block of tied
+  blocks: there its outputs stand for the one block the backward recomputes at a time.
 - Ties: the blocks of a `ModuleList` (module paths `<list>.<i>...`) whose nodes and
   strategies match the first block's are tied node by node, so identical transformer blocks
   are one decision (the plan is uniform across them).
@@ -37,10 +38,16 @@ import torch.fx as fx
 from autopar import cost
 from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState
+from autopar.passes.find_saved import find_saved, kept_outputs
 from autopar.passes.find_strategies import STORED_ROLES, Strategy, StrategyTable
-from autopar.rules import factories
+from autopar.passes.gradient_path import (
+    gradient_path,
+    is_differentiable,
+    passes_gradient,
+    tensor_outputs,
+)
 from autopar.solver.problem import ShardingProblem
-from autopar.specs import BYTES, FLOPS, MODULE, NAMES, ROLE, TENSOR, TensorSpec
+from autopar.specs import BYTES, FLOPS, MODULE, NAMES, ROLE, TensorSpec
 
 _LAYER = re.compile(r"^(?P<list>(?:[^.]+\.)*?[^.]+)\.(?P<index>\d+)(?:\.|$)")
 
@@ -80,34 +87,6 @@ def module_of(node: fx.Node) -> str:
     return node.meta.get(MODULE, "")
 
 
-def gradient_path(gm: fx.GraphModule) -> dict[str, bool]:
-    """Which nodes' values depend on a parameter through floating-point values and ops that
-    pass gradients, so carry a gradient. Integer and boolean results (indices, masks) carry
-    none, whatever they were computed from."""
-    on_path: dict[str, bool] = {}
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            on_path[node.name] = node.meta.get(ROLE) == "parameter"
-        elif node.op == "output":
-            on_path[node.name] = any(on_path[n.name] for n in node.all_input_nodes)
-        else:
-            on_path[node.name] = passes_gradient(node) and any(
-                on_path[n.name] for n in node.all_input_nodes) and any(
-                _differentiable(spec) for spec in _outputs(node))
-    return on_path
-
-
-def passes_gradient(node: fx.Node) -> bool:
-    """Whether autograd carries a gradient from `node`'s output to its inputs: not for the
-    factories (`zeros_like(x)` depends on x's shape only)."""
-    target = getattr(node.target, "overloadpacket", None)
-    return node.target not in factories.NO_GRADIENT and target not in factories.NO_GRADIENT
-
-
-def _differentiable(spec: TensorSpec) -> bool:
-    return spec.dtype.is_floating_point or spec.dtype.is_complex
-
-
 def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
              inputs: tuple[tuple[str, TensorSpec], ...], consumer: str,
              position: int) -> EdgeRef:
@@ -117,9 +96,9 @@ def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
     a gradient (a linear's weight when its input does)."""
     producer, spec = inputs[position]
     saved = by_name[producer].meta.get(ROLE) == "parameter" and any(
-        on_path[name] and _differentiable(other)
+        on_path[name] and is_differentiable(other)
         for i, (name, other) in enumerate(inputs) if i != position and name != producer)
-    requires_grad = (on_path[producer] and _differentiable(spec)
+    requires_grad = (on_path[producer] and is_differentiable(spec)
                      and passes_gradient(by_name[consumer]))
     return EdgeRef(producer, consumer, position, spec, requires_grad, saved,
                    recompute_region(by_name[producer]) == recompute_region(by_name[consumer]),
@@ -194,7 +173,7 @@ def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differenti
         return 0
     divisor = cost.compute_divisor(strategy.inputs, strategy.output, mesh.shape)
     return cost.training_compute_time(flops / divisor, nbytes / divisor,
-                                      _outputs(node)[0].dtype, mesh.hardware,
+                                      tensor_outputs(node)[0].dtype, mesh.hardware,
                                       differentiable=differentiable,
                                       recompute=strategy.recompute)
 
@@ -212,11 +191,6 @@ def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer:
     return total
 
 
-def _outputs(node: fx.Node) -> tuple[TensorSpec, ...]:
-    spec = node.meta.get(TENSOR)
-    specs = spec if isinstance(spec, tuple) else (spec,)
-    return tuple(s for s in specs if s is not None)
-
 
 def _number(value, hints) -> float:
     return float(value.subs(hints)) if hasattr(value, "subs") else float(value)
@@ -231,6 +205,8 @@ class _Builder:
         self.order = [n.name for n in gm.graph.nodes if n.name in table.strategies]
         self.index = {name: i for i, name in enumerate(self.order)}
         self.on_path = gradient_path(gm)
+        self.saved = find_saved(gm)
+        self.kept = kept_outputs(gm, self.saved)
         self.saving_uses: dict[str, int] = {}  # parameter -> uses that save it
         self.edge_cache: dict[tuple, float] = {}
         self.matrix_cache: dict[tuple, np.ndarray] = {}
@@ -243,24 +219,33 @@ class _Builder:
     def node_usage(self, node: fx.Node, strategy: Strategy, *, first_of_tie: bool) -> float:
         role = node.meta.get(ROLE)
         if role == "parameter":
-            return float(parameter_bytes(_outputs(node)[0], strategy, self.mesh,
+            return float(parameter_bytes(tensor_outputs(node)[0], strategy, self.mesh,
                                          self.optimizer, self.saving_uses.get(node.name, 0)))
         held = sum(cost.local_bytes(s.nbytes, strategy.output, self.mesh.shape)
-                   for s in _outputs(node)) if node.op != "output" else 0
+                   for s in tensor_outputs(node)) if node.op != "output" else 0
         if role in STORED_ROLES or role == "input":
             return float(held)
         if _number(node.meta.get(BYTES, 0), self.hints) == 0:
             return 0.0  # a view shares its base's storage
-        if strategy.recompute and not first_of_tie:
-            return 0.0
-        return float(held)
+        entry = self.saved.get(node.name)
+        if entry is None:  # unknown to find_saved: its output is kept
+            return 0.0 if strategy.recompute and not first_of_tie else float(held)
+        kept = self.kept[node.name]
+        outputs = 0 if strategy.recompute and not first_of_tie else sum(
+            cost.local_bytes(spec.nbytes, strategy.output, self.mesh.shape)
+            for k, spec in enumerate(tensor_outputs(node)) if k in kept)
+        divisor = cost.compute_divisor(strategy.inputs, strategy.output, self.mesh.shape)
+        return float(outputs + entry.internal_bytes / divisor)
 
     def interval(self, node: fx.Node) -> tuple[int, int]:
         end = len(self.order)
         if node.op == "placeholder":
             return (0, end)
         start = self.index[node.name]
-        if self.on_path[node.name] or node.op == "output":
+        entry = self.saved.get(node.name)
+        kept_nothing = entry is not None and not self.kept[node.name] \
+            and entry.internal_bytes == 0
+        if (self.on_path[node.name] and not kept_nothing) or node.op == "output":
             return (start, end)
         users = [self.index[u] for u in self._decision_users(node)]
         return (start, max(users, default=start) + 1)

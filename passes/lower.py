@@ -10,7 +10,8 @@ global. Per node:
   `autopar.runtime.redistribute` with exactly the transfers the plan charged for the edge,
   wherever it does anything in the forward or the backward (a replicated tensor used by a
   split computation needs no forward step, but its gradient is Partial and is all-reduced;
-  for a parameter that all-reduce overlaps the rest of the backward);
+  for a parameter that all-reduce overlaps the rest of the backward, and so does the
+  reduce-scatter of a parameter kept gathered whose edge is one gather and one scatter);
 - ops run with this rank's local size arguments (`autopar.rules.local_args`);
 - an embedding whose table is split by rows runs `masked_embedding` from this rank's first
   row (obligation 2 of `autopar.rules`);
@@ -35,7 +36,7 @@ from torch.utils import _pytree as pytree
 
 from autopar import rules
 from autopar.errors import PlanFormatError
-from autopar.passes.build_problem import edge_ref, gradient_path
+from autopar.passes.build_problem import edge_ref
 from autopar.passes.find_strategies import (
     Strategy,
     is_decision,
@@ -43,11 +44,12 @@ from autopar.passes.find_strategies import (
     producer_of,
     tensor_inputs,
 )
+from autopar.passes.gradient_path import gradient_path
 from autopar.placement import Placements, Shard, format_placements, parse_placements, shard_count
 from autopar.plan_types import Plan
 from autopar.rules.embedding import is_vocab_split, masked_embedding
 from autopar.runtime.collectives import Collective, RankContext
-from autopar.runtime.grad_reduce import owns_gradient, reducible
+from autopar.runtime.grad_reduce import owns_gradient, reducible, scatterable
 from autopar.runtime.recompute import Recompute, Recomputed
 from autopar.runtime.redistribution import Redistribution
 from autopar.specs import NAMES, ROLE, TENSOR, TensorSpec
@@ -213,11 +215,15 @@ class _Lowering:
         name = f"{leaf.name}__{_identifier(dst.inputs[position])}"
         while hasattr(self.root, name):
             name += "_"
-        overlapped = (producer_of(leaf).meta.get(ROLE) == "parameter"
-                      and reducible(redistribution))
+        parameter = producer_of(leaf).meta.get(ROLE) == "parameter"
+        # The edges the plan charges as reduced in the background (build_problem's
+        # `background_reductions`); a recomputed consumer's edge also gathers again there.
+        kept_gathered = (parameter and producer.gathered is not None and not dst.recompute
+                         and scatterable(redistribution))
         self.root.add_module(name, Collective(
-            redistribution, self.context, overlapped=overlapped,
-            owned_gradient=owns_gradient(consumer.target), output=consumer.op == "output"))
+            redistribution, self.context, overlapped=parameter and reducible(redistribution),
+            owned_gradient=owns_gradient(consumer.target), kept_gathered=kept_gathered,
+            output=consumer.op == "output"))
         self.collectives.append((name, redistribution))
         return self.graph.call_module(name, (self.env[leaf],)), redistribution
 

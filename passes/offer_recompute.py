@@ -8,7 +8,8 @@ the memory of keeping the output against computing it again in the backward
 recomputation, recomputing the cheap ops around the matmuls is the selective kind.
 
 Eligible: ops on the gradient path that write a new tensor (not views, which share their
-base's storage), whose result is not a model output, and that draw no random numbers (a
+base's storage) that some op keeps for the backward (`find_saved`), whose result is not a
+model output, and that draw no random numbers (a
 recomputed dropout would draw another mask; ops tagged `nondeterministic_seeded`).
 """
 
@@ -19,8 +20,9 @@ import dataclasses
 import torch
 import torch.fx as fx
 
-from autopar.passes.build_problem import gradient_path
+from autopar.passes.find_saved import find_saved, kept_outputs, storage_base
 from autopar.passes.find_strategies import Strategy, StrategyTable
+from autopar.passes.gradient_path import gradient_path
 from autopar.specs import BYTES
 
 
@@ -29,21 +31,34 @@ def draws_random_numbers(node: fx.Node) -> bool:
     return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
 
 
-def recomputable(node: fx.Node, on_path: dict[str, bool]) -> bool:
-    """Whether recomputing `node` in the backward can save memory and gives the same value."""
-    return (node.op == "call_function" and node.name in on_path and on_path[node.name]
+def recomputable(node: fx.Node, on_path: dict[str, bool],
+                 kept: dict[str, frozenset[int]]) -> bool:
+    """Whether recomputing `node` in the backward can save memory and gives the same value:
+    some op keeps its output (`find_saved.kept_outputs`), and every input it would be
+    recomputed from is kept anyway (a parameter, a user input, or an output some op
+    keeps); an op `kept` knows nothing of is assumed kept. Recomputing `relu` from a norm's
+    output that nothing else keeps would hold that output instead of relu's: no gain."""
+    if not (node.op == "call_function" and on_path.get(node.name, False)
             and node.meta.get(BYTES, 0) != 0 and not draws_random_numbers(node)
-            and all(user.op != "output" for user in node.users))
+            and all(user.op != "output" for user in node.users)
+            and kept.get(node.name, True)):
+        return False
+    for source in node.all_input_nodes:
+        base, index = storage_base(source)
+        if base.op == "call_function" and index not in kept.get(base.name, {index}):
+            return False
+    return True
 
 
 def offer_recompute(gm: fx.GraphModule, table: StrategyTable) -> StrategyTable:
     """`table` with a recomputed twin of every strategy of every eligible op."""
     on_path = gradient_path(gm)
+    kept = kept_outputs(gm, find_saved(gm))
     # Strategy tuples are shared between identical ops; keep them shared (problem caches).
     doubled: dict[int, tuple[Strategy, ...]] = {}
     strategies = dict(table.strategies)
     for node in gm.graph.nodes:
-        if node.name not in strategies or not recomputable(node, on_path):
+        if node.name not in strategies or not recomputable(node, on_path, kept):
             continue
         own = strategies[node.name]
         if id(own) not in doubled:

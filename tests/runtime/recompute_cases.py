@@ -20,11 +20,11 @@ from autopar import cost
 from autopar.api import plan_table
 from autopar.compiler import assemble
 from autopar.passes.annotate import annotate
-from autopar.passes.build_problem import gradient_path, recompute_region
+from autopar.passes.build_problem import recompute_region
 from autopar.passes.capture import capture
 from autopar.passes.constrain import constrain
 from autopar.passes.find_strategies import find_strategies
-from autopar.passes.offer_recompute import offer_recompute, recomputable
+from autopar.passes.offer_recompute import offer_recompute
 from autopar.placement import parse_placements
 from autopar.runtime import device_mesh
 from autopar.specs import TENSOR
@@ -33,7 +33,6 @@ from autopar.specs import TENSOR
 def _forced(gm, table):
     """`table` with only the recomputed strategies of every op that may recompute and reads
     no recomputable op of another block (both recomputing would be forbidden)."""
-    on_path = gradient_path(gm)
     by_name = {n.name: n for n in gm.graph.nodes}
     strategies = dict(table.strategies)
     for name, own in table.strategies.items():
@@ -41,7 +40,8 @@ def _forced(gm, table):
         if not any(s.recompute for s in own):
             continue
         region = recompute_region(node)
-        if all(recompute_region(by_name[p]) == region or not recomputable(by_name[p], on_path)
+        if all(recompute_region(by_name[p]) == region
+               or not any(s.recompute for s in table.strategies.get(p, ()))
                for p, _ in table.inputs[name]):
             strategies[name] = tuple(s for s in own if s.recompute)
     return dataclasses.replace(table, strategies=strategies)
