@@ -55,10 +55,21 @@ def _all_gather(t: torch.Tensor, dim: int, n: int, group) -> torch.Tensor:
 
 
 def _reduce_scatter(t: torch.Tensor, dim: int, n: int, group) -> torch.Tensor:
+    out, _, _ = start_reduce_scatter(t, dim, n, group, async_op=False)
+    return out
+
+
+def start_reduce_scatter(t: torch.Tensor, dim: int, n: int, group, *, async_op: bool = True
+                         ) -> tuple[torch.Tensor, object, torch.Tensor]:
+    """Sum `t` over `group` (`n` ranks) and keep this rank's chunk along `dim`, the
+    reduce_scatter step, without waiting (unless not `async_op`): (the chunk, valid once
+    the work is waited on, possibly a non-contiguous view; the torch.distributed work, None
+    when not `async_op`; the buffer sent, which must stay alive until then)."""
+    # Scatter along dim 0, where the pieces are contiguous blocks in group-rank order.
     front = t.movedim(dim, 0).contiguous()
     out = front.new_empty((front.shape[0] // n, *front.shape[1:]))
-    _reduce_scatter_single(out, front, group=group)
-    return out.movedim(0, dim)
+    work = _reduce_scatter_single(out, front, group=group, async_op=async_op)
+    return out.movedim(0, dim), work, front
 
 
 def _all_to_all(t: torch.Tensor, src_dim: int, dst_dim: int, n: int, group) -> torch.Tensor:

@@ -23,7 +23,13 @@ from autopar.placement import Replicate, Shard, format_placements
 from autopar.runtime.axis_ops import apply_steps
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.errors import RedistributionError
-from autopar.runtime.grad_reduce import GradientReducer, reduce_later, reducible
+from autopar.runtime.grad_reduce import (
+    GradientReducer,
+    gather_kept,
+    reduce_later,
+    reducible,
+    scatterable,
+)
 from autopar.runtime.pending import pending_reducible, reduce_output
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.regather import Regather
@@ -123,16 +129,20 @@ class Collective(nn.Module):
     """One graph edge's `redistribute` as a module, so that a rank program's code names it:
     `linear_1__R_S0 = self.linear_1__R_S0(linear_1)`. Holds no state. With `overlapped`
     (a parameter whose edge only all-reduces its gradient), the all-reduce runs in the
-    background of the backward (`autopar.runtime.grad_reduce`); with `output` (an edge into
-    the program's outputs that only all-reduces), the result is a `PendingSum` whose
-    all-reduce runs in the background too (`autopar.runtime.pending`)."""
+    background of the backward (`autopar.runtime.grad_reduce`); with `kept_gathered` (a
+    parameter kept gathered whose edge is one all-gather and one reduce-scatter), the
+    gradient's reduce-scatter does too; with `output` (an edge into the program's outputs
+    that only all-reduces), the result is a `PendingSum` whose all-reduce runs in the
+    background too (`autopar.runtime.pending`)."""
 
     def __init__(self, redistribution: Redistribution, context: RankContext, *,
                  overlapped: bool = False, owned_gradient: bool = False,
-                 output: bool = False) -> None:
+                 kept_gathered: bool = False, output: bool = False) -> None:
         """`owned_gradient`: with `overlapped`, the consumer op `owns_gradient`."""
         super().__init__()
         self.redistribution, self.context, self.overlapped = redistribution, context, overlapped
+        self.kept_gathered = kept_gathered
+        assert not kept_gathered or scatterable(redistribution), redistribution
         self.owned_gradient = overlapped and owned_gradient
         self.output = output and pending_reducible(redistribution)
         # Resolved once: the program calls its collectives on every step, and what they
@@ -146,6 +156,9 @@ class Collective(nn.Module):
         if self.output:
             return reduce_output(x, self.redistribution, self.context.mesh,
                                  self.context.counter)
+        if self.kept_gathered:
+            return gather_kept(x, self.redistribution, self.context.mesh,
+                               self.context.counter, self.context.reducer)
         if self.overlapped:
             return reduce_later(x, self._axis, self.context.mesh, self.context.counter,
                                 self.context.reducer, owned=self.owned_gradient)

@@ -17,9 +17,18 @@ tensor that nothing else holds (`owns_gradient`). An op that hands its incoming 
 as it is (`add`, `clone`, views) may share it with another branch of the backward, which
 must not see it summed: such gradients are always copied.
 
+A parameter stored sharded and kept gathered from its use to its backward (ZeRO-2) gets the
+same treatment when its edge is one all-gather and one reduce-scatter on the same axis
+(`scatterable`): `gather_kept` all-gathers it in the forward as `redistribute` would, and
+hands the gradient of the gathered copy to the reducer, which starts its reduce-scatter at
+once (one per gradient: packing several into one call would need them interleaved rank by
+rank) and adds this rank's chunk to the shard's `.grad` when the backward ends.
+
 Contract: gradients of such parameters reach `.grad` only through `loss.backward()` (not
 `torch.autograd.grad`), added to what `.grad` holds (accumulation stays exact), and the
-bytes counted are those the plan charges (one all-reduce of the gradient on the axis).
+bytes counted are those the plan charges (one all-reduce of the gradient on the axis; one
+reduce-scatter of the gathered copy's gradient, counted by its input as `axis_ops` does).
+A reduce-scattered `.grad` set here owns its storage (no view into a larger buffer).
 """
 
 from __future__ import annotations
@@ -29,9 +38,10 @@ import torch.distributed as dist
 from torch.autograd import Variable
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.runtime.axis_ops import axis_name
+from autopar.runtime.axis_ops import apply_step, apply_steps, axis_name, start_reduce_scatter
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.redistribution import Redistribution
+from autopar.runtime.steps import Step
 
 # Gradients packed into one all-reduce, at most (about DDP's first bucket).
 BUCKET_BYTES = 1 << 20
@@ -61,12 +71,35 @@ def reducible(redistribution: Redistribution) -> bool:
             and steps[0].kind == "all_reduce")
 
 
+def scatterable(redistribution: Redistribution) -> bool:
+    """Edges whose only collectives are one forward all-gather and one backward
+    reduce-scatter on the same mesh axis, not gathered again for the backward (local steps
+    may come before or after them): a parameter kept gathered (ZeRO-2) is read this way,
+    and `gather_kept` carries such edges out. The planner charges the same edges' scatter
+    as run in the background (`passes/build_problem.background_reductions`)."""
+    forward = [s for s in redistribution.forward_steps if s.kind is not None]
+    backward = [s for s in redistribution.backward_steps if s.kind is not None]
+    return (not redistribution.regather and len(forward) == 1 and len(backward) == 1
+            and forward[0].kind == "all_gather" and backward[0].kind == "reduce_scatter"
+            and forward[0].axis == backward[0].axis)
+
+
+def _owned(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a copy when it is a view into a larger buffer: a `.grad` kept for the
+    optimizer must not pin the rest of that buffer."""
+    t = t.contiguous()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()
+    return t
+
+
 class GradientReducer:
     """The gradients waiting for their all-reduce in one backward pass; a plain object the
     caller owns. Each one starts its all-reduce at once (so it overlaps the backward) while
     the bucket of gradients on its axis is small; gradients arriving in a row are otherwise
     packed into one buffer, all-reduced in one call when the bucket is full or the backward
-    ends: per-call cost, not bandwidth, dominates small all-reduces."""
+    ends: per-call cost, not bandwidth, dominates small all-reduces. Gradients of
+    kept-gathered parameters (`scatter`) each start their reduce-scatter at once."""
 
     def __init__(self, bucket_bytes: int = BUCKET_BYTES) -> None:
         self.bucket_bytes = bucket_bytes
@@ -74,13 +107,20 @@ class GradientReducer:
         self._meshes: dict[tuple[int, int], DeviceMesh] = {}
         self._in_flight: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor,
                                     object]] = []
+        # Started reduce-scatters: (parameter, its chunk once waited on, work, the buffer
+        # sent, the local steps after the scatter, mesh, counter).
+        self._scatters: list[tuple] = []
+
+    def _watch(self) -> None:
+        # The first gradient of a backward pass: finish when the pass ends.
+        if not self._buckets and not self._in_flight and not self._scatters:
+            Variable._execution_engine.queue_callback(self.finish)
 
     def start(self, parameter: torch.Tensor, grad: torch.Tensor, axis: int,
               mesh: DeviceMesh, counter: CommCounter, *, owned: bool = False) -> None:
         """Take `parameter`'s gradient `grad` to all-reduce over mesh axis `axis`; `owned`:
         nothing else holds `grad` (see `owns_gradient`), so it may be summed in place."""
-        if not self._buckets and not self._in_flight:
-            Variable._execution_engine.queue_callback(self.finish)
+        self._watch()
         nbytes = grad.numel() * grad.element_size()
         counter.record("all_reduce", axis_name(mesh, axis), "backward", nbytes)
         if owned and nbytes >= self.bucket_bytes and grad.is_contiguous():
@@ -105,10 +145,35 @@ class GradientReducer:
         work = dist.all_reduce(flat, group=mesh.get_group(axis), async_op=True)
         self._in_flight.append((bucket, flat, work))
 
+    def scatter(self, parameter: torch.Tensor, grad: torch.Tensor, steps: tuple[Step, ...],
+                mesh: DeviceMesh, counter: CommCounter) -> None:
+        """Take `grad`, the gradient of `parameter`'s gathered copy, to turn into the
+        parameter's gradient by `steps` (a `scatterable` edge's backward steps: local ones
+        and one reduce-scatter); the scatter starts now, recorded on `counter`."""
+        self._watch()
+        at = next(i for i, step in enumerate(steps) if step.kind == "reduce_scatter")
+        for step in steps[:at]:  # local: nothing to record
+            grad = apply_step(grad, step, mesh, counter, "backward")
+        step = steps[at]
+        counter.record("reduce_scatter", axis_name(mesh, step.axis), "backward",
+                       grad.numel() * grad.element_size())
+        chunk, work, sent = start_reduce_scatter(grad, step.dst.dim, mesh.size(step.axis),
+                                                 mesh.get_group(step.axis))
+        self._scatters.append((parameter, chunk, work, sent, steps[at + 1:], mesh, counter))
+
     def finish(self) -> None:
-        """Reduce what is left, wait for every all-reduce, add the sums to the gradients."""
+        """Reduce what is left, wait for every all-reduce and reduce-scatter, add the
+        results to the gradients."""
         for key in list(self._buckets):
             self._launch(key)
+        scatters, self._scatters = self._scatters, []
+        for parameter, chunk, work, _, rest, mesh, counter in scatters:
+            work.wait()
+            chunk = _owned(apply_steps(chunk, rest, mesh, counter, "backward"))
+            if parameter.grad is None:
+                parameter.grad = chunk
+            else:
+                parameter.grad.add_(chunk)
         in_flight, self._in_flight = self._in_flight, []
         for bucket, flat, work in in_flight:
             work.wait()
@@ -150,3 +215,30 @@ def reduce_later(parameter: torch.Tensor, axis: int, mesh: DeviceMesh, counter: 
     if not (parameter.requires_grad and torch.is_grad_enabled()):
         return parameter
     return _ReduceLater.apply(parameter, axis, mesh, counter, reducer, owned)
+
+
+class _GatherKept(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, shard: torch.Tensor, redistribution: Redistribution, mesh: DeviceMesh,
+                counter: CommCounter, reducer: GradientReducer) -> torch.Tensor:
+        # A leaf parameter held on ctx: no reference cycle through a grad_fn.
+        ctx.parameter, ctx.steps, ctx.mesh = shard, redistribution.backward_steps, mesh
+        ctx.counter, ctx.reducer = counter, reducer
+        return apply_steps(shard, redistribution.forward_steps, mesh, counter, "forward")
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.reducer.scatter(ctx.parameter, grad, ctx.steps, ctx.mesh, ctx.counter)
+        return None, None, None, None, None
+
+
+def gather_kept(shard: torch.Tensor, redistribution: Redistribution, mesh: DeviceMesh,
+                counter: CommCounter, reducer: GradientReducer) -> torch.Tensor:
+    """`redistribute(shard, redistribution, ...)` for a parameter `shard` (this rank's
+    piece, a leaf) whose edge is `scatterable`, as the caller checked: the forward gathers
+    it the same way, and the gradient of the result is reduce-scattered by `reducer` in the
+    background of the rest of the backward, then added to `shard.grad` (see the module
+    docstring)."""
+    if not (shard.requires_grad and torch.is_grad_enabled()):
+        return apply_steps(shard, redistribution.forward_steps, mesh, counter, "forward")
+    return _GatherKept.apply(shard, redistribution, mesh, counter, reducer)

@@ -104,3 +104,55 @@ def large_gradients_accumulated(rank: int) -> tuple[float, list[int]]:
     finally:
         grad_reduce.dist.all_reduce = all_reduce
     return _error_against_twice(pm, reference, inputs), sorted(sizes)
+
+
+def _kept_gathered_case(rank: int, mesh, dim: int) -> dict:
+    from torch import nn
+
+    from autopar.placement import Replicate, Shard
+    from autopar.runtime import CommCounter, Redistribution, redistribute
+    from autopar.runtime.grad_reduce import GradientReducer, gather_kept, scatterable
+
+    edge = Redistribution.for_edge((8, 6), torch.float32, (Shard(dim),), (Replicate(),),
+                                   (Shard(0),), (2,))
+    assert scatterable(edge), edge
+    full = torch.randn((8, 6), generator=torch.Generator().manual_seed(0))
+    shard = full.chunk(2, dim)[rank]
+    # Different data per rank: each holds one summand of the gradient.
+    x = torch.randn((8, 6), generator=torch.Generator().manual_seed(1 + rank))
+    synced, overlapped = nn.Parameter(shard.clone()), nn.Parameter(shard.clone())
+    sync_counter, async_counter, reducer = CommCounter(), CommCounter(), GradientReducer()
+    seen = []
+
+    def look(grad):
+        seen.append((len(reducer._scatters), overlapped.grad is None))
+
+    for _ in range(2):
+        (redistribute(synced, edge, mesh, sync_counter) * x).square().sum().backward()
+        # `earlier` is made first, so autograd reaches it after the gathered copy.
+        earlier = torch.ones((), requires_grad=True)
+        late = earlier * 2
+        late.register_hook(look)
+        gathered = gather_kept(overlapped, edge, mesh, async_counter, reducer)
+        ((gathered * x).square().sum() + late).backward()
+    grad = overlapped.grad
+    return {"error": float((grad - synced.grad).abs().max()),
+            "scale": float(synced.grad.abs().max()),
+            "owns": grad.untyped_storage().nbytes() == grad.numel() * grad.element_size(),
+            "shape": tuple(grad.shape), "expected_shape": tuple(shard.shape),
+            "sync": sync_counter.totals(), "async": async_counter.totals(),
+            "async_calls": async_counter.calls(), "seen": seen,
+            "left": len(reducer._scatters)}
+
+
+def kept_gathered_async_against_sync(rank: int) -> list[dict]:
+    """Per gathered dim (0 and 1) of an (8, 6) parameter stored S(d) on 2 ranks and kept
+    gathered for a data-parallel use: two backward passes without zero_grad through
+    `gather_kept` and through the synchronous `redistribute`, from equal shards. Reports the
+    largest gradient difference, whether the async `.grad` owns its storage, both counters,
+    and what a hook on a later part of the backward saw: the reduce-scatter in flight and
+    `.grad` not yet set."""
+    from autopar.runtime import device_mesh
+
+    mesh = device_mesh(autopar.Mesh((2,), ("dp",), hardware="cpu"))
+    return [_kept_gathered_case(rank, mesh, dim) for dim in (0, 1)]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 import autopar
+from autopar.runtime.collectives import Collective
 from autopar.training import gradient_errors
 
 # AdamW at lr 5e-5 (the scale of transformer training). Its normalised update g/sqrt(v)
@@ -58,6 +59,8 @@ class Outcome:
     plan: dict
     code: str
     loss_type: str  # the class of the compiled model's loss (PendingSum while in flight)
+    # Edges whose gradient reduce-scatter runs in the background (`Collective.kept_gathered`).
+    kept_gathered: int = 0
 
 
 def train(rank: int, case: Case, mesh: autopar.Mesh) -> Outcome:
@@ -90,7 +93,8 @@ def train(rank: int, case: Case, mesh: autopar.Mesh) -> Outcome:
     return Outcome(tuple(losses), tuple(reference_losses) if reference else None,
                    tuple(errors) if reference else None,
                    dict(pm.counter.totals()), pm.plan.comm_bytes(), pm.plan.to_dict(),
-                   pm.code, "/".join(sorted(loss_types)))
+                   pm.code, "/".join(sorted(loss_types)),
+                   sum(isinstance(m, Collective) and m.kept_gathered for m in pm.modules()))
 
 
 def train_all(rank: int, cases: tuple[Case, ...], shape: tuple[int, ...],

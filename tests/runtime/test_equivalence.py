@@ -29,6 +29,7 @@ from equivalence_cases import (
     train_all,
 )
 
+import autopar
 from autopar.runtime.launch import launch
 
 EXAMPLES = ("examples.mlp", "examples.gpt", "examples.llama")
@@ -85,3 +86,24 @@ def test_a_loss_summed_in_the_background_trains_the_same():
     check_equivalence((DATA_PARALLEL,), results)
     check_bytes((DATA_PARALLEL,), results)
     assert all(r[0].loss_type == "PendingSum" for r in results), results[0][0].code
+
+
+# Data parallel on 2 ranks under a budget where the solver stores both weights split and
+# keeps them gathered from their use to their backward (ZeRO-2): their gradients are
+# reduce-scattered in the background of the backward (`grad_reduce.gather_kept`). Plans
+# that keep both weights gathered peak at 6.6 MB; a budget under it makes the solver gather
+# one again in the backward (ZeRO-3), from 7.8 MB it replicates one.
+KEPT_GATHERED = Case("examples.mlp", build=(("batch", 64), ("hidden", 256), ("ffn", 1024)),
+                     memory_budget=7.0e6,
+                     constraints=(("linear", "S(0)"), ("linear_1", "S(0)")))
+
+
+def test_kept_gathered_weights_scattered_in_the_background_train_the_same():
+    results = launch(train_all, 2, (KEPT_GATHERED,), (2,), ("x",), timeout=300.0)
+    plan = autopar.Plan.from_dict(results[0][0].plan)
+    kept = {n.name for n in plan.nodes if n.gathered}
+    assert {"p_fc1_weight", "p_fc2_weight"} <= kept, plan.nodes
+    # One gather-and-scatter edge per kept-gathered parameter, each run in the background.
+    assert all(r[0].kept_gathered == len(kept) for r in results), results[0][0].code
+    check_equivalence((KEPT_GATHERED,), results)
+    check_bytes((KEPT_GATHERED,), results)
