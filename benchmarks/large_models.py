@@ -86,7 +86,8 @@ def report(case: Case, time_limit: float) -> None:
           f"mesh {mesh.describe()}")
     print(f"planned in {took:.0f} s; solver {plan.solver.status}, gap {plan.solver.gap:.2%}")
     print(f"predicted step {plan.step_time_s:.3f} s (compute {plan.compute_s:.3f}, "
-          f"communication {plan.comm_s:.3f}), MFU {plan.mfu:.3f}")
+          f"communication {plan.exposed_comm_s:.3f} exposed + {plan.hidden_comm_s:.3f} "
+          f"hidden), MFU {plan.mfu:.3f}")
     print(f"peak memory {plan.peak_memory_bytes / 2**30:.2f} GiB of "
           f"{plan.memory_limit_bytes / 2**30:.2f} GiB; optimizer {plan.optimizer}")
     print(f"layer 0 recomputes: {dict(recomputed) or 'nothing'}")

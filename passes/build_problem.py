@@ -38,7 +38,7 @@ import torch.fx as fx
 from autopar import cost
 from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState
-from autopar.passes.find_saved import find_saved, kept_outputs
+from autopar.passes.find_saved import Saved, find_saved, kept_outputs
 from autopar.passes.find_strategies import STORED_ROLES, Strategy, StrategyTable
 from autopar.passes.gradient_path import (
     gradient_path,
@@ -64,6 +64,8 @@ class EdgeRef:
     saved: bool  # a parameter its consumer saves for the backward
     same_block: bool  # both ends in one recompute region (`recompute_region`)
     producer_is_parameter: bool
+    consumer_is_view: bool  # the consumer moves no bytes: its value is the input's storage
+    consumer_saves: bool  # the consumer keeps this input for its backward (`find_saved`)
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,20 +91,25 @@ def module_of(node: fx.Node) -> str:
 
 def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
              inputs: tuple[tuple[str, TensorSpec], ...], consumer: str,
-             position: int) -> EdgeRef:
+             position: int, saved_by: dict[str, Saved] | None = None) -> EdgeRef:
     """The edge into tensor input `position` of `consumer`, whose tensor inputs are `inputs`
     (`find_strategies.tensor_inputs`); `by_name` maps node names to graph nodes. A parameter
     is saved by its consumer for the backward when some other input of the consumer carries
-    a gradient (a linear's weight when its input does)."""
+    a gradient (a linear's weight when its input does). `saved_by` (`find_saved`) says which
+    inputs ops keep; without it, or for an op it does not know, every input is kept."""
     producer, spec = inputs[position]
     saved = by_name[producer].meta.get(ROLE) == "parameter" and any(
         on_path[name] and is_differentiable(other)
         for i, (name, other) in enumerate(inputs) if i != position and name != producer)
     requires_grad = (on_path[producer] and is_differentiable(spec)
                      and passes_gradient(by_name[consumer]))
+    entry = (saved_by or {}).get(consumer)
+    node = by_name[consumer]
     return EdgeRef(producer, consumer, position, spec, requires_grad, saved,
-                   recompute_region(by_name[producer]) == recompute_region(by_name[consumer]),
-                   by_name[producer].meta.get(ROLE) == "parameter")
+                   recompute_region(by_name[producer]) == recompute_region(node),
+                   by_name[producer].meta.get(ROLE) == "parameter",
+                   consumer_is_view=node.op == "call_function" and node.meta.get(BYTES, 0) == 0,
+                   consumer_saves=entry is None or position in entry.inputs)
 
 
 def recompute_region(node: fx.Node) -> str:
@@ -118,18 +125,27 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
     """The collectives of edge `ref` when its producer chose `src` and its consumer `dst`
     (None: forbidden). A parameter kept gathered (ZeRO-2) must reach its consumer from the
     gathered placement by local steps only (slices, partial reads) and is not gathered
-    again for the backward; one gathered at each use
-    (ZeRO-3) is, when its consumer saves it. A recomputed op reads recomputed inputs from
-    its own region only (`recompute_region`)."""
-    if src.gathered is not None and not _reads_gathered(src, dst.inputs[ref.position],
-                                                        nbytes, mesh_shape):
+    again for the backward; one gathered at each use (ZeRO-3) is, when its consumer saves
+    it.
+
+    A recomputed op reads recomputed inputs from its own region only (`recompute_region`).
+    Its output must be what the backward saves, so that the backward rebuilds it (and runs
+    its inputs' collectives again, as charged): a consumer that keeps it, or a view of it
+    (views carry their base's recompute flag), reads it in its own placement, not a
+    collective's copy of it."""
+    read = dst.inputs[ref.position]
+    if src.gathered is not None and not _reads_gathered(src, read, nbytes, mesh_shape):
         return None
-    if src.recompute and dst.recompute and not ref.same_block:
+    if ref.consumer_is_view and src.recompute != dst.recompute:
         return None
-    return cost.edge_transfers(nbytes, src.output, dst.inputs[ref.position], dst.output,
+    if src.recompute and (ref.consumer_saves or ref.consumer_is_view) and read != src.output:
+        return None
+    if src.recompute and dst.recompute and not ref.same_block and not ref.consumer_is_view:
+        return None
+    return cost.edge_transfers(nbytes, src.output, read, dst.output,
                                mesh_shape, requires_grad=ref.requires_grad,
                                regather=ref.saved and src.gathered is None,
-                               recompute=dst.recompute)
+                               recompute=dst.recompute and not ref.consumer_is_view)
 
 
 def _reads_gathered(src: Strategy, read, nbytes, mesh_shape: tuple[int, ...]) -> bool:
@@ -262,7 +278,7 @@ class _Builder:
         dst = self.table.strategies[ref.consumer]
         # Strategy tuples are shared between identical ops, so repeated blocks hit this cache.
         key = (id(src), id(dst), ref.position, ref.tensor.nbytes, ref.requires_grad,
-               ref.saved, ref.same_block)
+               ref.saved, ref.same_block, ref.consumer_is_view, ref.consumer_saves)
         if key not in self.matrix_cache:
             self.matrix_cache[key] = self._edge_matrix(src, dst, ref)
         return self.matrix_cache[key]
@@ -273,7 +289,8 @@ class _Builder:
             for m, d in enumerate(dst):
                 key = (ref.tensor.nbytes, s.output, s.gathered, d.inputs[ref.position],
                        d.output, d.recompute, s.recompute, ref.requires_grad, ref.saved,
-                       ref.same_block, ref.producer_is_parameter)
+                       ref.same_block, ref.producer_is_parameter, ref.consumer_is_view,
+                       ref.consumer_saves)
                 value = self.edge_cache.get(key)
                 if value is None:
                     transfers = strategy_edge_transfers(ref, s, d, ref.tensor.nbytes,
@@ -328,7 +345,8 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     strategies = tuple(table.strategies[name] for name in builder.order)
     nodes = [builder.by_name[name] for name in builder.order]
     edges = tuple(
-        edge_ref(builder.by_name, builder.on_path, table.inputs[node.name], node.name, position)
+        edge_ref(builder.by_name, builder.on_path, table.inputs[node.name], node.name, position,
+                 builder.saved)
         for node in nodes for position in range(len(table.inputs[node.name])))
     for ref in edges:
         builder.saving_uses[ref.producer] = builder.saving_uses.get(ref.producer, 0) + ref.saved

@@ -23,7 +23,7 @@ from autopar.passes.build_problem import (
 from autopar.placement import format_placements
 from autopar.plan_types import NodePlan, Plan, SolverReport, TransferRecord
 from autopar.solver import Solution
-from autopar.specs import FLOPS, ROLE
+from autopar.specs import BYTES, FLOPS, ROLE
 
 
 def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound,
@@ -144,7 +144,8 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
             formula=str(_symbolic_cost(node, build, strategy,
                                        [e[:3] for e in edges[name]], hidden))
             if sizes else repr(compute + comm - overlapped),
-            recompute=strategy.recompute,
+            # A view's flag only mirrors its base's (build_problem): views run no op.
+            recompute=strategy.recompute and node.meta.get(BYTES, 0) != 0,
             gathered=format_placements(strategy.gathered) if strategy.gathered else "",
             hidden_s=overlapped))
     report = SolverReport(objective=solution.cost, bound=solution.bound, gap=solution.gap,

@@ -50,6 +50,14 @@ def recomputable(node: fx.Node, on_path: dict[str, bool],
     return True
 
 
+def _views_of(node: fx.Node, eligible: set[str]) -> bool:
+    """Whether `node` is a view (it moves no bytes) whose storage an eligible op wrote."""
+    if node.op != "call_function" or node.meta.get(BYTES, 0) != 0:
+        return False
+    base, _ = storage_base(node)
+    return base is not node and base.name in eligible
+
+
 def offer_recompute(gm: fx.GraphModule, table: StrategyTable) -> StrategyTable:
     """`table` with a recomputed twin of every strategy of every eligible op."""
     on_path = gradient_path(gm)
@@ -57,8 +65,12 @@ def offer_recompute(gm: fx.GraphModule, table: StrategyTable) -> StrategyTable:
     # Strategy tuples are shared between identical ops; keep them shared (problem caches).
     doubled: dict[int, tuple[Strategy, ...]] = {}
     strategies = dict(table.strategies)
+    eligible = {node.name for node in gm.graph.nodes if recomputable(node, on_path, kept)}
     for node in gm.graph.nodes:
-        if node.name not in strategies or not recomputable(node, on_path, kept):
+        # A view of an eligible op's output carries the flag too (build_problem keeps it
+        # equal to its base's), so that what reads the view can be held to the same rules.
+        if node.name not in strategies or not (
+                node.name in eligible or _views_of(node, eligible)):
             continue
         own = strategies[node.name]
         if id(own) not in doubled:

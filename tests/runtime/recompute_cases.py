@@ -17,51 +17,24 @@ from torch.profiler import ProfilerActivity, profile
 
 import autopar
 from autopar import cost
-from autopar.api import plan_table
 from autopar.compiler import assemble
 from autopar.passes.annotate import annotate
-from autopar.passes.build_problem import recompute_region
 from autopar.passes.capture import capture
-from autopar.passes.constrain import constrain
-from autopar.passes.find_strategies import find_strategies
-from autopar.passes.offer_recompute import offer_recompute
 from autopar.placement import parse_placements
 from autopar.runtime import device_mesh
 from autopar.specs import TENSOR
 
 
-def _forced(gm, table):
-    """`table` with only the recomputed strategies of every op that may recompute and reads
-    no recomputable op of another block (both recomputing would be forbidden)."""
-    by_name = {n.name: n for n in gm.graph.nodes}
-    strategies = dict(table.strategies)
-    for name, own in table.strategies.items():
-        node = by_name[name]
-        if not any(s.recompute for s in own):
-            continue
-        region = recompute_region(node)
-        if all(recompute_region(by_name[p]) == region
-               or not any(s.recompute for s in table.strategies.get(p, ()))
-               for p, _ in table.inputs[name]):
-            strategies[name] = tuple(s for s in own if s.recompute)
-    return dataclasses.replace(table, strategies=strategies)
-
-
 def recompute_plan(model: torch.nn.Module, inputs: tuple, mesh: autopar.Mesh,
                    budget_fraction: float, constraints: dict[str, str] | None = None
                    ) -> autopar.Plan:
-    """The plan of `model` that recomputes every op it can (see the module docstring),
-    within `budget_fraction` of the memory its replicated single-device plan peaks at, with
-    `constraints` pinned (`autopar.plan`'s)."""
-    gm = annotate(capture(model, inputs))
+    """The solver's plan of `model` within `budget_fraction` of the memory its replicated
+    single-device plan peaks at, with `constraints` pinned (`autopar.plan`'s): tight
+    enough budgets make it recompute."""
     whole = autopar.plan(model, autopar.Mesh((1,), ("x",), hardware=mesh.hardware.name),
                          inputs, recompute=False, time_limit=2.0).peak_memory_bytes
-    table = _forced(gm, offer_recompute(gm, find_strategies(gm, mesh)))
-    if constraints:
-        table = constrain(gm, table, mesh, constraints)
-    return plan_table(gm, table, mesh, model_name=type(model).__name__,
-                      memory_budget=budget_fraction * whole, time_limit=3.0,
-                      fold_layers=True, seed=0)
+    return autopar.plan(model, mesh, inputs, memory_budget=budget_fraction * whole,
+                        constraints=constraints, time_limit=10.0)
 
 
 def without_recompute(plan: autopar.Plan) -> autopar.Plan:
