@@ -129,6 +129,8 @@ def _recompute_wanted(node: fx.Node, mode: str | None, region_output: bool,
     """Whether `mode` recomputes `node` (None: the solver chooses)."""
     if mode is None:
         return None
+    if node.meta.get(BYTES, 0) == 0:
+        return None  # a view's flag follows its base's (build_problem keeps them equal)
     if mode == "none" or region_output:
         return False
     if mode == "full":
