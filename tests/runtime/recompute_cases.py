@@ -1,11 +1,9 @@
 """Plans that recompute, and the rank bodies that measure what recomputation keeps.
 
 `recompute_plan` (in the parent, no process group) plans an example under a memory budget
-that forces sharding, with every op that may be recomputed restricted to recomputing, except
-where that is forbidden (an op reading another block's recomputed output): so the program
-rebuilds almost every activation, and its inbound edges' forward collectives run again in
-the backward. `kept_bytes` (on each rank) runs the plan and its twin that recomputes nothing
-and reports the bytes the forward leaves allocated, which autograd holds for the backward.
+tight enough that the solver recomputes. `kept_bytes` (on each rank) runs the plan and its
+twin that recomputes nothing and reports the activation storages autograd holds for the
+backward after the forward.
 """
 
 from __future__ import annotations
@@ -13,16 +11,17 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import autopar
 from autopar import cost
 from autopar.compiler import assemble
 from autopar.passes.annotate import annotate
 from autopar.passes.capture import capture
+from autopar.passes.find_saved import find_saved, kept_outputs
+from autopar.passes.gradient_path import tensor_outputs
 from autopar.placement import parse_placements
 from autopar.runtime import device_mesh
-from autopar.specs import TENSOR
+from autopar.runtime.memory_probe import ForwardProbe
 
 
 def recompute_plan(model: torch.nn.Module, inputs: tuple, mesh: autopar.Mesh,
@@ -44,31 +43,33 @@ def without_recompute(plan: autopar.Plan) -> autopar.Plan:
 
 
 def predicted_saving(model: torch.nn.Module, inputs: tuple, plan: autopar.Plan) -> float:
-    """Bytes per rank the plan does not keep: the local outputs of its recomputed ops."""
+    """Bytes per rank the plan does not keep: the local outputs of its recomputed ops that
+    some op keeps for the backward (`find_saved.kept_outputs`)."""
     gm = annotate(capture(model, inputs))
-    specs = {n.name: n.meta[TENSOR] for n in gm.graph.nodes}
+    by_name = {n.name: n for n in gm.graph.nodes}
+    kept = kept_outputs(gm, find_saved(gm))
     total = 0.0
     for node in plan.nodes:
         if node.recompute:
-            spec = specs[node.name]
-            for s in spec if isinstance(spec, tuple) else (spec,):
-                if s is not None:
-                    total += cost.local_bytes(s.nbytes, parse_placements(node.output),
+            for k, spec in enumerate(tensor_outputs(by_name[node.name])):
+                if k in kept.get(node.name, {k}):
+                    total += cost.local_bytes(spec.nbytes, parse_placements(node.output),
                                               plan.mesh.shape)
     return total
 
 
 def _forward_bytes(pm, inputs) -> tuple[int, torch.Tensor]:
-    """Bytes allocated and not freed during one forward, and its loss."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    """Bytes of the activation storages autograd holds after one forward
+    (`autopar.runtime.memory_probe.ForwardProbe`), and its loss."""
+    with ForwardProbe(pm, inputs) as probe:
         loss = pm(*inputs)
-    return sum(e.self_cpu_memory_usage for e in prof.events()), loss
+    return probe.saved.activations, loss
 
 
 def kept_bytes(rank: int, example: str, build: dict, plan: dict,
                shape: tuple[int, ...], names: tuple[str, ...]) -> tuple[int, int]:
-    """(bytes the forward leaves allocated with `plan`, the same without recomputing), on
-    this rank, each after a step that warms the program up."""
+    """(activation bytes autograd holds after the forward with `plan`, the same without
+    recomputing), on this rank, each after a step that warms the program up."""
     import importlib
 
     device = device_mesh(autopar.Mesh(shape, names, hardware="cpu"))

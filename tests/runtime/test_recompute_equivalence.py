@@ -77,13 +77,11 @@ def test_measured_bytes_equal_the_plan_with_the_recomputed_collectives(outcomes)
 
 
 def test_recomputed_activations_are_not_kept(outcomes):
-    """The bytes the forward leaves allocated (what autograd keeps for the backward) are
-    lower with the plan than with the same placements keeping everything, by what the plan
-    predicts (the recomputed ops' local outputs, which some op keeps: `find_saved`): between
-    half and twice it. The profiler's count of what a forward leaves allocated moves by
-    tens of KiB with the collectives' buffers, by rank and run (0.72 to 1.39 of the
-    prediction over two runs); `test_memory_fidelity` holds the storages autograd keeps
-    to 10%."""
+    """The activation storages autograd holds after the forward (`ForwardProbe`) are fewer
+    with the plan than with the same placements keeping everything, by what the plan
+    predicts (the recomputed ops' local outputs, which some op keeps: `find_saved`), within
+    20%: measured 0.86 of it on every rank, a 16 KiB recomputed output (GPT's `linear_4`)
+    still being held at the end of the forward."""
     shape, chosen, _, kept = outcomes
     if shape != (2, 2):
         pytest.skip("measured on mesh (2, 2)")
@@ -92,4 +90,4 @@ def test_recomputed_activations_are_not_kept(outcomes):
     predicted = predicted_saving(model, inputs, autopar.Plan.from_dict(case.plan))
     for rank, (recomputing, keeping) in enumerate(kept):
         saving = keeping - recomputing
-        assert 0.5 * predicted <= saving <= 2 * predicted, (rank, saving, predicted)
+        assert abs(saving - predicted) <= 0.2 * predicted, (rank, saving, predicted)
