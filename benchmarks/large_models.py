@@ -14,14 +14,20 @@ forward + 2 x forward) over predicted step x devices x bf16 peak.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 import autopar
+
+# The loss wrapper the transformers tests train with.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "runtime"))
+from hf_models import CausalLMLoss  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -42,15 +48,6 @@ CASES = {
     "70b": Case("Llama-3-70B shape", 80, 8192, 64, 8, 28672, 128256, 64, 4096),
     "8b": Case("Llama-3-8B shape", 32, 4096, 32, 8, 14336, 128256, 64, 8192),
 }
-
-
-class CausalLMLoss(nn.Module):
-    def __init__(self, lm: nn.Module) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.lm(input_ids=input_ids, labels=labels).loss
 
 
 def build(case: Case) -> tuple[nn.Module, tuple]:

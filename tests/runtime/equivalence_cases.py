@@ -63,6 +63,27 @@ class Outcome:
     kept_gathered: int = 0
 
 
+def side_by_side(pm, optimizer, reference, reference_optimizer, inputs: tuple, steps: int):
+    """Train `pm` and, on the rank that holds one, the plain `reference` on `inputs` for
+    `steps` steps. Yields, each step, `pm`'s loss, its full gradients (collective: every
+    rank must consume the generator) and the reference's loss (None without one), while
+    both models hold that step's gradients; then both optimizers step."""
+    for _ in range(steps):
+        loss = pm(*inputs)
+        loss.backward()
+        grads = pm.full_grads()
+        expected = None
+        if reference is not None:
+            expected = reference(*inputs)
+            expected.backward()
+        yield loss, grads, expected
+        optimizer.step()
+        optimizer.zero_grad()
+        if reference is not None:
+            reference_optimizer.step()
+            reference_optimizer.zero_grad()
+
+
 def train(rank: int, case: Case, mesh: autopar.Mesh) -> Outcome:
     """Run `case` on this rank (under `autopar.launch`); see the module docstring."""
     torch.manual_seed(0)
@@ -73,23 +94,15 @@ def train(rank: int, case: Case, mesh: autopar.Mesh) -> Outcome:
                          constraints=dict(case.constraints) or None, time_limit=3.0)
     optimizer = torch.optim.AdamW(pm.parameters(), lr=LEARNING_RATE)
     losses, reference_losses, errors, loss_types = [], [], [], set()
-    if reference is not None:
-        reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=LEARNING_RATE)
-    for _ in range(case.steps):
-        loss = pm(*inputs)
+    reference_optimizer = (torch.optim.AdamW(reference.parameters(), lr=LEARNING_RATE)
+                           if reference is not None else None)
+    for loss, grads, expected in side_by_side(pm, optimizer, reference, reference_optimizer,
+                                              inputs, case.steps):
         loss_types.add(type(loss).__name__)
-        loss.backward()
         losses.append(float(loss.detach()))
-        grads = pm.full_grads()  # collective: every rank calls it
-        optimizer.step()
-        optimizer.zero_grad()
-        if reference is not None:
-            expected = reference(*inputs)
-            expected.backward()
+        if expected is not None:
             reference_losses.append(float(expected.detach()))
             errors.append(gradient_errors(grads, reference))
-            reference_optimizer.step()
-            reference_optimizer.zero_grad()
     return Outcome(tuple(losses), tuple(reference_losses) if reference else None,
                    tuple(errors) if reference else None,
                    dict(pm.counter.totals()), pm.plan.comm_bytes(), pm.plan.to_dict(),

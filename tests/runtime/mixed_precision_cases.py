@@ -21,6 +21,7 @@ import importlib
 from dataclasses import dataclass
 
 import torch
+from equivalence_cases import side_by_side
 from torch import nn
 
 import autopar
@@ -138,23 +139,15 @@ def train(rank: int, case: PrecisionCase, mesh: autopar.Mesh) -> PrecisionOutcom
     optimizer = case.optimizer(pm)
     reference_optimizer = case.optimizer(reference) if reference is not None else None
     losses, reference_losses, biggest, norms, wrong = [], [], [], [], None
-    for _ in range(case.steps):
-        loss = pm(*inputs)
-        loss.backward()
+    for loss, grads, expected in side_by_side(pm, optimizer, reference, reference_optimizer,
+                                              inputs, case.steps):
         losses.append(float(loss.detach()))
-        grads = pm.full_grads()  # collective: every rank calls it
-        optimizer.step()
-        optimizer.zero_grad()
-        if reference is not None:
-            expected = reference(*inputs)
-            expected.backward()
+        if expected is not None:
             reference_losses.append(float(expected.detach()))
             biggest.append(gradient_errors(grads, reference))
             norms.append(norm_errors(grads, reference))
             if wrong is None:
                 wrong = _missing_half(reference, inputs)
-            reference_optimizer.step()
-            reference_optimizer.zero_grad()
     masters = getattr(optimizer, "masters", ())
     return PrecisionOutcome(
         tuple(losses), tuple(reference_losses) if reference is not None else None,
