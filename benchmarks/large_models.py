@@ -87,6 +87,14 @@ def report(case: Case, time_limit: float) -> None:
           f"hidden), MFU {plan.mfu:.3f}")
     print(f"peak memory {plan.peak_memory_bytes / 2**30:.2f} GiB of "
           f"{plan.memory_limit_bytes / 2**30:.2f} GiB; optimizer {plan.optimizer}")
+    seconds: dict[str, float] = {}
+    for node in plan.nodes:
+        for t in node.transfers:
+            key = f"{t.kind} {t.axis} {'backward' if t.backward else 'forward'}"
+            seconds[key] = seconds.get(key, 0.0) + t.seconds
+    print("communication by collective (s, before overlap):",
+          ", ".join(f"{key} {value:.3f}" for key, value in sorted(
+              seconds.items(), key=lambda item: -item[1])))
     print(f"layer 0 recomputes: {dict(recomputed) or 'nothing'}")
     print(f"layer 0 keeps: {dict(kept)}")
     print("layer 0 parameters (stored, kept gathered):",
