@@ -207,7 +207,6 @@ def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer:
     return total
 
 
-
 def _number(value, hints) -> float:
     return float(value.subs(hints)) if hasattr(value, "subs") else float(value)
 
