@@ -18,6 +18,7 @@ from autopar.passes.build_problem import ProblemBuild, build_problem
 from autopar.passes.capture import capture
 from autopar.passes.constrain import constrain
 from autopar.passes.extract_plan import extract_plan, hidden_fraction
+from autopar.passes.find_saved import find_saved
 from autopar.passes.find_strategies import StrategyTable, find_strategies
 from autopar.passes.offer_recompute import offer_recompute
 from autopar.plan_types import Plan
@@ -127,13 +128,14 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     hints = size_hints(gm)
     sizes = {str(k): v for k, v in hints.items()}
     warnings = tuple(f"no sharding rule for {op}: kept replicated" for op in table.unsupported)
+    saved = find_saved(gm)  # the same for every round
     best: Plan | None = None
     charge, limit = 1.0, time_limit
     for _ in range(OVERLAP_ROUNDS):
         say(f"{STAGE} build_problem (background gradient reductions charged at {charge:.0%})")
         build = build_problem(gm, table, mesh, memory_budget=memory_budget, hints=hints,
                               optimizer=optimizer, fold_layers=fold_layers,
-                              reduction_charge=charge)
+                              reduction_charge=charge, saved=saved)
         say(f"{STAGE} solve ({build.problem.num_nodes} decisions, "
             f"{build.problem.num_edges} edges)")
         solution = solve(build.problem, time_limit=limit, seed=seed, progress=progress)

@@ -39,8 +39,9 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-from autopar import cost
 from autopar.optimizer_state import ADAMW, OptimizerState
+from autopar.passes.build_problem import stored_parameter_bytes
+from autopar.passes.gradient_path import gradient_path
 from autopar.placement import parse_placements
 from autopar.plan_types import Plan
 from autopar.specs import NAMES, ROLE, TENSOR, TensorSpec
@@ -111,8 +112,6 @@ def predicted_memory(plan: Plan, graph: fx.GraphModule,
     Raises ValueError when a plan node is missing from the graph or a parameter's
     `memory_bytes` is less than its piece, gradient and states (another optimizer).
     """
-    from autopar.passes.gradient_path import gradient_path
-
     by_name = {n.name: n for n in graph.graph.nodes}
     planned = {n.name for n in plan.nodes}
     missing = planned - set(by_name)
@@ -151,9 +150,8 @@ def predicted_memory(plan: Plan, graph: fx.GraphModule,
 def _parameter(name: str, node: fx.Node, memory_bytes: float, placements,
                mesh_shape: tuple[int, ...], optimizer: OptimizerState) -> ParameterMemory:
     spec: TensorSpec = node.meta[TENSOR]
-    stored = float(cost.local_bytes(spec.nbytes, placements, mesh_shape))
-    elements = float(cost.local_bytes(spec.numel, placements, mesh_shape))
-    states = elements * optimizer.element_bytes(spec.dtype)
+    stored, states = map(float, stored_parameter_bytes(spec, placements, mesh_shape,
+                                                       optimizer))
     gathered = memory_bytes - 2 * stored - states
     if gathered < -_SLACK:
         raise ValueError(

@@ -194,14 +194,22 @@ def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differenti
                                       recompute=strategy.recompute)
 
 
+def stored_parameter_bytes(spec: TensorSpec, placements, mesh_shape: tuple[int, ...],
+                           optimizer: OptimizerState) -> tuple[float, float]:
+    """(bytes of a parameter's stored piece, which its gradient has too; bytes of its
+    master copy and optimizer states) on one rank, stored as `placements`."""
+    stored = cost.local_bytes(spec.nbytes, placements, mesh_shape)
+    elements = cost.local_bytes(spec.numel, placements, mesh_shape)
+    return stored, elements * optimizer.element_bytes(spec.dtype)
+
+
 def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer: OptimizerState,
                     saving_uses: int) -> float:
     """Bytes one rank holds for a parameter: its stored piece, gradient, master copy and
     optimizer states (all stored as `strategy.output`), plus, when it is kept gathered
     (ZeRO-2), one gathered copy for each use that saves it for the backward."""
-    stored = cost.local_bytes(spec.nbytes, strategy.output, mesh.shape)
-    elements = cost.local_bytes(spec.numel, strategy.output, mesh.shape)
-    total = 2 * stored + elements * optimizer.element_bytes(spec.dtype)
+    stored, states = stored_parameter_bytes(spec, strategy.output, mesh.shape, optimizer)
+    total = 2 * stored + states
     if strategy.gathered is not None:
         total += saving_uses * cost.local_bytes(spec.nbytes, strategy.gathered, mesh.shape)
     return total
@@ -213,15 +221,16 @@ def _number(value, hints) -> float:
 
 class _Builder:
     def __init__(self, gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
-                 optimizer: OptimizerState, hints: dict, reduction_charge: float) -> None:
+                 optimizer: OptimizerState, hints: dict, reduction_charge: float,
+                 saved: dict[str, Saved]) -> None:
         self.gm, self.table, self.mesh, self.hints = gm, table, mesh, hints
         self.optimizer, self.reduction_charge = optimizer, reduction_charge
         self.by_name = {n.name: n for n in gm.graph.nodes}
         self.order = [n.name for n in gm.graph.nodes if n.name in table.strategies]
         self.index = {name: i for i, name in enumerate(self.order)}
         self.on_path = gradient_path(gm)
-        self.saved = find_saved(gm)
-        self.kept = kept_outputs(gm, self.saved)
+        self.saved = saved
+        self.kept = kept_outputs(gm, saved)
         self.saving_uses: dict[str, int] = {}  # parameter -> uses that save it
         self.edge_cache: dict[tuple, float] = {}
         self.matrix_cache: dict[tuple, np.ndarray] = {}
@@ -332,15 +341,18 @@ class _Builder:
 def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
                   memory_budget: float | None, hints: dict | None = None,
                   optimizer: OptimizerState = ADAMW, fold_layers: bool = True,
-                  reduction_charge: float = 1.0) -> ProblemBuild:
+                  reduction_charge: float = 1.0,
+                  saved: dict[str, Saved] | None = None) -> ProblemBuild:
     """The sharding problem of an annotated graph over `mesh` (see the module docstring).
 
     `hints` maps the graph's size symbols to the values the solve uses; `optimizer` says
     what the optimizer keeps per parameter element; `reduction_charge` is the fraction of
     each gradient reduction run in the background (`background_reductions`) the objective
-    counts (the rest is expected hidden behind the backward's compute).
+    counts (the rest is expected hidden behind the backward's compute). `saved` is
+    `find_saved(gm)` when the caller has it (it runs every op once on fake tensors).
     """
-    builder = _Builder(gm, table, mesh, optimizer, hints or {}, reduction_charge)
+    builder = _Builder(gm, table, mesh, optimizer, hints or {}, reduction_charge,
+                       saved if saved is not None else find_saved(gm))
     strategies = tuple(table.strategies[name] for name in builder.order)
     nodes = [builder.by_name[name] for name in builder.order]
     edges = tuple(
