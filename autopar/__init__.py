@@ -10,6 +10,7 @@ from autopar.errors import (
     InitializationError,
     InputMismatchError,
     MeshError,
+    MicrobatchError,
     ModelFileError,
     OptimizerError,
     PlanFormatError,
@@ -28,7 +29,7 @@ from autopar.runtime.parallel_module import ParallelModule
 __all__ = [
     "AutoparError", "CaptureError", "HardwareError", "HardwareProfile", "InfeasiblePlanError",
     "InitializationError", "InputMismatchError", "MasterWeights", "Mesh", "MeshError",
-    "ModelFileError", "OptimizerError", "ParallelModule", "Plan", "PlanFormatError",
-    "ProblemFormatError", "ReportError", "ShardingError", "TrainingRunError",
+    "MicrobatchError", "ModelFileError", "OptimizerError", "ParallelModule", "Plan",
+    "PlanFormatError", "ProblemFormatError", "ReportError", "ShardingError", "TrainingRunError",
     "available_hardware", "compile", "launch", "load_hardware", "master_weights", "plan",
 ]

@@ -9,8 +9,9 @@ from typing import NoReturn
 import torch
 import torch.fx as fx
 import torch.nn as nn
+from torch.utils import _pytree as pytree
 
-from autopar.errors import InfeasiblePlanError
+from autopar.errors import InfeasiblePlanError, MicrobatchError
 from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState, optimizer_state
 from autopar.passes.annotate import annotate, size_hints
@@ -21,11 +22,20 @@ from autopar.passes.extract_plan import extract_plan, hidden_fraction
 from autopar.passes.find_saved import find_saved
 from autopar.passes.find_strategies import StrategyTable, find_strategies
 from autopar.passes.offer_recompute import offer_recompute
+from autopar.passes.offer_whole_gradient import offer_whole_gradient
+from autopar.passes.split_batch import BatchSplit, batch_size, split_batch
 from autopar.plan_types import Plan
 from autopar.solver import Solution, min_peak_usage, solve
 
 # Solves at most, re-estimating how much of the background gradient reductions stays exposed.
 OVERLAP_ROUNDS = 3
+
+# With microbatches="auto", more micro-batches are tried only when the plan of fewer
+# holds at least this fraction of the memory budget: they trade step time for activation
+# memory, so they can only win where memory binds.
+MEMORY_BINDS = 0.8
+# The most micro-batches "auto" tries.
+MAX_MICROBATCHES = 64
 
 # Prefix of the progress messages that start a pass (benchmarks time the passes by them);
 # the hand strategies' solves are announced the same way.
@@ -41,7 +51,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
          dynamic_shapes=None, constraints: Mapping[str, str] | None = None,
          fold_layers: bool = True, seed: int = 0, hand_strategies: bool = False,
          optimizer: object = None, master_weights: torch.dtype | None = None,
-         recompute: bool = True,
+         recompute: bool = True, microbatches: int | str = "auto",
          progress: Callable[[str], None] | None = None) -> Plan:
     """Choose how every op and tensor of `model` is split over `mesh`.
 
@@ -56,21 +66,93 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     optimizer class, `(class, options)` or state bytes per parameter element (default
     AdamW; `autopar.optimizer_state`), stepping a `master_weights` copy (e.g.
     torch.float32 for a bfloat16 model) when given. `recompute` lets the solver recompute
-    activations in the backward instead of keeping them. `progress` receives a message as
-    each pass starts (prefixed `STAGE`) and the solver's progress lines. Raises
-    `InfeasiblePlanError` with the least memory any plan needs when nothing fits, and
-    `OptimizerError` for an optimizer whose state the cost model can't size.
+    activations in the backward instead of keeping them. `microbatches` runs a step as
+    that many micro-batches one after the other (gradient accumulation: one micro-batch's
+    activations at a time, against smaller matmuls and collectives repeated per
+    micro-batch); "auto" tries more of them while the plan of fewer holds most of the
+    memory budget, and keeps the fastest plan (see `plan_model`). `progress` receives a
+    message as each pass starts (prefixed `STAGE`) and the solver's progress lines. Raises
+    `InfeasiblePlanError` with the least memory any plan needs when nothing fits,
+    `OptimizerError` for an optimizer whose state the cost model can't size, and
+    `MicrobatchError` for a count of micro-batches the model's step can't be cut into.
     """
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
     say = progress or (lambda message: None)
     say(f"{STAGE} capture")
     gm = capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
     say(f"{STAGE} annotate")
-    return plan_graph(annotate(gm), mesh, model_name=type(model).__name__,
+    if dynamic_shapes is not None and microbatches == "auto":
+        microbatches = 1  # a symbolic batch has no divisors to try
+    return plan_model(model, annotate(gm), tuple(example_inputs), mesh,
+                      microbatches=microbatches, model_name=type(model).__name__,
                       memory_budget=memory_budget, time_limit=time_limit,
                       constraints=constraints, fold_layers=fold_layers, seed=seed,
                       hand_strategies=hand_strategies, optimizer=state, recompute=recompute,
                       progress=progress)
+
+
+def micro_graph(model: nn.Module, example_inputs: tuple, split: BatchSplit) -> fx.GraphModule:
+    """`model` captured and annotated at the shapes of one micro-batch of `split`."""
+    flat, spec = pytree.tree_flatten((tuple(example_inputs), {}))
+    size = split.batch // split.microbatches
+    flat = [value[:size] if cut else value for value, cut in zip(flat, split.split)]
+    args, _ = pytree.tree_unflatten(flat, spec)
+    return annotate(capture(model, tuple(args)))
+
+
+def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
+               microbatches: int | str, memory_budget: float | None = None,
+               progress: Callable[[str], None] | None = None, **options) -> Plan:
+    """`plan_graph` of `gm` (`model` captured and annotated at `example_inputs`), run as
+    `microbatches` micro-batches: a count, or "auto". With "auto" the step is first planned
+    whole; while the best plan so far does not fit, or holds at least `MEMORY_BINDS` of
+    the budget, twice as many micro-batches are planned (each count's solve has
+    `options`' time limit), up to `MAX_MICROBATCHES` or a step time worse than the best:
+    micro-batches only trade time for memory. A model whose step can't be cut (its loss or
+    an op mixes samples: `split_batch`) is planned whole under "auto", and raises
+    `MicrobatchError` for a count."""
+    say = progress or (lambda message: None)
+    budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
+
+    def planned(count: int, split: BatchSplit | None) -> Plan:
+        graph = gm if split is None else micro_graph(model, example_inputs, split)
+        if split is not None:
+            say(f"{STAGE} plan {split.describe()}")
+        return plan_graph(graph, mesh, memory_budget=budget, microbatches=count,
+                          progress=progress, **options)
+
+    if microbatches != "auto":
+        if not isinstance(microbatches, int) or isinstance(microbatches, bool):
+            raise MicrobatchError("microbatches must be a count or 'auto'",
+                                  expected="a positive int or 'auto'", got=repr(microbatches),
+                                  fix="pass microbatches=4, or leave the default 'auto'")
+        split = split_batch(gm, microbatches) if microbatches != 1 else None
+        return planned(microbatches, split)
+    best: Plan | None = None
+    failure: InfeasiblePlanError | None = None
+    try:
+        best = planned(1, None)
+    except InfeasiblePlanError as error:
+        failure = error
+    count, batch = 2, batch_size(gm) or 1
+    while count <= min(batch, MAX_MICROBATCHES) and batch % count == 0 and (
+            best is None or best.peak_memory_bytes >= MEMORY_BINDS * budget):
+        try:
+            split = split_batch(gm, count)
+        except MicrobatchError:
+            break
+        try:
+            candidate = planned(count, split)
+        except InfeasiblePlanError:
+            count *= 2
+            continue
+        if best is not None and candidate.step_time_s >= best.step_time_s:
+            break
+        best, count = candidate, count * 2
+    if best is None:
+        assert failure is not None
+        raise failure
+    return best
 
 
 def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
@@ -78,8 +160,10 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                constraints: Mapping[str, str] | None = None, fold_layers: bool = True,
                seed: int = 0, hand_strategies: bool = False, optimizer: object = None,
                master_weights: torch.dtype | None = None, recompute: bool = True,
+               microbatches: int = 1,
                progress: Callable[[str], None] | None = None) -> Plan:
-    """`plan` from the strategy pass on, for a graph already captured and annotated. The
+    """`plan` from the strategy pass on, for a graph already captured and annotated (with
+    `microbatches` > 1, one micro-batch's graph, run that many times a step). The
     hand strategies, when asked for, ignore `constraints`: they are the standard ones;
     without constraints, a hand strategy's plan that fits and is faster is the plan."""
     state = optimizer_state(optimizer, master_weights=master_weights)
@@ -89,18 +173,21 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
     found = table = find_strategies(gm, mesh)
     if recompute:
         found = table = offer_recompute(gm, table)
+    if microbatches > 1:
+        found = table = offer_whole_gradient(table)
     if constraints:
         table = constrain(gm, table, mesh, constraints)
     result = plan_table(gm, table, mesh, model_name=model_name, memory_budget=budget,
                         time_limit=time_limit, fold_layers=fold_layers, seed=seed,
-                        optimizer=state, progress=progress)
+                        optimizer=state, microbatches=microbatches, progress=progress)
     if not hand_strategies:
         return result
     from autopar.hand_strategies import evaluate_hand_strategies  # it plans with plan_table
 
     hand = evaluate_hand_strategies(gm, mesh, memory_budget=budget, time_limit=time_limit,
                                     fold_layers=fold_layers, seed=seed, table=found,
-                                    optimizer=state, progress=progress)
+                                    optimizer=state, microbatches=microbatches,
+                                    progress=progress)
     # Each hand strategy is a restriction of the same search; the overlap of gradient
     # reductions is estimated round by round (plan_table), so a restricted search can
     # land on a faster plan than the whole one did: keep the fastest of them.
@@ -112,10 +199,11 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
 
 def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_name: str,
                memory_budget: float | None, time_limit: float, fold_layers: bool, seed: int,
-               optimizer: OptimizerState = ADAMW,
+               optimizer: OptimizerState = ADAMW, microbatches: int = 1,
                progress: Callable[[str], None] | None = None) -> Plan:
     """The cheapest plan choosing among `table`'s strategies (the problem, solve and
-    extract passes), within `memory_budget` bytes per device (None: no limit). Raises
+    extract passes), within `memory_budget` bytes per device (None: no limit), for a step
+    of `microbatches` runs of `gm`. Raises
     `InfeasiblePlanError`, with the least memory any plan of the table needs, when none fits.
 
     Gradient reductions the runtime overlaps with the backward cost only what the backward's
@@ -135,7 +223,8 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
         say(f"{STAGE} build_problem (background gradient reductions charged at {charge:.0%})")
         build = build_problem(gm, table, mesh, memory_budget=memory_budget, hints=hints,
                               optimizer=optimizer, fold_layers=fold_layers,
-                              reduction_charge=charge, saved=saved)
+                              reduction_charge=charge, saved=saved,
+                              microbatches=microbatches)
         say(f"{STAGE} solve ({build.problem.num_nodes} decisions, "
             f"{build.problem.num_edges} edges)")
         solution = solve(build.problem, time_limit=limit, seed=seed, progress=progress)

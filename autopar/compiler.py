@@ -14,12 +14,13 @@ import torch.distributed as dist
 from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.api import plan_graph
+from autopar.api import micro_graph, plan_model
 from autopar.errors import AutoparError, CaptureError, MeshError
 from autopar.mesh import Mesh
 from autopar.passes.annotate import annotate
 from autopar.passes.capture import CALL_SPEC, CONSTANTS, MUTATED, capture
 from autopar.passes.lower import lower
+from autopar.passes.split_batch import loss_weights, split_batch
 from autopar.plan_types import Plan
 from autopar.runtime.collectives import RankContext
 from autopar.runtime.groups import device_mesh
@@ -63,7 +64,7 @@ def compile(model: nn.Module, mesh: Mesh, example_inputs: tuple | None = None, *
             plan: Plan | None = None, memory_budget: float | None = None,
             time_limit: float = 30.0, constraints: Mapping[str, str] | None = None,
             seed: int = 0, optimizer: object = None,
-            master_weights: torch.dtype | None = None,
+            master_weights: torch.dtype | None = None, microbatches: int | str = "auto",
             progress: Callable[[str], None] | None = None) -> ParallelModule:
     """This rank's `ParallelModule` of `model` split over `mesh` (see DESIGN.md's API).
 
@@ -77,6 +78,8 @@ def compile(model: nn.Module, mesh: Mesh, example_inputs: tuple | None = None, *
     `autopar.runtime.materialize`). `optimizer` and `master_weights` are what the plan's
     memory counts per parameter element (see `autopar.plan`); train a bfloat16 model with
     `master_weights=torch.float32` through `autopar.master_weights`, which keeps exactly that.
+    `microbatches` is `autopar.plan`'s; a plan of several runs each call as that many
+    micro-batches (`autopar.runtime.microbatch`).
 
     Raises `ProcessGroupError` (no process group, or a world size that is not the mesh's),
     `MeshError`/`PlanFormatError` for a plan of another mesh or model, and the planning
@@ -90,24 +93,32 @@ def compile(model: nn.Module, mesh: Mesh, example_inputs: tuple | None = None, *
     gm = annotate(capture(model, tuple(example_inputs)))
     if plan is not None:
         _check_plan_mesh(plan, mesh)
-    chosen = _agreed(lambda: plan or plan_graph(
-        gm, mesh, model_name=type(model).__name__, memory_budget=memory_budget,
+    chosen = _agreed(lambda: plan or plan_model(
+        model, gm, tuple(example_inputs), mesh, microbatches=microbatches,
+        model_name=type(model).__name__, memory_budget=memory_budget,
         time_limit=time_limit, constraints=constraints, seed=seed, optimizer=optimizer,
         master_weights=master_weights, progress=progress), device)
-    return assemble(model, gm, chosen, device)
+    return assemble(model, gm, chosen, device, tuple(example_inputs))
 
 
 def assemble(model: nn.Module, gm: fx.GraphModule, plan: Plan,
-             device: DeviceMesh | None) -> ParallelModule:
+             device: DeviceMesh | None, example_inputs: tuple = ()) -> ParallelModule:
     """The `ParallelModule` of `model` for `plan`, from its captured and annotated graph
-    `gm`, on this rank's `device` mesh (None on a mesh of one device). Not collective."""
+    `gm`, on this rank's `device` mesh (None on a mesh of one device). A plan of several
+    micro-batches lowers `model` captured at one micro-batch of `example_inputs`. Not
+    collective."""
     coordinate = tuple(device.get_coordinate()) if device is not None else (0,) * plan.mesh.ndim
     context = RankContext(device) if device is not None else None
     here = _rank_device(device)
+    split = weights = None
+    if plan.microbatches > 1:
+        split = split_batch(gm, plan.microbatches)
+        gm = micro_graph(model, example_inputs, split)
+        weights = loss_weights(split, gm)
     program = lower(gm, plan, coordinate, context, here)
     slots = state_slots(model, program.state, plan.mesh.ndim)
     pieces = local_pieces(model, slots, gm.meta[CONSTANTS], plan.mesh.shape, coordinate, here)
     return ParallelModule(program, plan, slots=slots, pieces=pieces,
                           persistent=set(model.state_dict(keep_vars=True)), context=context,
                           coordinate=coordinate, call_spec=gm.meta[CALL_SPEC],
-                          mutated=gm.meta[MUTATED])
+                          mutated=gm.meta[MUTATED], split=split, weights=weights)

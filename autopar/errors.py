@@ -93,3 +93,8 @@ class TrainingRunError(AutoparError, ValueError):
 
 class OptimizerError(AutoparError, ValueError):
     """An optimizer whose state the cost model cannot size, or a bad precision recipe."""
+
+
+class MicrobatchError(AutoparError, ValueError):
+    """A training step that cannot run as the micro-batches asked for: a count that does not
+    divide the batch, or a model whose loss or ops mix the samples of the batch."""

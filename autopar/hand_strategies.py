@@ -112,25 +112,28 @@ def _relaxation_note(relaxed: tuple[str, ...]) -> str:
 
 
 def _solve_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, time_limit: float,
-                 fold_layers: bool, seed: int, optimizer: OptimizerState) -> Plan | str:
+                 fold_layers: bool, seed: int, optimizer: OptimizerState,
+                 microbatches: int) -> Plan | str:
     """The cheapest plan of `table` with no memory limit, or why there is none."""
     try:
         return plan_table(gm, table, mesh, model_name=type(gm).__name__, memory_budget=None,
                           time_limit=time_limit, fold_layers=fold_layers, seed=seed,
-                          optimizer=optimizer)
+                          optimizer=optimizer, microbatches=microbatches)
     except InfeasiblePlanError as exc:
         return f"no plan within this restriction ({exc.got})"
 
 
 def single_device_record(gm: fx.GraphModule, mesh: Mesh, *, budget: float,
                          time_limit: float = 10.0, seed: int = 0,
-                         optimizer: OptimizerState = ADAMW) -> HandStrategyRecord:
+                         optimizer: OptimizerState = ADAMW,
+                         microbatches: int = 1) -> HandStrategyRecord:
     """The step on one device of `mesh`'s hardware (every node replicated, nothing moved)."""
     one = Mesh((1,), (mesh.axis_names[0],), hardware=mesh.hardware)
     reference = HandStrategy(SINGLE_DEVICE, "the same step on one device (scaling reference)",
                              ("dp",))
     result = _solve_table(gm, find_strategies(gm, one), one, time_limit=time_limit,
-                          fold_layers=True, seed=seed, optimizer=optimizer)
+                          fold_layers=True, seed=seed, optimizer=optimizer,
+                          microbatches=microbatches)
     if isinstance(result, str):
         return _missing(reference, result)
     return _record(reference, result, budget, "")
@@ -140,7 +143,7 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
                              time_limit: float = 30.0, fold_layers: bool = True, seed: int = 0,
                              table: StrategyTable | None = None,
                              strategies: tuple[HandStrategy, ...] | None = None,
-                             optimizer: OptimizerState = ADAMW,
+                             optimizer: OptimizerState = ADAMW, microbatches: int = 1,
                              progress: Callable[[str], None] | None = None,
                              ) -> HandStrategyResults:
     """One record per hand strategy (default `standard_hand_strategies(mesh)`), then the
@@ -148,8 +151,9 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
     fits in `memory_budget`.
 
     `table` is the graph's unconstrained strategy table when the caller has it (else it is
-    found again); each strategy is solved with `time_limit`, `fold_layers` and `seed` as the
-    solver's plan was. Records of strategies that don't apply, or whose restriction admits
+    found again); each strategy is solved with `time_limit`, `fold_layers`, `seed` and
+    `microbatches` (`gm` is then one micro-batch's graph) as the solver's plan was.
+    Records of strategies that don't apply, or whose restriction admits
     no plan, have `step_time_s` None and a note saying why.
     """
     say = progress or (lambda message: None)
@@ -163,7 +167,8 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
         say(f"{STAGE} hand strategy: {strategy.name} ({','.join(strategy.roles)})")
         restricted = restrict(gm, table, mesh, strategy.roles, strategy.recompute)
         result = _solve_table(gm, restricted.table, mesh, time_limit=time_limit,
-                              fold_layers=fold_layers, seed=seed, optimizer=optimizer)
+                              fold_layers=fold_layers, seed=seed, optimizer=optimizer,
+                              microbatches=microbatches)
         note = _relaxation_note(restricted.relaxed)
         if isinstance(result, str):
             records.append(_missing(strategy, "; ".join(filter(None, (result, note)))))
@@ -174,7 +179,8 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
                 fastest = result
     say(f"{STAGE} hand strategy: {SINGLE_DEVICE}")
     records.append(single_device_record(gm, mesh, budget=memory_budget, time_limit=time_limit,
-                                        seed=seed, optimizer=optimizer))
+                                        seed=seed, optimizer=optimizer,
+                                        microbatches=microbatches))
     return HandStrategyResults(tuple(records), fastest)
 
 

@@ -14,7 +14,8 @@ Per parameter node, with `stored = local_bytes(nbytes, output)` (its dtype) and
     memory_bytes = stored                              -> parameters
                  + stored                              -> gradients (the parameter's dtype)
                  + elements x element_bytes(dtype)     -> optimizer_states (states + master)
-                 + saving uses x local_bytes(nbytes, gathered)   -> gathered (ZeRO-2 copies)
+                 + saving uses x local_bytes(nbytes, gathered)   -> gathered (ZeRO-2 copies;
+                   ZeRO-1: uses x 2 x local_bytes(nbytes, gathered), copies and their gradients)
 
 so `gathered` is what is left of `memory_bytes` after the first three (0 unless the node is
 kept gathered). Buffers, constants and user inputs are held whole-step at their placement

@@ -20,12 +20,16 @@ import sympy
 from autopar.errors import PlanFormatError
 from autopar.mesh import Mesh
 
-FORMAT_VERSION = 2  # 2: recompute, gathered and hidden_s per node, the optimizer, FLOPs
+# 2: recompute, gathered and hidden_s per node, the optimizer, FLOPs; 3: micro-batches,
+# whole_gradient per node, calls per transfer.
+FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True)
 class TransferRecord:
-    """One collective the plan performs: kind, mesh axis name, per-rank buffer bytes."""
+    """One collective the plan performs in a training step: kind, mesh axis name, per-rank
+    buffer bytes and seconds over the step, and how many `calls` make them (one per
+    micro-batch, or one per step)."""
 
     kind: str
     axis: str
@@ -33,6 +37,7 @@ class TransferRecord:
     backward: bool
     tensor: str
     seconds: float
+    calls: int = 1
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,9 @@ class NodePlan:
     op's inputs when the backward needs it; `transfers` then lists its inputs' forward
     collectives a second time, as backward ones. `gathered` (parameters stored sharded):
     the placements it is gathered into at its use and kept in until its backward (ZeRO-2);
-    empty when it is gathered at each use (ZeRO-3) or never. `comm_s` is the time of all
+    empty when it is gathered at each use (ZeRO-3) or never; with `whole_gradient`, once
+    per step for every micro-batch, its gradient accumulated whole and reduce-scattered
+    once (ZeRO-1). Times are per training step. `comm_s` is the time of all
     its inbound collectives, `hidden_s` the part of it that overlaps the backward's compute
     (gradient all-reduces the runtime runs in the background).
     """
@@ -62,6 +69,7 @@ class NodePlan:
     recompute: bool = False
     gathered: str = ""
     hidden_s: float = 0.0
+    whole_gradient: bool = False
 
     @property
     def time_s(self) -> float:
@@ -107,7 +115,9 @@ class Plan:
     """A solved sharding plan. `nodes` are in graph order. `hand_strategies` holds the
     standard strategies evaluated alongside it (empty unless asked for). `optimizer` says
     what the memory of the parameters counts (`autopar.optimizer_state`); `model_flops` is
-    the whole model's FLOPs of one training step (see `mfu`)."""
+    the whole model's FLOPs of one training step (see `mfu`). A step runs `microbatches`
+    micro-batches one after the other (gradient accumulation): the nodes are one
+    micro-batch's, their times and bytes the whole step's."""
 
     model: str
     mesh: Mesh
@@ -120,6 +130,7 @@ class Plan:
     hand_strategies: tuple[HandStrategyRecord, ...] = ()
     optimizer: str = "AdamW (2 states in the parameter's dtype)"
     model_flops: float = 0.0
+    microbatches: int = 1
     version: int = FORMAT_VERSION
 
     @property
@@ -226,8 +237,8 @@ class Plan:
                            HandStrategyRecord(**{**h, "comm_bytes": tuple(
                                tuple(row) for row in h.get("comm_bytes", ()))})
                            for h in data.get("hand_strategies", ())),
-                       **{key: data[key] for key in ("optimizer", "model_flops")
-                          if key in data},
+                       **{key: data[key] for key in ("optimizer", "model_flops",
+                                                     "microbatches") if key in data},
                        version=version)
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanFormatError(f"plan file is corrupt: {exc!r}",

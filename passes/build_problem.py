@@ -21,6 +21,12 @@ map from problem indices back to graph nodes and tensors.
   the whole step, kept activations from their op to the end of the forward, others until
   their last use. A recomputed op keeps no output, except in the first block of tied
   blocks: there its outputs stand for the one block the backward recomputes at a time.
+- Micro-batches: with M of them the graph is one micro-batch's, and a step runs it M
+  times: compute and collectives count M times, except those run once per step
+  (`once_per_step`: gradient all-reduces of replicated parameters, deferred to the last
+  micro-batch as DDP's `no_sync` does, and a ZeRO-1 parameter's gather and scatter).
+  Memory is one micro-batch's activations; a ZeRO-1 parameter holds its gathered copy and
+  its whole gradient for the step, one of each per use.
 - Ties: the blocks of a `ModuleList` (module paths `<list>.<i>...`) whose nodes and
   strategies match the first block's are tied node by node, so identical transformer blocks
   are one decision (the plan is uniform across them).
@@ -79,6 +85,7 @@ class ProblemBuild:
     requires_grad: dict[str, bool]
     mesh: Mesh
     optimizer: OptimizerState
+    microbatches: int = 1
 
 
 def module_of(node: fx.Node) -> str:
@@ -142,10 +149,16 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
         return None
     if src.recompute and dst.recompute and not ref.same_block and not ref.consumer_is_view:
         return None
-    return cost.edge_transfers(nbytes, src.output, read, dst.output,
-                               mesh_shape, requires_grad=ref.requires_grad,
-                               regather=ref.saved and src.gathered is None,
-                               recompute=dst.recompute and not ref.consumer_is_view)
+    transfers = cost.edge_transfers(nbytes, src.output, read, dst.output,
+                                    mesh_shape, requires_grad=ref.requires_grad,
+                                    regather=ref.saved and src.gathered is None,
+                                    recompute=dst.recompute and not ref.consumer_is_view)
+    # ZeRO-1 keeps one gathered copy for the step: an edge that gathers it again (for a
+    # recomputation) or moves it otherwise than one gather and one scatter can't share it.
+    if transfers is not None and src.whole_gradient and (
+            dst.recompute or not _gather_and_scatter(transfers)):
+        return None
+    return transfers
 
 
 def _reads_gathered(src: Strategy, read, nbytes, mesh_shape: tuple[int, ...]) -> bool:
@@ -157,23 +170,51 @@ def _reads_gathered(src: Strategy, read, nbytes, mesh_shape: tuple[int, ...]) ->
             and cost.redistribute(nbytes, src.gathered, read, mesh_shape) == ())
 
 
+def _gather_and_scatter(transfers: tuple[cost.Transfer, ...]) -> bool:
+    """Whether `transfers` are one forward all-gather and one backward reduce-scatter on
+    the same axis (a kept-gathered parameter's edge the runtime overlaps)."""
+    return (len(transfers) == 2 and [(t.kind, t.backward) for t in transfers]
+            == [("all_gather", False), ("reduce_scatter", True)]
+            and transfers[0].axis == transfers[1].axis)
+
+
+def _replicated_reduction(transfers: tuple[cost.Transfer, ...]) -> bool:
+    return len(transfers) == 1 and transfers[0].backward and transfers[0].kind == "all_reduce"
+
+
 def background_reductions(ref: EdgeRef, src: Strategy,
                           transfers: tuple[cost.Transfer, ...]) -> tuple[cost.Transfer, ...]:
     """The edge's gradient reductions the runtime runs in the background of the rest of
     the backward: a replicated parameter's one all-reduce (as DDP's buckets), or the
-    reduce-scatter of a parameter kept gathered over one axis (ZeRO-2), whose edge is that
-    axis's all-gather and reduce-scatter alone (`autopar.runtime.grad_reduce` carries out
-    the same edges)."""
+    reduce-scatter of a parameter kept gathered over one axis (ZeRO-1/2), whose edge is
+    that axis's all-gather and reduce-scatter alone (`autopar.runtime.grad_reduce` carries
+    out the same edges)."""
     if not ref.producer_is_parameter:
         return ()
-    if len(transfers) == 1 and transfers[0].backward and transfers[0].kind == "all_reduce":
+    if _replicated_reduction(transfers):
         return transfers
-    if (src.gathered is not None and len(transfers) == 2
-            and [(t.kind, t.backward) for t in transfers]
-            == [("all_gather", False), ("reduce_scatter", True)]
-            and transfers[0].axis == transfers[1].axis):
+    if src.gathered is not None and _gather_and_scatter(transfers):
         return transfers[1:]
     return ()
+
+
+def once_per_step(ref: EdgeRef, src: Strategy,
+                  transfers: tuple[cost.Transfer, ...]) -> tuple[cost.Transfer, ...]:
+    """The edge's transfers a step of several micro-batches runs once, not once per
+    micro-batch: a replicated parameter's gradient all-reduce (accumulated until the last
+    micro-batch) and a ZeRO-1 parameter's gather and reduce-scatter."""
+    if not ref.producer_is_parameter:
+        return ()
+    if _replicated_reduction(transfers) or src.whole_gradient:
+        return transfers
+    return ()
+
+
+def step_repeats(ref: EdgeRef, src: Strategy, transfers: tuple[cost.Transfer, ...],
+                 microbatches: int) -> tuple[int, ...]:
+    """How many times one training step runs each of the edge's `transfers`."""
+    once = {id(t) for t in once_per_step(ref, src, transfers)}
+    return tuple(1 if id(t) in once else microbatches for t in transfers)
 
 
 def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bool,
@@ -204,14 +245,16 @@ def stored_parameter_bytes(spec: TensorSpec, placements, mesh_shape: tuple[int, 
 
 
 def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer: OptimizerState,
-                    saving_uses: int) -> float:
+                    saving_uses: int, uses: int) -> float:
     """Bytes one rank holds for a parameter: its stored piece, gradient, master copy and
-    optimizer states (all stored as `strategy.output`), plus, when it is kept gathered
-    (ZeRO-2), one gathered copy for each use that saves it for the backward."""
+    optimizer states (all stored as `strategy.output`), plus, when it is kept gathered,
+    one gathered copy for each use that saves it for the backward (ZeRO-2), or a gathered
+    copy and its whole gradient for each of its `uses` (ZeRO-1, kept for the step)."""
     stored, states = stored_parameter_bytes(spec, strategy.output, mesh.shape, optimizer)
     total = 2 * stored + states
     if strategy.gathered is not None:
-        total += saving_uses * cost.local_bytes(spec.nbytes, strategy.gathered, mesh.shape)
+        copies = 2 * uses if strategy.whole_gradient else saving_uses
+        total += copies * cost.local_bytes(spec.nbytes, strategy.gathered, mesh.shape)
     return total
 
 
@@ -222,9 +265,10 @@ def _number(value, hints) -> float:
 class _Builder:
     def __init__(self, gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
                  optimizer: OptimizerState, hints: dict, reduction_charge: float,
-                 saved: dict[str, Saved]) -> None:
+                 saved: dict[str, Saved], microbatches: int) -> None:
         self.gm, self.table, self.mesh, self.hints = gm, table, mesh, hints
         self.optimizer, self.reduction_charge = optimizer, reduction_charge
+        self.microbatches = microbatches
         self.by_name = {n.name: n for n in gm.graph.nodes}
         self.order = [n.name for n in gm.graph.nodes if n.name in table.strategies]
         self.index = {name: i for i, name in enumerate(self.order)}
@@ -232,19 +276,21 @@ class _Builder:
         self.saved = saved
         self.kept = kept_outputs(gm, saved)
         self.saving_uses: dict[str, int] = {}  # parameter -> uses that save it
+        self.uses: dict[str, int] = {}  # parameter -> uses
         self.edge_cache: dict[tuple, float] = {}
         self.matrix_cache: dict[tuple, np.ndarray] = {}
 
     def node_cost(self, node: fx.Node, strategy: Strategy) -> float:
-        return float(op_compute_time(node, strategy, self.mesh,
-                                     differentiable=self.on_path[node.name],
-                                     size=lambda value: _number(value, self.hints)))
+        return self.microbatches * float(op_compute_time(
+            node, strategy, self.mesh, differentiable=self.on_path[node.name],
+            size=lambda value: _number(value, self.hints)))
 
     def node_usage(self, node: fx.Node, strategy: Strategy, *, first_of_tie: bool) -> float:
         role = node.meta.get(ROLE)
         if role == "parameter":
             return float(parameter_bytes(tensor_outputs(node)[0], strategy, self.mesh,
-                                         self.optimizer, self.saving_uses.get(node.name, 0)))
+                                         self.optimizer, self.saving_uses.get(node.name, 0),
+                                         self.uses.get(node.name, 0)))
         held = sum(cost.local_bytes(s.nbytes, strategy.output, self.mesh.shape)
                    for s in tensor_outputs(node)) if node.op != "output" else 0
         if role in STORED_ROLES or role == "input":
@@ -295,7 +341,8 @@ class _Builder:
         matrix = np.empty((len(src), len(dst)))
         for k, s in enumerate(src):
             for m, d in enumerate(dst):
-                key = (ref.tensor.nbytes, s.output, s.gathered, d.inputs[ref.position],
+                key = (ref.tensor.nbytes, s.output, s.gathered, s.whole_gradient,
+                       d.inputs[ref.position],
                        d.output, d.recompute, s.recompute, ref.requires_grad, ref.saved,
                        ref.same_block, ref.producer_is_parameter, ref.consumer_is_view,
                        ref.consumer_saves)
@@ -310,10 +357,12 @@ class _Builder:
         return matrix
 
     def _charged(self, ref: EdgeRef, src: Strategy, transfers) -> float:
-        """Seconds the objective charges for `transfers`: background reductions count at
-        `reduction_charge`."""
-        total = float(sum(t.time(self.mesh) for t in transfers))
-        background = float(sum(t.time(self.mesh)
+        """Seconds the objective charges for `transfers` in one step (`step_repeats`):
+        background reductions count at `reduction_charge`."""
+        repeats = dict(zip(map(id, transfers),
+                           step_repeats(ref, src, transfers, self.microbatches)))
+        total = float(sum(repeats[id(t)] * t.time(self.mesh) for t in transfers))
+        background = float(sum(repeats[id(t)] * t.time(self.mesh)
                                for t in background_reductions(ref, src, transfers)))
         return total - (1 - self.reduction_charge) * background
 
@@ -342,7 +391,8 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
                   memory_budget: float | None, hints: dict | None = None,
                   optimizer: OptimizerState = ADAMW, fold_layers: bool = True,
                   reduction_charge: float = 1.0,
-                  saved: dict[str, Saved] | None = None) -> ProblemBuild:
+                  saved: dict[str, Saved] | None = None,
+                  microbatches: int = 1) -> ProblemBuild:
     """The sharding problem of an annotated graph over `mesh` (see the module docstring).
 
     `hints` maps the graph's size symbols to the values the solve uses; `optimizer` says
@@ -350,9 +400,10 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     each gradient reduction run in the background (`background_reductions`) the objective
     counts (the rest is expected hidden behind the backward's compute). `saved` is
     `find_saved(gm)` when the caller has it (it runs every op once on fake tensors).
+    `microbatches`: how many times a step runs `gm`, one micro-batch's graph.
     """
     builder = _Builder(gm, table, mesh, optimizer, hints or {}, reduction_charge,
-                       saved if saved is not None else find_saved(gm))
+                       saved if saved is not None else find_saved(gm), microbatches)
     strategies = tuple(table.strategies[name] for name in builder.order)
     nodes = [builder.by_name[name] for name in builder.order]
     edges = tuple(
@@ -361,6 +412,7 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
         for node in nodes for position in range(len(table.inputs[node.name])))
     for ref in edges:
         builder.saving_uses[ref.producer] = builder.saving_uses.get(ref.producer, 0) + ref.saved
+        builder.uses[ref.producer] = builder.uses.get(ref.producer, 0) + 1
     ties = builder.ties(strategies) if fold_layers else ()
     first_of_tie = {group[0] for group in ties}
     problem = ShardingProblem(
@@ -377,4 +429,4 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
         name=type(gm).__name__,
     )
     return ProblemBuild(problem, tuple(builder.order), edges, strategies, builder.on_path, mesh,
-                        optimizer)
+                        optimizer, microbatches)

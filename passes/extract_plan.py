@@ -18,6 +18,7 @@ from autopar.passes.build_problem import (
     background_reductions,
     module_of,
     op_compute_time,
+    step_repeats,
     strategy_edge_transfers,
 )
 from autopar.placement import format_placements
@@ -30,14 +31,15 @@ def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound,
                    hidden_fraction: float) -> sympy.Expr:
     """The node's time over the graph's size symbols: compute, plus its inbound
     collectives, less the hidden part of its background gradient reductions."""
-    mesh = build.mesh
-    total = sympy.sympify(op_compute_time(node, strategy, mesh,
-                                          differentiable=build.requires_grad[node.name],
-                                          size=sympy.sympify))
+    mesh, count = build.mesh, build.microbatches
+    total = count * sympy.sympify(op_compute_time(
+        node, strategy, mesh, differentiable=build.requires_grad[node.name],
+        size=sympy.sympify))
     for ref, src, dst in inbound:
         transfers = strategy_edge_transfers(ref, src, dst, ref.tensor.sym_nbytes, mesh.shape)
-        total += sum(transfer.time(mesh) for transfer in transfers)
-        total -= hidden_fraction * sum(transfer.time(mesh) for transfer
+        repeats = dict(zip(map(id, transfers), step_repeats(ref, src, transfers, count)))
+        total += sum(repeats[id(t)] * t.time(mesh) for t in transfers)
+        total -= hidden_fraction * sum(repeats[id(t)] * t.time(mesh) for t
                                        in background_reductions(ref, src, transfers))
     return sympy.sympify(total)
 
@@ -95,9 +97,11 @@ def _edges(build: ProblemBuild, chosen) -> dict[str, list]:
 def _hidden_fraction(build: ProblemBuild, by_name, chosen, edges,
                      sizes: dict[str, int]) -> float:
     """The fraction of the background gradient reductions hidden behind the backward's
-    compute: min(1, B / G), with G their total time and B the compute that runs in the
-    backward. (The reductions of the last gradients the backward makes have little
-    compute left to hide behind; B counts all of it, an optimistic bound.)"""
+    compute: min(1, B / G), with G their time in one micro-batch's backward and B that
+    backward's compute. With several micro-batches G is the last one's, the busiest: the
+    reductions deferred to it and its own. (The reductions of the last gradients the
+    backward makes have little compute left to hide behind; B counts all of it, an
+    optimistic bound.)"""
     mesh = build.mesh
     reductions = sum(float(t.time(mesh)) for per_node in edges.values()
                      for ref, src, _, transfers in per_node
@@ -125,13 +129,16 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
         comm = overlapped = 0.0
         records = []
         for ref, src, _, transfers in edges[name]:
-            seconds = [float(t.time(mesh)) for t in transfers]
+            repeats = step_repeats(ref, src, transfers, build.microbatches)
+            seconds = [n * float(t.time(mesh)) for t, n in zip(transfers, repeats)]
             comm += sum(seconds)
-            overlapped += hidden * sum(float(t.time(mesh))
+            times = dict(zip(map(id, transfers), seconds))
+            overlapped += hidden * sum(times[id(t)]
                                        for t in background_reductions(ref, src, transfers))
-            records.extend(TransferRecord(t.kind, mesh.axis_names[t.axis], float(t.nbytes),
-                                          t.backward, ref.producer, time)
-                           for t, time in zip(transfers, seconds))
+            records.extend(TransferRecord(t.kind, mesh.axis_names[t.axis],
+                                          n * float(t.nbytes), t.backward, ref.producer, time,
+                                          calls=n)
+                           for t, n, time in zip(transfers, repeats, seconds))
         compute = float(problem.node_costs[i][solution.choices[i]])
         nodes.append(NodePlan(
             name=name, op=str(node.target) if node.op == "call_function" else node.op,
@@ -147,7 +154,7 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
             # A view's flag only mirrors its base's (build_problem): views run no op.
             recompute=strategy.recompute and node.meta.get(BYTES, 0) != 0,
             gathered=format_placements(strategy.gathered) if strategy.gathered else "",
-            hidden_s=overlapped))
+            whole_gradient=strategy.whole_gradient, hidden_s=overlapped))
     report = SolverReport(objective=solution.cost, bound=solution.bound, gap=solution.gap,
                           status=solution.status, wall_time_s=solution.wall_time,
                           decisions=problem.num_nodes,
@@ -155,6 +162,7 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
     limit = problem.usage_limit if problem.usage_limit is not None else float("inf")
     return Plan(model=model_name, mesh=mesh, nodes=tuple(nodes), solver=report,
                 memory_limit_bytes=limit, optimizer=build.optimizer.describe(),
-                model_flops=training_flops(gm, build.requires_grad, sizes),
+                model_flops=build.microbatches * training_flops(gm, build.requires_grad, sizes),
                 peak_memory_bytes=problem.peak_usage(solution.choices),
-                sizes=tuple(sorted(sizes.items())), warnings=warnings)
+                sizes=tuple(sorted(sizes.items())), warnings=warnings,
+                microbatches=build.microbatches)

@@ -44,13 +44,18 @@ class Strategy:
     (parameters stored sharded): the placement the parameter is gathered into at its use
     and kept in until the backward (ZeRO-2: sharded gradient and optimizer state, the
     parameter gathered once per step); None means gathered at each use and, when the use
-    saves it, again for the backward (ZeRO-3), or not gathered at all.
+    saves it, again for the backward (ZeRO-3), or not gathered at all. `whole_gradient`
+    (with `gathered`, in a step of several micro-batches): the copy is gathered once per
+    step and serves every micro-batch, its gradient accumulated whole and reduce-scattered
+    once, after the last (ZeRO-1: the optimizer state is sharded, the gradient is whole
+    during the step).
     """
 
     inputs: tuple[Placements, ...]
     output: Placements
     recompute: bool = False
     gathered: Placements | None = None
+    whole_gradient: bool = False
 
     @property
     def name(self) -> str:

@@ -116,7 +116,8 @@ def _placements(gm: fx.GraphModule, plan: Plan) -> dict[str, Strategy]:
         placed[node.name] = Strategy(
             tuple(map(parse_placements, entry.inputs)), parse_placements(entry.output),
             recompute=entry.recompute,
-            gathered=parse_placements(entry.gathered) if entry.gathered else None)
+            gathered=parse_placements(entry.gathered) if entry.gathered else None,
+            whole_gradient=entry.whole_gradient)
     return placed
 
 
@@ -223,6 +224,7 @@ class _Lowering:
         self.root.add_module(name, Collective(
             redistribution, self.context, overlapped=parameter and reducible(redistribution),
             owned_gradient=owns_gradient(consumer.target), kept_gathered=kept_gathered,
+            whole_gradient=kept_gathered and producer.whole_gradient,
             output=consumer.op == "output"))
         self.collectives.append((name, redistribution))
         return self.graph.call_module(name, (self.env[leaf],)), redistribution

@@ -131,17 +131,20 @@ class Collective(nn.Module):
     (a parameter whose edge only all-reduces its gradient), the all-reduce runs in the
     background of the backward (`autopar.runtime.grad_reduce`); with `kept_gathered` (a
     parameter kept gathered whose edge is one all-gather and one reduce-scatter), the
-    gradient's reduce-scatter does too; with `output` (an edge into the program's outputs
+    gradient's reduce-scatter does too, and with `whole_gradient` as well the gathered copy
+    serves every micro-batch of the step (ZeRO-1, `GradientReducer.whole_copy`); with
+    `output` (an edge into the program's outputs
     that only all-reduces), the result is a `PendingSum` whose all-reduce runs in the
     background too (`autopar.runtime.pending`)."""
 
     def __init__(self, redistribution: Redistribution, context: RankContext, *,
                  overlapped: bool = False, owned_gradient: bool = False,
-                 kept_gathered: bool = False, output: bool = False) -> None:
+                 kept_gathered: bool = False, whole_gradient: bool = False,
+                 output: bool = False) -> None:
         """`owned_gradient`: with `overlapped`, the consumer op `owns_gradient`."""
         super().__init__()
         self.redistribution, self.context, self.overlapped = redistribution, context, overlapped
-        self.kept_gathered = kept_gathered
+        self.kept_gathered, self.whole_gradient = kept_gathered, whole_gradient
         assert not kept_gathered or scatterable(redistribution), redistribution
         self.owned_gradient = overlapped and owned_gradient
         self.output = output and pending_reducible(redistribution)
@@ -156,6 +159,9 @@ class Collective(nn.Module):
         if self.output:
             return reduce_output(x, self.redistribution, self.context.mesh,
                                  self.context.counter)
+        if self.whole_gradient and x.requires_grad and torch.is_grad_enabled():
+            return self.context.reducer.whole_copy(id(self), x, self.redistribution,
+                                                   self.context.mesh, self.context.counter)
         if self.kept_gathered:
             return gather_kept(x, self.redistribution, self.context.mesh,
                                self.context.counter, self.context.reducer)

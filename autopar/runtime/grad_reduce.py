@@ -24,6 +24,13 @@ hands the gradient of the gathered copy to the reducer, which starts its reduce-
 once (one per gradient: packing several into one call would need them interleaved rank by
 rank) and adds this rank's chunk to the shard's `.grad` when the backward ends.
 
+In a step of several micro-batches (`autopar.runtime.microbatch`) the reducer also
+accumulates: while `deferring`, a replicated parameter's gradient is summed locally and
+all-reduced once, in the last micro-batch's backward (DDP's `no_sync`); and a parameter
+kept gathered for the whole step (ZeRO-1, `whole_copy`) is gathered once into a leaf copy
+whose gradient accumulates over the micro-batches, reduce-scattered in the background of
+the last one's backward as soon as it is complete.
+
 Contract: gradients of such parameters reach `.grad` only through `loss.backward()` (not
 `torch.autograd.grad`), added to what `.grad` holds (accumulation stays exact), and the
 bytes counted are those the plan charges (one all-reduce of the gradient on the axis; one
@@ -110,6 +117,12 @@ class GradientReducer:
         # Started reduce-scatters: (parameter, its chunk once waited on, work, the buffer
         # sent, the local steps after the scatter, mesh, counter).
         self._scatters: list[tuple] = []
+        # Micro-batches: while deferring, replicated parameters' gradients are summed here
+        # (by id: parameter, sum), and ZeRO-1 copies live for the step (by edge: the
+        # shard, the copy, the edge's backward steps, mesh, counter).
+        self.deferring = False
+        self._deferred: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._whole: dict[int, tuple] = {}
 
     def _watch(self) -> None:
         # The first gradient of a backward pass: finish when the pass ends.
@@ -119,7 +132,16 @@ class GradientReducer:
     def start(self, parameter: torch.Tensor, grad: torch.Tensor, axis: int,
               mesh: DeviceMesh, counter: CommCounter, *, owned: bool = False) -> None:
         """Take `parameter`'s gradient `grad` to all-reduce over mesh axis `axis`; `owned`:
-        nothing else holds `grad` (see `owns_gradient`), so it may be summed in place."""
+        nothing else holds `grad` (see `owns_gradient`), so it may be summed in place.
+        While `deferring`, only add it to the sum reduced with the first gradient of
+        `parameter` that arrives after."""
+        held = self._deferred.pop(id(parameter), None)
+        if held is not None:  # a copy of the earlier micro-batches' sum: ours to add into
+            grad, owned = held[1].add_(grad), True
+        if self.deferring:
+            self._deferred[id(parameter)] = (parameter, grad if held is not None
+                                             else grad.clone())
+            return
         self._watch()
         nbytes = grad.numel() * grad.element_size()
         counter.record("all_reduce", axis_name(mesh, axis), "backward", nbytes)
@@ -144,6 +166,35 @@ class GradientReducer:
         """Start summing `flat` (`bucket`'s gradients end to end) in place over `axis`."""
         work = dist.all_reduce(flat, group=mesh.get_group(axis), async_op=True)
         self._in_flight.append((bucket, flat, work))
+
+    def whole_copy(self, key: int, shard: torch.Tensor, redistribution: Redistribution,
+                   mesh: DeviceMesh, counter: CommCounter) -> torch.Tensor:
+        """The step's copy of the parameter `shard` converted along `redistribution` (a
+        `scatterable` edge, named by `key`): gathered at the first micro-batch, a leaf
+        whose gradient accumulates over the micro-batches and is reduce-scattered into
+        `shard.grad` once the last micro-batch's backward has made it (ZeRO-1)."""
+        entry = self._whole.get(key)
+        if entry is None:
+            with torch.no_grad():
+                copy = apply_steps(shard.detach(), redistribution.forward_steps, mesh,
+                                   counter, "forward")
+            copy.requires_grad_(True)
+            copy.register_post_accumulate_grad_hook(self._scatter_whole)
+            entry = self._whole[key] = (shard, copy, redistribution.backward_steps, mesh,
+                                        counter)
+        return entry[1]
+
+    def _scatter_whole(self, copy: torch.Tensor) -> None:
+        if self.deferring:
+            return
+        shard, _, steps, mesh, counter = next(e for e in self._whole.values() if e[1] is copy)
+        grad, copy.grad = copy.grad, None
+        self.scatter(shard, grad, steps, mesh, counter)
+
+    def end_step(self) -> None:
+        """Drop the step's ZeRO-1 copies (after the last micro-batch's backward)."""
+        self._whole.clear()
+        self.deferring = False
 
     def scatter(self, parameter: torch.Tensor, grad: torch.Tensor, steps: tuple[Step, ...],
                 mesh: DeviceMesh, counter: CommCounter) -> None:

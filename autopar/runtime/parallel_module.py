@@ -7,6 +7,10 @@ the global inputs, the same on every rank, and returns global outputs; `loss.bac
 leaves on every local parameter the gradient of its piece, already reduced over the mesh, so
 any torch optimizer steps the pieces as if they were the whole model.
 
+A plan of several micro-batches runs each call as that many forwards and backwards of
+one micro-batch (`autopar.runtime.microbatch`); the call returns the batch's loss and its
+backward hands over the accumulated gradients.
+
 Inputs must have the structure, shapes and dtypes of the example inputs the model was
 compiled for, else `InputMismatchError`. It does not recompile by itself: compiling is
 collective (every rank must do it together), so a silent recompile on a rank that saw other
@@ -15,19 +19,30 @@ shapes would hang the others. Compile again, on every rank, for new shapes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from autopar.errors import InputMismatchError
 from autopar.passes.lower import RankProgram, StateSlot
+from autopar.passes.split_batch import BatchSplit, micro_inputs
 from autopar.placement import format_placements
 from autopar.plan_types import Plan
 from autopar.runtime.collectives import RankContext
 from autopar.runtime.counter import CommCounter
+from autopar.runtime.microbatch import run_microbatches
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.shards import gather_full, local_piece
 from autopar.specs import TensorSpec
+
+
+def _whole_batch(spec, split: BatchSplit | None, cut: bool):
+    """The user input `spec` of one micro-batch as the call takes it: the whole batch."""
+    if split is None or not cut:
+        return spec
+    return TensorSpec((spec.shape[0] * split.microbatches, *spec.shape[1:]), spec.dtype)
 
 
 def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -62,12 +77,18 @@ class ParallelModule(nn.Module):
     def __init__(self, program: RankProgram, plan: Plan, *, slots: tuple[StateSlot, ...],
                  pieces: dict[str, torch.Tensor], persistent: set[str],
                  context: RankContext | None, coordinate: tuple[int, ...], call_spec: tuple,
-                 mutated: tuple[str, ...]) -> None:
+                 mutated: tuple[str, ...], split: BatchSplit | None = None,
+                 weights: Callable[[list[list]], list[float]] | None = None) -> None:
         """`slots` starts with `program.state`; `pieces` holds this rank's piece of each
-        slot by canonical name; `persistent` names the buffers the state dict keeps."""
+        slot by canonical name; `persistent` names the buffers the state dict keeps.
+        With micro-batches, `program` is one micro-batch's, `split` says how calls are cut
+        and `weights` gives the micro-batches' loss weights from their inputs."""
         super().__init__()
         self.plan, self.coordinate = plan, tuple(coordinate)
-        self._context, self._inputs = context, program.inputs
+        self._split, self._weights = split, weights
+        self._context = context
+        self._inputs = tuple(_whole_batch(spec, split, cut) for spec, cut in zip(
+            program.inputs, split.split if split else (False,) * len(program.inputs)))
         self._in_spec, self._out_spec = call_spec
         # Calls with as many positional leaves as the example (the usual `pm(x, y)`) skip the
         # tree walk: forward's own cost is paid on every step (benchmarks/overhead.py).
@@ -160,6 +181,32 @@ class ParallelModule(nn.Module):
 
     def forward(self, *args, **kwargs):
         flat = self._flat_inputs(args, kwargs)
+        if self._split is None:
+            return self._run(flat)
+        inputs = micro_inputs(flat, self._split)
+        leaves: list = []
+
+        def loss_of(micro: list) -> torch.Tensor:
+            # The program returns the loss and Nones (split_batch checked it).
+            leaves[:] = self._run_flat(micro)
+            return next(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
+
+        loss = run_microbatches(loss_of, inputs, self._weights(inputs),
+                                [p for p in self.parameters() if p.requires_grad],
+                                self._context.reducer if self._context is not None else None)
+        leaves = [loss if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        return leaves[0] if self._out_spec.is_leaf() else \
+            pytree.tree_unflatten(leaves, self._out_spec)
+
+    def _run(self, flat: list):
+        """The program on flat user inputs, outputs as the model returns them."""
+        outputs = self._run_flat(flat)
+        if self._out_spec.is_leaf():
+            return outputs[0]
+        return pytree.tree_unflatten(outputs, self._out_spec)
+
+    def _run_flat(self, flat: list) -> list:
+        """The program on flat user inputs: its flat outputs, mutated buffers written."""
         values = [self._value(slot) for slot in self._arguments]
         if self._scope is None:
             outputs = self._program(*values, *flat)
@@ -171,9 +218,7 @@ class ParallelModule(nn.Module):
                 for slot, new in zip(self._mutated, outputs):
                     self._value(slot).copy_(local_piece(new, slot.placements,
                                                         self.plan.mesh.shape, self.coordinate))
-        if self._out_spec.is_leaf():
-            return outputs[len(self._mutated)]
-        return pytree.tree_unflatten(list(outputs[len(self._mutated):]), self._out_spec)
+        return list(outputs[len(self._mutated):])
 
     def _gather(self, piece: torch.Tensor, slot: StateSlot) -> torch.Tensor:
         mesh = self._context.mesh if self._context is not None else None
