@@ -71,6 +71,7 @@ def _totals_table(plan: Plan) -> Table:
         *((("scaling efficiency", f"{efficiency:.1%}"),)
           if (efficiency := scaling_efficiency(plan, plan.step_time_s)) is not None else ()),
         *((("predicted MFU (bf16 peak)", f"{plan.mfu:.1%}"),) if plan.mfu is not None else ()),
+        ("micro-batches per step", str(plan.microbatches)),
         ("recomputed in the backward", _recomputed(plan)),
         ("parameter storage", _storage(plan)),
         ("optimizer", plan.optimizer),
@@ -92,11 +93,14 @@ def _recomputed(plan: Plan) -> str:
 
 def _storage(plan: Plan) -> str:
     """Parameters by how they are stored: replicated, sharded and gathered at each use
-    (ZeRO-3), or sharded and kept gathered over the step (ZeRO-2)."""
+    (ZeRO-3), sharded and kept gathered from use to backward (ZeRO-2), or kept gathered
+    for the step with a whole gradient (ZeRO-1)."""
     counts: dict[str, int] = defaultdict(int)
     for node in plan.nodes:
         if node.role == "parameter":
-            if node.gathered:
+            if node.whole_gradient:
+                counts["gathered for the step, whole gradient (ZeRO-1)"] += 1
+            elif node.gathered:
                 counts["kept gathered (ZeRO-2)"] += 1
             elif "S" in node.output:
                 counts["sharded"] += 1

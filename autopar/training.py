@@ -58,7 +58,8 @@ class TrainingRun:
     """Everything a rank needs to train. `config` holds the `build()` keyword arguments;
     `seed` seeds torch before the build (so builds drawing from torch's global generator
     give every rank the same weights) and the solver. `plan` is a `Plan.to_dict()`, or None
-    to let rank 0 plan under `memory_budget` within `time_limit` seconds."""
+    to let rank 0 plan under `memory_budget` within `time_limit` seconds, with
+    `microbatches` (`autopar.plan`'s)."""
 
     model_file: str
     mesh: tuple[int, ...]
@@ -73,6 +74,7 @@ class TrainingRun:
     plan: dict | None = field(default=None, compare=False, repr=False)
     verify: bool = False
     precision: str = "fp32"
+    microbatches: int | str = "auto"
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -156,7 +158,8 @@ def plan_run(run: TrainingRun, progress: Callable[[str], None] | None = None) ->
     model, inputs = build(run)
     return make_plan(model, run.build_mesh(), inputs, memory_budget=run.memory_budget,
                      time_limit=run.time_limit, seed=run.seed,
-                     master_weights=run.master_weights, progress=progress)
+                     master_weights=run.master_weights, microbatches=run.microbatches,
+                     progress=progress)
 
 
 def gradient_errors(full: dict, reference: nn.Module) -> dict[str, float]:
@@ -194,7 +197,8 @@ def train_rank(rank: int, run: TrainingRun, *,
     plan = Plan.from_dict(run.plan) if run.plan is not None else None
     pm = compile_model(model, run.build_mesh(), inputs, plan=plan,
                        memory_budget=run.memory_budget, time_limit=run.time_limit,
-                       seed=run.seed, master_weights=run.master_weights)
+                       seed=run.seed, master_weights=run.master_weights,
+                       microbatches=run.microbatches)
     if on_compiled is not None:
         on_compiled(pm.plan)
     optimizer = run.optimizer(pm)

@@ -30,6 +30,7 @@ Reads `autopar_role`, `autopar_tensor`; writes nothing. `split_batch(gm, M)` ret
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -124,7 +125,9 @@ def _propagate(gm: fx.GraphModule, wanted: list[fx.Node], microbatches: int,
             needed.add(node)
             stack.extend(node.all_input_nodes)
     mesh = Mesh((microbatches,), ("microbatch",))
-    table = find_strategies(gm, mesh)
+    with warnings.catch_warnings():  # ops without a rule: the planner says so itself
+        warnings.simplefilter("ignore")
+        table = find_strategies(gm, mesh)
     by_name = {n.name: n for n in gm.graph.nodes}
     on_path = gradient_path(gm)
     placed: dict[str, Placements] = {}

@@ -100,6 +100,42 @@ def test_states_that_do_not_fit_replicated_are_sharded_not_the_parameters_use():
     assert ample.hidden_comm_s > 0
 
 
+def test_with_micro_batches_states_that_do_not_fit_replicated_are_zero_1():
+    """The same MLP as above in 4 micro-batches of 1024 under 450 MB. Replicated (16
+    bytes per element, 537 MB) still does not fit; the parameters and their gradients
+    whole would (268 MB). ZeRO-1 keeps a gathered copy and a whole gradient for the step
+    and shards the states (12 bytes per element in this runtime, which also keeps the
+    shard the optimizer steps: 403 MB): it gathers each weight once and reduce-scatters
+    its accumulated gradient once per step. ZeRO-2 would gather and reduce-scatter in
+    every micro-batch (4x the bytes), ZeRO-3 gather twice in every micro-batch."""
+    model, inputs = mlp.build(batch=4096, hidden=2048, ffn=8192, device="meta")
+    mesh = autopar.Mesh((4,), ("dp",), hardware="h100-sxm")
+    pins = {"linear": "S(0)", "linear_1": "S(0)"}
+    plan = autopar.plan(model, mesh, inputs, memory_budget=450e6, constraints=pins,
+                        microbatches=4)
+    assert plan.microbatches == 4 and plan.peak_memory_bytes <= 450e6
+    assert all(w.whole_gradient and w.gathered == "R" for w in weights(plan))
+    totals = plan.comm_bytes()
+    weights_bytes = 2 * 2048 * 8192 * 4  # both weights whole: each collective's buffer
+    assert totals[("all_gather", "dp", "forward")] == weights_bytes  # once, not 4 times
+    assert totals[("reduce_scatter", "dp", "backward")] == weights_bytes
+
+
+def test_micro_batches_are_chosen_only_where_memory_binds():
+    """Micro-batches only trade time (smaller steps, collectives repeated) for activation
+    memory. A long-sequence GPT with recomputation off does not fit 4 GPUs at a budget
+    below what its activations need in one pass; as "auto", the planner cuts the step
+    into micro-batches until it fits. With memory to spare it runs the step whole."""
+    model, inputs = _long_sequence_gpt()
+    mesh = autopar.Mesh((4,), ("dp",), hardware="h100-sxm")
+    with pytest.raises(autopar.InfeasiblePlanError) as whole:
+        autopar.plan(model, mesh, inputs, memory_budget=1, recompute=False, microbatches=1)
+    budget = 0.7 * whole.value.min_bytes
+    plan = autopar.plan(model, mesh, inputs, memory_budget=budget, recompute=False)
+    assert plan.microbatches > 1 and plan.peak_memory_bytes <= budget
+    assert autopar.plan(model, mesh, inputs, recompute=False).microbatches == 1
+
+
 def _long_sequence_gpt():
     """A small GPT (hidden 256, 2 layers) on sequences of 8192 tokens: its activations
     (8 x 8192 x 256 x 4 B = 64 MiB per tensor, ~20 kept per layer) dwarf its 1.6 M

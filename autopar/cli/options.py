@@ -32,3 +32,16 @@ def axis_names(text: str | None, ndim: int) -> tuple[str, ...]:
     if text:
         return tuple(text.split(","))
     return ("dp", "tp", "cp")[:ndim] if ndim <= 3 else tuple(f"a{i}" for i in range(ndim))
+
+
+def microbatches(text: str) -> int | str:
+    """`"auto"` or a positive count of micro-batches."""
+    if text == "auto":
+        return text
+    try:
+        count = int(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r}: expected 'auto' or a count, e.g. 4") from exc
+    if count < 1:
+        raise click.BadParameter(f"{text!r}: expected a count of at least 1")
+    return count

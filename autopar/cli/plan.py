@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 
 from autopar.cli.options import axis_names as parse_axis_names
-from autopar.cli.options import config, mesh_shape
+from autopar.cli.options import config, mesh_shape, microbatches
 from autopar.errors import AutoparError
 
 
@@ -47,24 +47,26 @@ def progress_lines() -> Iterator[Callable[[str], None]]:
 @click.option("--set", "settings", multiple=True, help="build() argument, KEY=VALUE")
 @click.option("--hand-strategies/--no-hand-strategies", default=True, show_default=True,
               help="also cost data parallel, ZeRO-3, Megatron and data x tensor parallel")
+@click.option("--microbatches", "microbatch_text", default="auto", show_default=True,
+              help="micro-batches per step (gradient accumulation), or auto")
 @click.option("--out", type=click.Path(), default=None, help="write the plan as JSON")
 @click.option("--report", "report_out", type=click.Path(), default=None,
               help="write the plan's HTML report (see `autopar report`)")
 def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, time_limit,
-                 settings, hand_strategies, out, report_out) -> None:
+                 settings, hand_strategies, microbatch_text, out, report_out) -> None:
     """Plan MODEL_FILE (a .py file with build() -> (model, example_inputs))."""
     from autopar.api import plan
     from autopar.mesh import Mesh
     from autopar.model_file import load_model_file
 
-    shape = mesh_shape(mesh_text)
+    shape, count = mesh_shape(mesh_text), microbatches(microbatch_text)
     try:
         mesh = Mesh(shape, parse_axis_names(axis_names, len(shape)), hardware)
         model, inputs = load_model_file(model_file, **config(settings))
         with progress_lines() as progress:
             result = plan(model, mesh, inputs, memory_budget=memory_budget,
                           time_limit=time_limit, hand_strategies=hand_strategies,
-                          progress=progress)
+                          microbatches=count, progress=progress)
     except AutoparError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(result.summary())

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import click
 
 from autopar.cli.options import axis_names as parse_axis_names
-from autopar.cli.options import config, mesh_shape
+from autopar.cli.options import config, mesh_shape, microbatches
 from autopar.errors import AutoparError
 from autopar.training import (
     BF16_TOLERANCE,
@@ -137,9 +137,11 @@ def _train(run: TrainingRun, nproc: int) -> RankReport:
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
               help="bf16-master: the model in bfloat16, trained with fp32 master weights and "
                    "AdamW states (autopar.master_weights), planned with their memory")
+@click.option("--microbatches", "microbatch_text", default="auto", show_default=True,
+              help="micro-batches per step (gradient accumulation), or auto")
 def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, seed,
                 memory_budget, time_limit, plan_file, settings, verify, tolerance,
-                precision) -> None:
+                precision, microbatch_text) -> None:
     """Train MODEL_FILE (a .py file with build() -> (model, example_inputs)) on --nproc
     local CPU processes: the loss per step, then the bytes each collective moved against
     the plan's prediction."""
@@ -165,6 +167,7 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
                           config=tuple(config(settings).items()), hardware=hardware,
                           steps=steps, lr=lr, seed=seed, time_limit=time_limit,
                           memory_budget=memory_budget, verify=verify, precision=precision,
+                          microbatches=microbatches(microbatch_text),
                           plan=Plan.load(plan_file).to_dict() if plan_file else None)
         mesh = run.build_mesh()
         plan = plan_run(run, progress=lambda message: click.echo(f"... {message}", err=True))
