@@ -15,10 +15,10 @@ from autopar.errors import InfeasiblePlanError, MicrobatchError
 from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState, optimizer_state
 from autopar.passes.annotate import annotate, size_hints
-from autopar.passes.build_problem import ProblemBuild, build_problem
+from autopar.passes.build_problem import Background, ProblemBuild, build_problem
 from autopar.passes.capture import capture
 from autopar.passes.constrain import constrain
-from autopar.passes.extract_plan import extract_plan, hidden_fraction
+from autopar.passes.extract_plan import exposed_charges, extract_plan
 from autopar.passes.find_saved import find_saved
 from autopar.passes.find_strategies import StrategyTable, find_strategies
 from autopar.passes.offer_recompute import offer_recompute
@@ -27,7 +27,7 @@ from autopar.passes.split_batch import BatchSplit, batch_size, split_batch
 from autopar.plan_types import Plan
 from autopar.solver import Solution, min_peak_usage, solve
 
-# Solves at most, re-estimating how much of the background gradient reductions stays exposed.
+# Solves at most, re-estimating how much of the background collectives stays exposed.
 OVERLAP_ROUNDS = 3
 
 # With microbatches="auto", more micro-batches are tried only when the plan of fewer
@@ -207,10 +207,12 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     `InfeasiblePlanError`, with the least memory any plan of the table needs, when none fits.
 
     Gradient reductions the runtime overlaps with the backward cost only what the backward's
-    compute does not hide, max(0, G - B), a function of the whole plan that a sum of per-op
-    costs can't express: the first solve charges them in full, each next one at the
-    fraction the previous plan left exposed (at most `OVERLAP_ROUNDS` solves, the later
-    ones with half the time limit), and the plan with the least step time is returned.
+    compute does not hide, max(0, G - B), and parameter gathers it starts ahead only what
+    the forward's does not, max(0, G' - F): functions of the whole plan that a sum of
+    per-op costs can't express. The first solve charges them in full, each next one at the
+    fractions the previous plan left exposed (`Background`; at most `OVERLAP_ROUNDS`
+    solves, the later ones with half the time limit), and the plan with the least step
+    time is returned.
     """
     say = progress or (lambda message: None)
     hints = size_hints(gm)
@@ -218,18 +220,19 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     warnings = tuple(f"no sharding rule for {op}: kept replicated" for op in table.unsupported)
     saved = find_saved(gm)  # the same for every round
     best: Plan | None = None
-    charge, limit = 1.0, time_limit
+    charges, limit = Background(), time_limit
     for _ in range(OVERLAP_ROUNDS):
-        say(f"{STAGE} build_problem (background gradient reductions charged at {charge:.0%})")
+        say(f"{STAGE} build_problem (background gradient reductions charged at "
+            f"{charges.reductions:.0%}, parameter gathers at {charges.gathers:.0%})")
         build = build_problem(gm, table, mesh, memory_budget=memory_budget, hints=hints,
                               optimizer=optimizer, fold_layers=fold_layers,
-                              reduction_charge=charge, saved=saved,
+                              charges=charges, saved=saved,
                               microbatches=microbatches)
         say(f"{STAGE} solve ({build.problem.num_nodes} decisions, "
             f"{build.problem.num_edges} edges)")
         solution = solve(build.problem, time_limit=limit, seed=seed, progress=progress)
         if not solution.choices:
-            if best is not None:  # the charge changes no memory: only time can run out
+            if best is not None:  # the charges change no memory: only time can run out
                 break
             _infeasible(build, solution, model_name, memory_budget, time_limit)
         say(f"{STAGE} extract_plan")
@@ -237,10 +240,11 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                             warnings=warnings)
         if best is None or plan.step_time_s < best.step_time_s:
             best = plan
-        exposed = 1 - hidden_fraction(gm, build, solution, sizes)
-        if abs(exposed - charge) < 0.02:
+        exposed = exposed_charges(gm, build, solution, sizes)
+        if (abs(exposed.reductions - charges.reductions) < 0.02
+                and abs(exposed.gathers - charges.gathers) < 0.02):
             break
-        charge, limit = exposed, time_limit / 2
+        charges, limit = exposed, time_limit / 2
     assert best is not None
     return best
 

@@ -1,6 +1,6 @@
 """Plan Llama-shaped models from `transformers` configs at the sizes people train, and print
-what the solver chose: predicted step time, MFU, peak memory, what it recomputes and how it
-stores the parameters.
+what the solver chose: predicted step time, MFU, peak memory, micro-batches, what it
+recomputes and how it stores the parameters.
 
     python benchmarks/large_models.py              # 70B on 8x8 H100, 8B on 8x8 H100
     python benchmarks/large_models.py --case 8b    # one case
@@ -77,11 +77,13 @@ def report(case: Case, time_limit: float) -> None:
     recomputed = Counter(n.op.removeprefix("aten.").split(".")[0] for n in layer0 if n.recompute)
     kept = Counter(n.op.removeprefix("aten.").split(".")[0] for n in layer0
                    if n.role == "op" and not n.recompute and n.memory_bytes > 0)
-    storage = Counter((n.output, n.gathered) for n in plan.nodes if n.role == "parameter"
+    storage = Counter((n.output, n.gathered + (" whole gradient" if n.whole_gradient else ""))
+                      for n in plan.nodes if n.role == "parameter"
                       and ".layers.0." in n.module + ".")
     print(f"## {case.name}: {params / 1e9:.1f} B parameters, batch {case.batch} x {case.seq}, "
           f"mesh {mesh.describe()}")
-    print(f"planned in {took:.0f} s; solver {plan.solver.status}, gap {plan.solver.gap:.2%}")
+    print(f"planned in {took:.0f} s; solver {plan.solver.status}, gap {plan.solver.gap:.2%}; "
+          f"{plan.microbatches} micro-batch(es) per step")
     print(f"predicted step {plan.step_time_s:.3f} s (compute {plan.compute_s:.3f}, "
           f"communication {plan.exposed_comm_s:.3f} exposed + {plan.hidden_comm_s:.3f} "
           f"hidden), MFU {plan.mfu:.3f}")

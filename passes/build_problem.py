@@ -10,7 +10,8 @@ map from problem indices back to graph nodes and tensors.
 - Edge cost: the forward collectives that turn the producer's placement into the one the
   consumer's strategy wants, plus the backward collectives derived in `autopar.cost`. A
   parameter's gradient reduction that the runtime overlaps with the rest of the backward
-  (`background_reductions`) counts at `reduction_charge` of its time (the caller's
+  (`background_reductions`), and a parameter's gather it starts one use ahead
+  (`background_gathers`), count at the `Background` fractions of their time (the caller's
   estimate of the part left exposed; see `autopar.api.plan_table`).
 - Memory per device: parameters with their gradient, master copy and optimizer states
   (`autopar.optimizer_state`; the three where the parameter is stored, the parameter
@@ -72,6 +73,18 @@ class EdgeRef:
     producer_is_parameter: bool
     consumer_is_view: bool  # the consumer moves no bytes: its value is the input's storage
     consumer_saves: bool  # the consumer keeps this input for its backward (`find_saved`)
+
+
+@dataclass(frozen=True)
+class Background:
+    """A fraction of the time of each kind of collective the runtime runs in the
+    background of compute: gradient reductions (`background_reductions`), behind the
+    backward's, and parameter gathers started ahead (`background_gathers`), behind the
+    forward's. The charges of a solve (what its objective counts, the rest expected
+    hidden), or the part a plan hides (`extract_plan`)."""
+
+    reductions: float = 1.0
+    gathers: float = 1.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -198,6 +211,18 @@ def background_reductions(ref: EdgeRef, src: Strategy,
     return ()
 
 
+def background_gathers(ref: EdgeRef, src: Strategy,
+                       transfers: tuple[cost.Transfer, ...]) -> tuple[cost.Transfer, ...]:
+    """The edge's gather the runtime starts one use ahead, in the background of the
+    forward's compute: a parameter's, gathered at its use (ZeRO-3) or kept gathered
+    (ZeRO-2), when it is the edge's only forward collective (`autopar.runtime.prefetch`
+    chains the same edges). A ZeRO-1 copy is gathered once per step and not ahead."""
+    if not ref.producer_is_parameter or src.whole_gradient:
+        return ()
+    forward = [t for t in transfers if not t.backward]
+    return tuple(forward) if [t.kind for t in forward] == ["all_gather"] else ()
+
+
 def once_per_step(ref: EdgeRef, src: Strategy,
                   transfers: tuple[cost.Transfer, ...]) -> tuple[cost.Transfer, ...]:
     """The edge's transfers a step of several micro-batches runs once, not once per
@@ -264,10 +289,10 @@ def _number(value, hints) -> float:
 
 class _Builder:
     def __init__(self, gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
-                 optimizer: OptimizerState, hints: dict, reduction_charge: float,
+                 optimizer: OptimizerState, hints: dict, charges: Background,
                  saved: dict[str, Saved], microbatches: int) -> None:
         self.gm, self.table, self.mesh, self.hints = gm, table, mesh, hints
-        self.optimizer, self.reduction_charge = optimizer, reduction_charge
+        self.optimizer, self.charges = optimizer, charges
         self.microbatches = microbatches
         self.by_name = {n.name: n for n in gm.graph.nodes}
         self.order = [n.name for n in gm.graph.nodes if n.name in table.strategies]
@@ -358,13 +383,17 @@ class _Builder:
 
     def _charged(self, ref: EdgeRef, src: Strategy, transfers) -> float:
         """Seconds the objective charges for `transfers` in one step (`step_repeats`):
-        background reductions count at `reduction_charge`."""
+        background reductions and gathers count at their `Background` fraction."""
         repeats = dict(zip(map(id, transfers),
                            step_repeats(ref, src, transfers, self.microbatches)))
-        total = float(sum(repeats[id(t)] * t.time(self.mesh) for t in transfers))
-        background = float(sum(repeats[id(t)] * t.time(self.mesh)
-                               for t in background_reductions(ref, src, transfers)))
-        return total - (1 - self.reduction_charge) * background
+
+        def seconds(chosen) -> float:
+            return float(sum(repeats[id(t)] * t.time(self.mesh) for t in chosen))
+
+        return (seconds(transfers)
+                - (1 - self.charges.reductions) * seconds(
+                    background_reductions(ref, src, transfers))
+                - (1 - self.charges.gathers) * seconds(background_gathers(ref, src, transfers)))
 
     def ties(self, strategies) -> tuple[tuple[int, ...], ...]:
         blocks: dict[str, dict[int, list[int]]] = {}
@@ -390,19 +419,19 @@ class _Builder:
 def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
                   memory_budget: float | None, hints: dict | None = None,
                   optimizer: OptimizerState = ADAMW, fold_layers: bool = True,
-                  reduction_charge: float = 1.0,
+                  charges: Background = Background(),
                   saved: dict[str, Saved] | None = None,
                   microbatches: int = 1) -> ProblemBuild:
     """The sharding problem of an annotated graph over `mesh` (see the module docstring).
 
     `hints` maps the graph's size symbols to the values the solve uses; `optimizer` says
-    what the optimizer keeps per parameter element; `reduction_charge` is the fraction of
-    each gradient reduction run in the background (`background_reductions`) the objective
-    counts (the rest is expected hidden behind the backward's compute). `saved` is
+    what the optimizer keeps per parameter element; `charges` are the fractions of the
+    collectives run in the background the objective counts (the rest is expected hidden
+    behind compute). `saved` is
     `find_saved(gm)` when the caller has it (it runs every op once on fake tensors).
     `microbatches`: how many times a step runs `gm`, one micro-batch's graph.
     """
-    builder = _Builder(gm, table, mesh, optimizer, hints or {}, reduction_charge,
+    builder = _Builder(gm, table, mesh, optimizer, hints or {}, charges,
                        saved if saved is not None else find_saved(gm), microbatches)
     strategies = tuple(table.strategies[name] for name in builder.order)
     nodes = [builder.by_name[name] for name in builder.order]

@@ -14,7 +14,9 @@ import torch.fx as fx
 
 from autopar import cost
 from autopar.passes.build_problem import (
+    Background,
     ProblemBuild,
+    background_gathers,
     background_reductions,
     module_of,
     op_compute_time,
@@ -28,20 +30,34 @@ from autopar.specs import BYTES, FLOPS, ROLE
 
 
 def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound,
-                   hidden_fraction: float) -> sympy.Expr:
+                   hidden: Background) -> sympy.Expr:
     """The node's time over the graph's size symbols: compute, plus its inbound
-    collectives, less the hidden part of its background gradient reductions."""
+    collectives, less the `hidden` fractions of its background reductions and gathers."""
     mesh, count = build.mesh, build.microbatches
     total = count * sympy.sympify(op_compute_time(
         node, strategy, mesh, differentiable=build.requires_grad[node.name],
         size=sympy.sympify))
     for ref, src, dst in inbound:
         transfers = strategy_edge_transfers(ref, src, dst, ref.tensor.sym_nbytes, mesh.shape)
-        repeats = dict(zip(map(id, transfers), step_repeats(ref, src, transfers, count)))
-        total += sum(repeats[id(t)] * t.time(mesh) for t in transfers)
-        total -= hidden_fraction * sum(repeats[id(t)] * t.time(mesh) for t
-                                       in background_reductions(ref, src, transfers))
+        total += sum(_step_seconds(ref, src, transfers, count, mesh))
+        total -= _hidden_seconds(ref, src, transfers, count, mesh, hidden)
     return sympy.sympify(total)
+
+
+def _step_seconds(ref, src, transfers, count: int, mesh) -> list:
+    """Each of an edge's transfers' time over one step of `count` micro-batches."""
+    return [n * t.time(mesh) for t, n in zip(transfers, step_repeats(ref, src, transfers,
+                                                                      count))]
+
+
+def _hidden_seconds(ref, src, transfers, count: int, mesh, hidden: Background):
+    """The part of an edge's step time hidden behind compute: its background reductions'
+    at `hidden.reductions`, its background gathers' at `hidden.gathers`."""
+    seconds = dict(zip(map(id, transfers), _step_seconds(ref, src, transfers, count, mesh)))
+    return (hidden.reductions * sum(seconds[id(t)]
+                                    for t in background_reductions(ref, src, transfers))
+            + hidden.gathers * sum(seconds[id(t)]
+                                   for t in background_gathers(ref, src, transfers)))
 
 
 def _at(value, sizes: dict[str, int]) -> float:
@@ -51,10 +67,11 @@ def _at(value, sizes: dict[str, int]) -> float:
     return float(value.subs({symbol: sizes[str(symbol)] for symbol in value.free_symbols}))
 
 
-def _backward_compute(node: fx.Node, build: ProblemBuild, strategy,
-                      sizes: dict[str, int]) -> float:
-    """Seconds of `node`'s compute that run in the backward (its backward and any
-    recomputed forward): what background gradient reductions can hide behind."""
+def _compute_split(node: fx.Node, build: ProblemBuild, strategy,
+                   sizes: dict[str, int]) -> tuple[float, float]:
+    """Seconds of `node`'s compute in one micro-batch's forward, and in its backward (its
+    backward and any recomputed forward): what background gathers and gradient reductions
+    can hide behind."""
     def size(value):
         return _at(value, sizes)
 
@@ -62,7 +79,7 @@ def _backward_compute(node: fx.Node, build: ProblemBuild, strategy,
     both = op_compute_time(node, strategy, build.mesh, differentiable=differentiable,
                            size=size)
     forward = op_compute_time(node, strategy, build.mesh, differentiable=False, size=size)
-    return float(both - forward)
+    return float(forward), float(both - forward)
 
 
 def training_flops(gm: fx.GraphModule, on_path: dict[str, bool], sizes: dict) -> float:
@@ -75,13 +92,15 @@ def training_flops(gm: fx.GraphModule, on_path: dict[str, bool], sizes: dict) ->
     return total
 
 
-def hidden_fraction(gm: fx.GraphModule, build: ProblemBuild, solution: Solution,
-                    sizes: dict[str, int]) -> float:
-    """`_hidden_fraction` of a solution of `build.problem` (see there)."""
+def exposed_charges(gm: fx.GraphModule, build: ProblemBuild, solution: Solution,
+                    sizes: dict[str, int]) -> Background:
+    """The fractions of a solution's background collectives left exposed (1 - `_hidden`):
+    the charges of the next solve (`autopar.api.plan_table`)."""
     by_name = {n.name: n for n in gm.graph.nodes}
     chosen = {name: build.strategies[i][solution.choices[i]]
               for i, name in enumerate(build.nodes)}
-    return _hidden_fraction(build, by_name, chosen, _edges(build, chosen), sizes)
+    hidden = _hidden(build, by_name, chosen, _edges(build, chosen), sizes)
+    return Background(1 - hidden.reductions, 1 - hidden.gathers)
 
 
 def _edges(build: ProblemBuild, chosen) -> dict[str, list]:
@@ -94,23 +113,28 @@ def _edges(build: ProblemBuild, chosen) -> dict[str, list]:
     return edges
 
 
-def _hidden_fraction(build: ProblemBuild, by_name, chosen, edges,
-                     sizes: dict[str, int]) -> float:
-    """The fraction of the background gradient reductions hidden behind the backward's
-    compute: min(1, B / G), with G their time in one micro-batch's backward and B that
-    backward's compute. With several micro-batches G is the last one's, the busiest: the
-    reductions deferred to it and its own. (The reductions of the last gradients the
-    backward makes have little compute left to hide behind; B counts all of it, an
+def _hidden(build: ProblemBuild, by_name, chosen, edges, sizes: dict[str, int]) -> Background:
+    """The fractions of the background collectives hidden behind compute: min(1, C / G),
+    with G their time in one micro-batch and C the compute they overlap there: the
+    backward's for gradient reductions, the forward's for parameter gathers. With several
+    micro-batches G is the last one's, the busiest: the reductions deferred to it and its
+    own. (The reductions of the last gradients the backward makes have little compute
+    left to hide behind, the first gather none before it; C counts all of it, an
     optimistic bound.)"""
     mesh = build.mesh
-    reductions = sum(float(t.time(mesh)) for per_node in edges.values()
-                     for ref, src, _, transfers in per_node
-                     for t in background_reductions(ref, src, transfers))
-    if reductions == 0:
-        return 0.0
-    backward = sum(_backward_compute(by_name[name], build, chosen[name], sizes)
-                   for name in build.nodes)
-    return min(1.0, backward / reductions)
+    reductions = gathers = 0.0
+    for per_node in edges.values():
+        for ref, src, _, transfers in per_node:
+            reductions += sum(float(t.time(mesh))
+                              for t in background_reductions(ref, src, transfers))
+            gathers += sum(float(t.time(mesh)) for t in background_gathers(ref, src, transfers))
+    forward = backward = 0.0
+    if reductions or gathers:
+        for name in build.nodes:
+            ahead, behind = _compute_split(by_name[name], build, chosen[name], sizes)
+            forward, backward = forward + ahead, backward + behind
+    return Background(min(1.0, backward / reductions) if reductions else 0.0,
+                   min(1.0, forward / gathers) if gathers else 0.0)
 
 
 def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
@@ -122,7 +146,7 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
     chosen = {name: build.strategies[i][solution.choices[i]]
               for i, name in enumerate(build.nodes)}
     edges = _edges(build, chosen)
-    hidden = _hidden_fraction(build, by_name, chosen, edges, sizes)
+    hidden = _hidden(build, by_name, chosen, edges, sizes)
     nodes = []
     for i, name in enumerate(build.nodes):
         node, strategy = by_name[name], chosen[name]
@@ -130,11 +154,11 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
         records = []
         for ref, src, _, transfers in edges[name]:
             repeats = step_repeats(ref, src, transfers, build.microbatches)
-            seconds = [n * float(t.time(mesh)) for t, n in zip(transfers, repeats)]
+            seconds = [float(x) for x in _step_seconds(ref, src, transfers,
+                                                       build.microbatches, mesh)]
             comm += sum(seconds)
-            times = dict(zip(map(id, transfers), seconds))
-            overlapped += hidden * sum(times[id(t)]
-                                       for t in background_reductions(ref, src, transfers))
+            overlapped += float(_hidden_seconds(ref, src, transfers, build.microbatches, mesh,
+                                                hidden))
             records.extend(TransferRecord(t.kind, mesh.axis_names[t.axis],
                                           n * float(t.nbytes), t.backward, ref.producer, time,
                                           calls=n)

@@ -15,6 +15,8 @@ global. Per node:
 - ops run with this rank's local size arguments (`autopar.rules.local_args`);
 - an embedding whose table is split by rows runs `masked_embedding` from this rank's first
   row (obligation 2 of `autopar.rules`);
+- parameter gathers are chained in program order, each starting the next one's
+  (`autopar.runtime.prefetch`), so that they overlap the compute between their uses;
 - an op the plan recomputes runs through a `Recomputed` module that also takes its inputs as
   they were before their edges' collectives, so that the backward can rebuild its output
   instead of keeping it (`autopar.runtime.recompute`).
@@ -50,6 +52,7 @@ from autopar.plan_types import Plan
 from autopar.rules.embedding import is_vocab_split, masked_embedding
 from autopar.runtime.collectives import Collective, RankContext
 from autopar.runtime.grad_reduce import owns_gradient, reducible, scatterable
+from autopar.runtime.prefetch import prefetchable
 from autopar.runtime.recompute import Recompute, Recomputed
 from autopar.runtime.redistribution import Redistribution
 from autopar.specs import NAMES, ROLE, TENSOR, TensorSpec
@@ -151,6 +154,9 @@ class _Lowering:
         self.state: list[StateSlot] = []
         self.inputs: list[object] = []
         self.recompute: Recompute | None = None  # the scope, made at the first recomputed op
+        # The last parameter gather of the program so far, which starts the next one's
+        # (`autopar.runtime.prefetch`): its call node and module.
+        self.last_gather: tuple[fx.Node, Collective] | None = None
 
     def run(self) -> RankProgram:
         for node in self.gm.graph.nodes:
@@ -221,13 +227,25 @@ class _Lowering:
         # `background_reductions`); a recomputed consumer's edge also gathers again there.
         kept_gathered = (parameter and producer.gathered is not None and not dst.recompute
                          and scatterable(redistribution))
-        self.root.add_module(name, Collective(
+        whole_gradient = kept_gathered and producer.whole_gradient
+        module = Collective(
             redistribution, self.context, overlapped=parameter and reducible(redistribution),
             owned_gradient=owns_gradient(consumer.target), kept_gathered=kept_gathered,
-            whole_gradient=kept_gathered and producer.whole_gradient,
-            output=consumer.op == "output"))
+            whole_gradient=whole_gradient, output=consumer.op == "output")
+        self.root.add_module(name, module)
         self.collectives.append((name, redistribution))
-        return self.graph.call_module(name, (self.env[leaf],)), redistribution
+        call = self.graph.call_module(name, (self.env[leaf],))
+        if parameter and not whole_gradient and prefetchable(redistribution):
+            self._chain_gather(call, module, self.env[leaf])
+        return call, redistribution
+
+    def _chain_gather(self, call: fx.Node, module: Collective, shard: fx.Node) -> None:
+        """Have the program's previous parameter gather start this one's."""
+        if self.last_gather is not None:
+            previous_call, previous = self.last_gather
+            previous_call.args = (previous_call.args[0], shard)
+            previous.chain(module)
+        self.last_gather = (call, module)
 
     def _op(self, node: fx.Node) -> fx.Node:
         placed, before = self.placed[node.name], {}

@@ -47,11 +47,20 @@ def _all_reduce(t: torch.Tensor, group) -> torch.Tensor:
 
 
 def _all_gather(t: torch.Tensor, dim: int, n: int, group) -> torch.Tensor:
+    out, _ = start_all_gather(t, dim, n, group, async_op=False)
+    return out
+
+
+def start_all_gather(t: torch.Tensor, dim: int, n: int, group, *, async_op: bool = True
+                     ) -> tuple[torch.Tensor, object]:
+    """Concatenate `t` over `group` (`n` ranks) along `dim`, the all_gather step, without
+    waiting (unless not `async_op`): (the result, valid once the work is waited on, possibly
+    a non-contiguous view; the torch.distributed work, None when not `async_op`)."""
     # Gather along dim 0, where the pieces are contiguous blocks in group-rank order.
     front = t.movedim(dim, 0).contiguous()
     out = front.new_empty((n * front.shape[0], *front.shape[1:]))
-    _all_gather_single(out, front, group=group)
-    return out.movedim(0, dim)
+    work = _all_gather_single(out, front, group=group, async_op=async_op)
+    return out.movedim(0, dim), work
 
 
 def _reduce_scatter(t: torch.Tensor, dim: int, n: int, group) -> torch.Tensor:

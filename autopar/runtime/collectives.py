@@ -31,6 +31,7 @@ from autopar.runtime.grad_reduce import (
     scatterable,
 )
 from autopar.runtime.pending import pending_reducible, reduce_output
+from autopar.runtime.prefetch import Prefetch, prefetchable
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.regather import Regather
 from autopar.runtime.steps import local_shape
@@ -41,15 +42,18 @@ class _Redistribute(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, redistribution: Redistribution, mesh: DeviceMesh,
-                counter: CommCounter) -> torch.Tensor:
+                counter: CommCounter, converted: torch.Tensor | None) -> torch.Tensor:
         ctx.redistribution, ctx.mesh, ctx.counter = redistribution, mesh, counter
+        if converted is not None:  # gathered ahead (autopar.runtime.prefetch)
+            return converted
         return apply_steps(x, redistribution.forward_steps, mesh, counter, "forward")
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
         steps = ctx.redistribution.backward_steps
-        return apply_steps(grad, steps, ctx.mesh, ctx.counter, "backward"), None, None, None
+        return (apply_steps(grad, steps, ctx.mesh, ctx.counter, "backward"),
+                None, None, None, None)
 
 
 def _check(x: torch.Tensor, r: Redistribution, mesh: DeviceMesh,
@@ -80,7 +84,8 @@ def _check(x: torch.Tensor, r: Redistribution, mesh: DeviceMesh,
 
 
 def redistribute(x: torch.Tensor, redistribution: Redistribution, mesh: DeviceMesh,
-                 counter: CommCounter, *, regather: Regather | None = None) -> torch.Tensor:
+                 counter: CommCounter, *, regather: Regather | None = None,
+                 converted: torch.Tensor | None = None) -> torch.Tensor:
     """This rank's piece of `x` converted from `redistribution.src` to `.dst`.
 
     `x` is the local piece of a tensor of global shape `redistribution.shape` laid out as
@@ -89,13 +94,16 @@ def redistribute(x: torch.Tensor, redistribution: Redistribution, mesh: DeviceMe
     `grad_arriving`, comes back laid out as `grad_needed`. Forward and backward collectives
     are recorded on `counter` and equal `redistribution.forward`/`.backward` in bytes.
     Collective, like any torch.distributed call: every rank of the mesh calls it in the same
-    order with the same `redistribution`.
+    order with the same `redistribution`. `converted`: the forward's result, already
+    computed by a gather started ahead (`autopar.runtime.prefetch`, which recorded it).
     """
     differentiable = x.requires_grad and torch.is_grad_enabled()
     _check(x, redistribution, mesh, regather, differentiable)
     if not differentiable:  # an autograd node would only cost time (inputs, targets)
+        if converted is not None:
+            return converted
         return apply_steps(x, redistribution.forward_steps, mesh, counter, "forward")
-    out = _Redistribute.apply(x, redistribution, mesh, counter)
+    out = _Redistribute.apply(x, redistribution, mesh, counter, converted)
     if differentiable and redistribution.regather and regather is not None and any(
             s.kind == "all_gather" for s in redistribution.forward_steps):
         regather.track(out, x, redistribution.forward_steps, mesh, counter)
@@ -111,6 +119,7 @@ class RankContext:
     counter: CommCounter = field(default_factory=CommCounter)
     regather: Regather = field(default_factory=Regather)
     reducer: GradientReducer = field(default_factory=GradientReducer)
+    prefetch: Prefetch = field(default_factory=Prefetch)
 
 
 def _local_slice(redistribution: Redistribution,
@@ -154,17 +163,36 @@ class Collective(nn.Module):
             assert reducible(redistribution), redistribution
             self._axis = redistribution.backward_steps[0].axis
         self._slice = _local_slice(redistribution, context.mesh)
+        self.prefetched = False  # its gather is started by the edge before it (`chain`)
+        self._upcoming: tuple[Collective, ...] = ()  # a tuple: not a registered submodule
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def chain(self, upcoming: Collective) -> None:
+        """Start `upcoming`'s gather, from the shard the program then passes as `forward`'s
+        second argument, each time this edge has run (`autopar.runtime.prefetch`)."""
+        assert prefetchable(upcoming.redistribution), upcoming.redistribution
+        self._upcoming, upcoming.prefetched = (upcoming,), True
+
+    def forward(self, x: torch.Tensor, upcoming_shard: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        out = self._convert(x)
+        if upcoming_shard is not None:
+            upcoming = self._upcoming[0]
+            self.context.prefetch.start(id(upcoming), upcoming_shard, upcoming.redistribution,
+                                        self.context.mesh, self.context.counter)
+        return out
+
+    def _convert(self, x: torch.Tensor) -> torch.Tensor:
         if self.output:
             return reduce_output(x, self.redistribution, self.context.mesh,
                                  self.context.counter)
         if self.whole_gradient and x.requires_grad and torch.is_grad_enabled():
             return self.context.reducer.whole_copy(id(self), x, self.redistribution,
                                                    self.context.mesh, self.context.counter)
+        converted = self.context.prefetch.take(id(self)) if self.prefetched else None
         if self.kept_gathered:
             return gather_kept(x, self.redistribution, self.context.mesh,
-                               self.context.counter, self.context.reducer)
+                               self.context.counter, self.context.reducer,
+                               converted=converted)
         if self.overlapped:
             return reduce_later(x, self._axis, self.context.mesh, self.context.counter,
                                 self.context.reducer, owned=self.owned_gradient)
@@ -175,7 +203,7 @@ class Collective(nn.Module):
             # The consumer passes no gradient back (an integer tensor, or `zeros_like(x)`).
             x = x.detach()
         return redistribute(x, self.redistribution, self.context.mesh, self.context.counter,
-                            regather=self.context.regather)
+                            regather=self.context.regather, converted=converted)
 
     def extra_repr(self) -> str:
         return str(self.redistribution)

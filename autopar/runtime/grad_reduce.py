@@ -271,25 +271,31 @@ def reduce_later(parameter: torch.Tensor, axis: int, mesh: DeviceMesh, counter: 
 class _GatherKept(torch.autograd.Function):
     @staticmethod
     def forward(ctx, shard: torch.Tensor, redistribution: Redistribution, mesh: DeviceMesh,
-                counter: CommCounter, reducer: GradientReducer) -> torch.Tensor:
+                counter: CommCounter, reducer: GradientReducer,
+                converted: torch.Tensor | None) -> torch.Tensor:
         # A leaf parameter held on ctx: no reference cycle through a grad_fn.
         ctx.parameter, ctx.steps, ctx.mesh = shard, redistribution.backward_steps, mesh
         ctx.counter, ctx.reducer = counter, reducer
+        if converted is not None:
+            return converted
         return apply_steps(shard, redistribution.forward_steps, mesh, counter, "forward")
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         ctx.reducer.scatter(ctx.parameter, grad, ctx.steps, ctx.mesh, ctx.counter)
-        return None, None, None, None, None
+        return None, None, None, None, None, None
 
 
 def gather_kept(shard: torch.Tensor, redistribution: Redistribution, mesh: DeviceMesh,
-                counter: CommCounter, reducer: GradientReducer) -> torch.Tensor:
+                counter: CommCounter, reducer: GradientReducer, *,
+                converted: torch.Tensor | None = None) -> torch.Tensor:
     """`redistribute(shard, redistribution, ...)` for a parameter `shard` (this rank's
     piece, a leaf) whose edge is `scatterable`, as the caller checked: the forward gathers
-    it the same way, and the gradient of the result is reduce-scattered by `reducer` in the
-    background of the rest of the backward, then added to `shard.grad` (see the module
-    docstring)."""
+    it the same way (or takes `converted`, gathered ahead), and the gradient of the result
+    is reduce-scattered by `reducer` in the background of the rest of the backward, then
+    added to `shard.grad` (see the module docstring)."""
     if not (shard.requires_grad and torch.is_grad_enabled()):
+        if converted is not None:
+            return converted
         return apply_steps(shard, redistribution.forward_steps, mesh, counter, "forward")
-    return _GatherKept.apply(shard, redistribution, mesh, counter, reducer)
+    return _GatherKept.apply(shard, redistribution, mesh, counter, reducer, converted)

@@ -207,6 +207,8 @@ class ParallelModule(nn.Module):
 
     def _run_flat(self, flat: list) -> list:
         """The program on flat user inputs: its flat outputs, mutated buffers written."""
+        if self._context is not None:
+            self._context.prefetch.begin()
         values = [self._value(slot) for slot in self._arguments]
         if self._scope is None:
             outputs = self._program(*values, *flat)
