@@ -1,11 +1,14 @@
-"""Ops that cut or join along one dim: split, chunk, unbind, slice, narrow, select, cat,
-stack, repeat_interleave. All are linear (`P -> P`).
+"""Ops that cut, join or shift along dims: split, chunk, unbind, slice, narrow, select, cat,
+stack, repeat_interleave, pad (constant_pad_nd), diff. All are linear (`P -> P`), but for a
+pad with a non-zero value or a non-constant mode.
 
 The dim being cut (or joined) cannot be split: a rank's chunk would not hold the positions
 the op names. Any other dim keeps its split. Two exceptions, both exact: a `slice` that keeps
 the whole dim (start 0, step 1, end past the size; what `x[:T]` gives when T is the full
 length) is the identity there, and `repeat_interleave` with an int count repeats each element
-in place, so chunk i of the input gives chunk i of the output along the repeated dim too.
+in place, so chunk i of the input gives chunk i of the output along the repeated dim too. A
+pad works on the dims its pad list names (the last ones), a diff on its `dim` (its prepend
+and append tensors split with the input).
 """
 
 from __future__ import annotations
@@ -93,7 +96,32 @@ def _repeat_interleave_args(op: OpSpec, pieces: Sequence[int]) -> tuple[tuple, d
     return args, kwargs
 
 
+def _pad(op: OpSpec) -> list[AxisStrategy]:
+    """pad / constant_pad_nd: pairs of the pad list apply to the last dims, last first."""
+    src, dst = op.inputs[0], op.outputs[0]
+    pad = list(argument(op, "pad", ()))
+    padded = {src.ndim - 1 - i for i in range(len(pad) // 2) if pad[2 * i] or pad[2 * i + 1]}
+    linear = argument(op, "mode", "constant") == "constant" and not argument(op, "value")
+    return unary_moves([(d, d) for d in range(src.ndim) if d not in padded], src, dst,
+                       partial=linear)
+
+
+def _diff(op: OpSpec) -> list[AxisStrategy]:
+    """diff(x, n, dim, prepend, append): differences along `dim`; prepend and append (same
+    rank as x) are joined to it there first."""
+    out = op.outputs[0]
+    dim = norm_dim(argument(op, "dim", -1), out.ndim)
+    strategies = [AxisStrategy(tuple(S(d) for _ in op.inputs), S(d))
+                  for d in range(out.ndim) if d != dim and out.shape[d] > 1]
+    if all(map(is_float, op.inputs)):
+        strategies.append(AxisStrategy((P,) * len(op.inputs), P))
+    return finish(strategies)
+
+
 RULES: dict[object, Rule] = {
+    aten.pad.default: _pad,
+    aten.constant_pad_nd.default: _pad,
+    aten.diff.default: _diff,
     aten.split.Tensor: _cut(),
     aten.split_with_sizes.default: _cut(),
     aten.chunk.default: _cut(),

@@ -158,6 +158,12 @@ SLICING = [
     call("stack", aten.stack.default, [f(4, 8), f(4, 8)], 1),
     call("repeat_interleave", aten.repeat_interleave.self_int, f(2, 4, 8, 4), 2, 1,
        output_size=8),
+    call("pad_last", aten.pad.default, f(4, 8, 6), [0, 2]),
+    call("pad_two_dims", aten.pad.default, f(4, 8, 6), [1, 0, 0, 3], "constant", 1.5),
+    call("pad_reflect", aten.pad.default, f(4, 8, 6), [2, 2], "reflect"),
+    call("constant_pad_nd", aten.constant_pad_nd.default, f(4, 8), [0, 0, 2, 2]),
+    call("diff", aten.diff.default, f(4, 8, 6), 1, 1),
+    call("diff_prepend", aten.diff.default, f(4, 8), 2, -1, f(4, 2), f(4, 1)),
 ]
 
 INDEXING = [

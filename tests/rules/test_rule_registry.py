@@ -44,6 +44,7 @@ COVERED = [
     aten.scalar_tensor.default, aten.new_zeros.default, aten.new_ones.default,
     aten.new_full.default, aten.new_empty.default, aten.one_hot.default,
     aten.scatter_add.default, aten.index_add.default, aten.zeros_like.default,
+    aten.pad.default, aten.constant_pad_nd.default, aten.diff.default,
 ]
 
 
