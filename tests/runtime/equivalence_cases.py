@@ -90,8 +90,10 @@ def train(rank: int, case: Case, mesh: autopar.Mesh) -> Outcome:
     model, inputs = case.model()
     reference = copy.deepcopy(model) if rank == 0 else None
     plan = autopar.Plan.from_dict(case.plan) if case.plan is not None else None
+    # The step whole: micro-batched plans have their own cases (test_microbatch_equivalence).
     pm = autopar.compile(model, mesh, inputs, plan=plan, memory_budget=case.memory_budget,
-                         constraints=dict(case.constraints) or None, time_limit=3.0)
+                         constraints=dict(case.constraints) or None, time_limit=3.0,
+                         microbatches=1)
     optimizer = torch.optim.AdamW(pm.parameters(), lr=LEARNING_RATE)
     losses, reference_losses, errors, loss_types = [], [], [], set()
     reference_optimizer = (torch.optim.AdamW(reference.parameters(), lr=LEARNING_RATE)

@@ -48,8 +48,9 @@ def measure_cases(rank: int, cases: tuple[MemoryCase, ...], shape: tuple[int, ..
     for case in cases:
         torch.manual_seed(0)
         model, inputs = case.model()
+        # One forward is probed: the step whole, not micro-batches run inside the call.
         pm = autopar.compile(model, mesh, inputs, memory_budget=case.memory_budget,
-                             time_limit=case.time_limit)
+                             time_limit=case.time_limit, microbatches=1)
         optimizer = torch.optim.AdamW(pm.parameters(), lr=1e-5)
         saved, state = measure_step(pm, optimizer, inputs)
         predicted = predicted_memory(pm.plan, graph_of(model, inputs)) if rank == 0 else None

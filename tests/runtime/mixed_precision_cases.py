@@ -135,7 +135,7 @@ def train(rank: int, case: PrecisionCase, mesh: autopar.Mesh) -> PrecisionOutcom
     model, inputs = case.model()
     reference = copy.deepcopy(model) if rank == 0 else None
     pm = autopar.compile(model, mesh, inputs, memory_budget=case.memory_budget,
-                         time_limit=3.0, **case.plan_options())
+                         time_limit=3.0, microbatches=1, **case.plan_options())
     optimizer = case.optimizer(pm)
     reference_optimizer = case.optimizer(reference) if reference is not None else None
     losses, reference_losses, biggest, norms, wrong = [], [], [], [], None

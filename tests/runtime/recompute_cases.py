@@ -33,7 +33,7 @@ def recompute_plan(model: torch.nn.Module, inputs: tuple, mesh: autopar.Mesh,
     whole = autopar.plan(model, autopar.Mesh((1,), ("x",), hardware=mesh.hardware.name),
                          inputs, recompute=False, time_limit=2.0).peak_memory_bytes
     return autopar.plan(model, mesh, inputs, memory_budget=budget_fraction * whole,
-                        constraints=constraints, time_limit=10.0)
+                        constraints=constraints, time_limit=10.0, microbatches=1)
 
 
 def without_recompute(plan: autopar.Plan) -> autopar.Plan:

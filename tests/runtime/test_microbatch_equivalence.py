@@ -7,8 +7,8 @@ last micro-batch (counted once per step), ZeRO-3 gathers run per micro-batch, an
 parameters are gathered once per step and their whole gradient reduce-scattered once. The
 cases are the solver's plans under budgets where it chooses each of these: on (4,), the MLP
 with its linears pinned batch-split chooses ZeRO-1, the Llama-style example ZeRO-2 and the
-GPT-style one ZeRO-3 (their gathers started one use ahead); on (2, 2), GPT-style and
-Llama-style plans mix tensor parallelism, ZeRO-3 storage and data parallelism. As in
+GPT-style one ZeRO-3 (their gathers started one use ahead); on (2, 2), a GPT-style plan
+mixes tensor parallelism, ZeRO-3 storage and data parallelism. As in
 `test_equivalence`: 3 AdamW steps, losses and every gradient within relative 1e-5 of the
 plain model (whose loss is the mean over the whole batch: the micro-batches' losses are
 weighted by their counts of targets), measured bytes per (kind, axis, direction) equal to
@@ -34,8 +34,7 @@ CASES = {
     (4,): (("examples.mlp", (("batch", 16), ("hidden", 64), ("ffn", 256)), PINNED, 4, 0.85),
            ("examples.llama", (("batch", 8),), (), 4, 0.75),
            ("examples.gpt", (("batch", 8),), (), 4, 0.4)),
-    (2, 2): (("examples.gpt", (("batch", 4),), (), 2, 0.3),
-             ("examples.llama", (("batch", 4),), (), 4, 0.3)),
+    (2, 2): (("examples.gpt", (("batch", 4),), (), 2, 0.3),),
 }
 
 
@@ -44,7 +43,7 @@ def _plan(example: str, build: tuple, pins: tuple, microbatches: int, fraction: 
           shape: tuple[int, ...]) -> autopar.Plan:
     model, inputs = importlib.import_module(example).build(**dict(build))
     mesh = autopar.Mesh(shape, MESHES[shape], hardware="cpu")
-    options = dict(microbatches=microbatches, constraints=dict(pins) or None, time_limit=3.0)
+    options = dict(microbatches=microbatches, constraints=dict(pins) or None, time_limit=1.0)
     whole = autopar.plan(model, mesh, inputs, **options).peak_memory_bytes
     return autopar.plan(model, mesh, inputs, memory_budget=fraction * whole, **options)
 
