@@ -95,14 +95,14 @@ def _loss(gm: fx.GraphModule) -> fx.Node:
             fix="plan with microbatches=1, or put such layers in eval mode")
     output = next(n for n in gm.graph.nodes if n.op == "output")
     results = [r for r in output.args[0] if r is not None]
-    spec = results[0].meta.get(TENSOR) if len(results) == 1 else None
-    if not (isinstance(results[0] if results else None, fx.Node)
-            and isinstance(spec, TensorSpec) and spec.numel == 1):
+    loss = results[0] if len(results) == 1 and isinstance(results[0], fx.Node) else None
+    spec = loss.meta.get(TENSOR) if loss is not None else None
+    if not (isinstance(spec, TensorSpec) and spec.numel == 1):
         raise MicrobatchError(
             "micro-batches need a forward that returns the loss alone",
             expected="one scalar tensor", got=f"{len(results)} outputs",
             fix="return the training loss from forward, or plan with microbatches=1")
-    return results[0]
+    return loss
 
 
 def _numerator_and_count(loss: fx.Node) -> tuple[fx.Node, fx.Node | float | None]:
@@ -117,13 +117,7 @@ def _propagate(gm: fx.GraphModule, wanted: list[fx.Node], microbatches: int,
     """Placements on a virtual axis of `microbatches` of `wanted` and their ancestors, the
     inputs cut along dim 0, such that no edge needs a collective other than a gradient's
     all-reduce; `MicrobatchError` naming the first op that has no such strategy."""
-    needed: set[fx.Node] = set()
-    stack = list(wanted)
-    while stack:
-        node = stack.pop()
-        if node not in needed:
-            needed.add(node)
-            stack.extend(node.all_input_nodes)
+    needed = set().union(*map(_ancestors, wanted))
     mesh = Mesh((microbatches,), ("microbatch",))
     with warnings.catch_warnings():  # ops without a rule: the planner says so itself
         warnings.simplefilter("ignore")
@@ -255,11 +249,11 @@ def _count_function(gm: fx.GraphModule, count: fx.Node) -> Callable[..., torch.T
     only (`split_batch` checked it is off the gradient path); `MicrobatchError` if it reads
     the model's state."""
     graph, env = fx.Graph(), {}
-    inputs = _user_inputs(gm)
-    for node in inputs:
+    for node in _user_inputs(gm):
         env[node] = graph.placeholder(node.name)
+    needed = _ancestors(count)
     for node in gm.graph.nodes:
-        if node.op == "placeholder" or node not in _ancestors(count):
+        if node.op == "placeholder" or node not in needed:
             continue
         if any(a.op == "placeholder" and a not in env for a in node.all_input_nodes):
             raise MicrobatchError(
@@ -272,6 +266,7 @@ def _count_function(gm: fx.GraphModule, count: fx.Node) -> Callable[..., torch.T
 
 
 def _ancestors(node: fx.Node) -> set[fx.Node]:
+    """`node` and every node it is computed from."""
     seen, stack = set(), [node]
     while stack:
         current = stack.pop()
