@@ -177,7 +177,9 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
                                      param_hint="--plan")
         click.echo(f"{plan.model} on mesh {mesh.describe()}: modelled step "
                    f"{plan.step_time_s * 1e3:.3f} ms, peak memory "
-                   f"{plan.peak_memory_bytes:,.0f} B per device")
+                   f"{plan.peak_memory_bytes:,.0f} B per device"
+                   + (f", {plan.microbatches} micro-batches per step"
+                      if plan.microbatches > 1 else ""))
         recipe = ", fp32 master weights, bf16 model" if precision == "bf16-master" else ""
         click.echo(f"training {steps} steps (AdamW{recipe}, lr {lr:g}) on {nproc} "
                    + ("process" if nproc == 1 else "processes")
