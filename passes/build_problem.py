@@ -242,6 +242,25 @@ def step_repeats(ref: EdgeRef, src: Strategy, transfers: tuple[cost.Transfer, ..
     return tuple(1 if id(t) in once else microbatches for t in transfers)
 
 
+def step_seconds(ref: EdgeRef, src: Strategy, transfers: tuple[cost.Transfer, ...],
+                 microbatches: int, mesh: Mesh) -> list:
+    """Each of an edge's transfers' time over one step (`step_repeats`)."""
+    return [n * t.time(mesh)
+            for t, n in zip(transfers, step_repeats(ref, src, transfers, microbatches))]
+
+
+def hidden_seconds(ref: EdgeRef, src: Strategy, transfers: tuple[cost.Transfer, ...],
+                   microbatches: int, mesh: Mesh, hidden: Background):
+    """The part of an edge's step time hidden behind compute: its background reductions'
+    at `hidden.reductions`, its background gathers' at `hidden.gathers`."""
+    seconds = dict(zip(map(id, transfers),
+                       step_seconds(ref, src, transfers, microbatches, mesh)))
+    return (hidden.reductions * sum(seconds[id(t)]
+                                    for t in background_reductions(ref, src, transfers))
+            + hidden.gathers * sum(seconds[id(t)]
+                                   for t in background_gathers(ref, src, transfers)))
+
+
 def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bool,
                     size=lambda value: value):
     """Seconds one rank computes `node` under `strategy` (forward, backward, recompute):
@@ -382,18 +401,12 @@ class _Builder:
         return matrix
 
     def _charged(self, ref: EdgeRef, src: Strategy, transfers) -> float:
-        """Seconds the objective charges for `transfers` in one step (`step_repeats`):
-        background reductions and gathers count at their `Background` fraction."""
-        repeats = dict(zip(map(id, transfers),
-                           step_repeats(ref, src, transfers, self.microbatches)))
-
-        def seconds(chosen) -> float:
-            return float(sum(repeats[id(t)] * t.time(self.mesh) for t in chosen))
-
-        return (seconds(transfers)
-                - (1 - self.charges.reductions) * seconds(
-                    background_reductions(ref, src, transfers))
-                - (1 - self.charges.gathers) * seconds(background_gathers(ref, src, transfers)))
+        """Seconds the objective charges for `transfers` in one step: background
+        reductions and gathers count at their `Background` fractions."""
+        hidden = Background(1 - self.charges.reductions, 1 - self.charges.gathers)
+        return float(sum(step_seconds(ref, src, transfers, self.microbatches, self.mesh))
+                     - hidden_seconds(ref, src, transfers, self.microbatches, self.mesh,
+                                      hidden))
 
     def ties(self, strategies) -> tuple[tuple[int, ...], ...]:
         blocks: dict[str, dict[int, list[int]]] = {}

@@ -18,9 +18,11 @@ from autopar.passes.build_problem import (
     ProblemBuild,
     background_gathers,
     background_reductions,
+    hidden_seconds,
     module_of,
     op_compute_time,
     step_repeats,
+    step_seconds,
     strategy_edge_transfers,
 )
 from autopar.placement import format_placements
@@ -39,25 +41,9 @@ def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound,
         size=sympy.sympify))
     for ref, src, dst in inbound:
         transfers = strategy_edge_transfers(ref, src, dst, ref.tensor.sym_nbytes, mesh.shape)
-        total += sum(_step_seconds(ref, src, transfers, count, mesh))
-        total -= _hidden_seconds(ref, src, transfers, count, mesh, hidden)
+        total += sum(step_seconds(ref, src, transfers, count, mesh))
+        total -= hidden_seconds(ref, src, transfers, count, mesh, hidden)
     return sympy.sympify(total)
-
-
-def _step_seconds(ref, src, transfers, count: int, mesh) -> list:
-    """Each of an edge's transfers' time over one step of `count` micro-batches."""
-    return [n * t.time(mesh) for t, n in zip(transfers, step_repeats(ref, src, transfers,
-                                                                      count))]
-
-
-def _hidden_seconds(ref, src, transfers, count: int, mesh, hidden: Background):
-    """The part of an edge's step time hidden behind compute: its background reductions'
-    at `hidden.reductions`, its background gathers' at `hidden.gathers`."""
-    seconds = dict(zip(map(id, transfers), _step_seconds(ref, src, transfers, count, mesh)))
-    return (hidden.reductions * sum(seconds[id(t)]
-                                    for t in background_reductions(ref, src, transfers))
-            + hidden.gathers * sum(seconds[id(t)]
-                                   for t in background_gathers(ref, src, transfers)))
 
 
 def _at(value, sizes: dict[str, int]) -> float:
@@ -154,10 +140,10 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
         records = []
         for ref, src, _, transfers in edges[name]:
             repeats = step_repeats(ref, src, transfers, build.microbatches)
-            seconds = [float(x) for x in _step_seconds(ref, src, transfers,
+            seconds = [float(x) for x in step_seconds(ref, src, transfers,
                                                        build.microbatches, mesh)]
             comm += sum(seconds)
-            overlapped += float(_hidden_seconds(ref, src, transfers, build.microbatches, mesh,
+            overlapped += float(hidden_seconds(ref, src, transfers, build.microbatches, mesh,
                                                 hidden))
             records.extend(TransferRecord(t.kind, mesh.axis_names[t.axis],
                                           n * float(t.nbytes), t.backward, ref.producer, time,

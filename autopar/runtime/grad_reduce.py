@@ -179,15 +179,15 @@ class GradientReducer:
                 copy = apply_steps(shard.detach(), redistribution.forward_steps, mesh,
                                    counter, "forward")
             copy.requires_grad_(True)
-            copy.register_post_accumulate_grad_hook(self._scatter_whole)
+            copy.register_post_accumulate_grad_hook(lambda _, key=key: self._scatter_whole(key))
             entry = self._whole[key] = (shard, copy, redistribution.backward_steps, mesh,
                                         counter)
         return entry[1]
 
-    def _scatter_whole(self, copy: torch.Tensor) -> None:
+    def _scatter_whole(self, key: int) -> None:
         if self.deferring:
             return
-        shard, _, steps, mesh, counter = next(e for e in self._whole.values() if e[1] is copy)
+        shard, copy, steps, mesh, counter = self._whole[key]
         grad, copy.grad = copy.grad, None
         self.scatter(shard, grad, steps, mesh, counter)
 
