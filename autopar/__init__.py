@@ -1,6 +1,7 @@
 """autopar: automatic parallelization of PyTorch models."""
 
 from autopar.api import plan
+from autopar.check import check
 from autopar.compiler import compile
 from autopar.errors import (
     AutoparError,
@@ -31,5 +32,5 @@ __all__ = [
     "InitializationError", "InputMismatchError", "MasterWeights", "Mesh", "MeshError",
     "MicrobatchError", "ModelFileError", "OptimizerError", "ParallelModule", "Plan",
     "PlanFormatError", "ProblemFormatError", "ReportError", "ShardingError", "TrainingRunError",
-    "available_hardware", "compile", "launch", "load_hardware", "master_weights", "plan",
+    "available_hardware", "check", "compile", "launch", "load_hardware", "master_weights", "plan",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Mapping
 from typing import NoReturn
 
@@ -16,7 +17,7 @@ from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState, optimizer_state
 from autopar.passes.annotate import annotate, size_hints
 from autopar.passes.build_problem import Background, ProblemBuild, build_problem
-from autopar.passes.capture import capture
+from autopar.passes.capture import capture, loss_output
 from autopar.passes.constrain import constrain
 from autopar.passes.extract_plan import exposed_charges, extract_plan
 from autopar.passes.find_saved import find_saved
@@ -26,6 +27,7 @@ from autopar.passes.offer_whole_gradient import offer_whole_gradient
 from autopar.passes.split_batch import BatchSplit, batch_size, split_batch
 from autopar.plan_types import Plan
 from autopar.solver import Solution, min_peak_usage, solve
+from autopar.specs import TENSOR
 
 # Solves at most, re-estimating how much of the background collectives stays exposed.
 OVERLAP_ROUNDS = 3
@@ -70,7 +72,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     that many micro-batches one after the other (gradient accumulation: one micro-batch's
     activations at a time, against smaller matmuls and collectives repeated per
     micro-batch); "auto" tries more of them while the plan of fewer holds most of the
-    memory budget, and keeps the fastest plan (see `plan_model`). `progress` receives a
+    memory budget, and keeps the fastest plan (see `_plan_steps`). `progress` receives a
     message as each pass starts (prefixed `STAGE`) and the solver's progress lines. Raises
     `InfeasiblePlanError` with the least memory any plan needs when nothing fits,
     `OptimizerError` for an optimizer whose state the cost model can't size, and
@@ -100,9 +102,36 @@ def micro_graph(model: nn.Module, example_inputs: tuple, split: BatchSplit) -> f
     return annotate(capture(model, tuple(args)))
 
 
+def input_signature(example_inputs: tuple) -> tuple[str, ...]:
+    """Each flat input leaf as `dtype[shape]` (tensors) or its repr: what a plan is for."""
+    def describe(value: object) -> str:
+        if isinstance(value, torch.Tensor):
+            return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+        return repr(value)
+
+    return tuple(describe(leaf) for leaf in pytree.tree_leaves(tuple(example_inputs)))
+
+
+def graph_digest(gm: fx.GraphModule) -> str:
+    """A digest of every node's name, op and tensor shapes and dtypes: equal for the same
+    model captured at the same input shapes."""
+    digest = hashlib.sha256()
+    for node in gm.graph.nodes:
+        digest.update(f"{node.name} {node.target} {node.meta.get(TENSOR)}\n".encode())
+    return digest.hexdigest()[:16]
+
+
 def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
-               microbatches: int | str, memory_budget: float | None = None,
-               progress: Callable[[str], None] | None = None, **options) -> Plan:
+               microbatches: int | str, **options) -> Plan:
+    """`_plan_steps`' plan, recording the example inputs it is for."""
+    made = _plan_steps(model, gm, example_inputs, mesh, microbatches=microbatches, **options)
+    return dataclasses.replace(made, inputs=input_signature(example_inputs),
+                               graph=graph_digest(gm))
+
+
+def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
+                microbatches: int | str, memory_budget: float | None = None,
+                progress: Callable[[str], None] | None = None, **options) -> Plan:
     """`plan_graph` of `gm` (`model` captured and annotated at `example_inputs`), run as
     `microbatches` micro-batches: a count, or "auto". With "auto" the step is first planned
     whole; while the best plan so far does not fit, or holds at least `MEMORY_BINDS` of
@@ -110,8 +139,9 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     `options`' time limit), up to `MAX_MICROBATCHES` or a step time worse than the best:
     micro-batches only trade time for memory. A model whose step can't be cut (its loss or
     an op mixes samples: `split_batch`) is planned whole under "auto", and raises
-    `MicrobatchError` for a count."""
+    `MicrobatchError` for a count; `LossError` when the forward returns no loss."""
     say = progress or (lambda message: None)
+    loss_output(gm)  # a model that returns no loss can't be trained: say so before solving
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
 
     def planned(count: int, split: BatchSplit | None) -> Plan:

@@ -7,6 +7,7 @@ plan whatever the solver's time limits did), lower, and the runtime module.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Mapping
 
 import torch
@@ -14,11 +15,18 @@ import torch.distributed as dist
 from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.api import micro_graph, plan_model
-from autopar.errors import AutoparError, CaptureError, MeshError
+from autopar.api import graph_digest, input_signature, micro_graph, plan_model
+from autopar.errors import (
+    CaptureError,
+    InputMismatchError,
+    MeshError,
+    PlanFormatError,
+    PlanningError,
+)
 from autopar.mesh import Mesh
 from autopar.passes.annotate import annotate
 from autopar.passes.capture import CALL_SPEC, CONSTANTS, MUTATED, capture
+from autopar.passes.find_strategies import is_decision
 from autopar.passes.lower import lower
 from autopar.passes.split_batch import loss_weights, split_batch
 from autopar.plan_types import Plan
@@ -28,29 +36,80 @@ from autopar.runtime.materialize import local_pieces, state_slots
 from autopar.runtime.parallel_module import ParallelModule
 
 
-def _check_plan_mesh(plan: Plan, mesh: Mesh) -> None:
+def check_plan(plan: Plan, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh) -> None:
+    """Raise the error naming the first thing `plan` was not made for: the mesh
+    (`MeshError`), the example inputs' shapes and dtypes (`InputMismatchError`), or the
+    model captured as `gm` (`PlanFormatError`: a node missing from the plan, or another op
+    there). Cheap, and run where the plan is given, before any rank starts."""
     if plan.mesh.shape != mesh.shape or plan.mesh.axis_names != mesh.axis_names:
         raise MeshError("the plan was made for another mesh",
                         expected=f"a plan for mesh {mesh.describe()}",
                         got=f"a plan for {plan.mesh.describe()}",
                         fix="plan again for this mesh, or compile with the plan's mesh")
+    given = input_signature(example_inputs)
+    if plan.inputs and plan.inputs != given:
+        where = next((i for i, (a, b) in enumerate(zip(plan.inputs, given)) if a != b),
+                     min(len(plan.inputs), len(given)))
+        raise InputMismatchError(
+            f"the plan was made for other inputs (input {where} differs)",
+            expected=f"inputs {', '.join(plan.inputs)}", got=f"inputs {', '.join(given)}",
+            fix="plan again with these inputs, or pass inputs of the planned shapes")
+    if plan.microbatches > 1 or plan.graph == graph_digest(gm):
+        return  # (a plan of micro-batches is one micro-batch's graph, checked when lowered)
+    planned = {node.name: node.op for node in plan.nodes}
+    for node in gm.graph.nodes:
+        if not is_decision(node):
+            continue
+        op = str(node.target) if node.op == "call_function" else node.op
+        if planned.get(node.name) != op:
+            raise PlanFormatError(
+                f"the plan was made for another model: node {node.name!r} ({op}) of "
+                "this model is " + ("missing from it" if node.name not in planned
+                   else f"{planned[node.name]} in it"),
+                expected=f"a plan of this model ({sum(map(is_decision, gm.graph.nodes))} "
+                         "decisions)",
+                got=f"a plan of {plan.model} ({len(plan.nodes)} decisions)",
+                fix="plan again for this model: autopar plan FILE.py --out plan.json, or "
+                    "drop --plan / plan= to plan on the fly")
+    if plan.graph:
+        raise PlanFormatError(
+            "the plan was made for a model with the same ops but other tensor shapes "
+            "(parameters, buffers or intermediate sizes)",
+            expected=f"a plan of this graph (digest {graph_digest(gm)})",
+            got=f"a plan of {plan.model} (digest {plan.graph})",
+            fix="plan again for this model and configuration")
 
 
 def _agreed(make: Callable[[], Plan], device: DeviceMesh | None) -> Plan:
-    """Rank 0's plan (or its error), on every rank."""
+    """Rank 0's plan, on every rank. Whatever rank 0 raises while planning is raised on
+    every rank at once (an error that can't be sent as itself as a `PlanningError` with
+    its message), rather than leaving the others waiting for a plan until the process
+    group times out."""
     if device is None or dist.get_world_size() == 1:
         return make()
     payload: list = [None]
     if dist.get_rank() == 0:
         try:
             payload = [("plan", make().to_dict())]
-        except AutoparError as error:
-            payload = [("error", error)]
+        except Exception as error:  # every rank must hear of it, whatever it is
+            payload = [("error", error if _sendable(error) else PlanningError(
+                "planning failed on rank 0", got=f"{type(error).__name__}: {error}",
+                fix="see rank 0's traceback"))]
+            dist.broadcast_object_list(payload, src=0)
+            raise
     dist.broadcast_object_list(payload, src=0)
     kind, value = payload[0]
     if kind == "error":
         raise value
     return Plan.from_dict(value)
+
+
+def _sendable(error: Exception) -> bool:
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - any failure to round-trip means "not as itself"
+        return False
+    return True
 
 
 def _rank_device(mesh: DeviceMesh | None) -> torch.device:
@@ -92,7 +151,7 @@ def compile(model: nn.Module, mesh: Mesh, example_inputs: tuple | None = None, *
     device = device_mesh(mesh) if mesh.size > 1 or dist.is_initialized() else None
     gm = annotate(capture(model, tuple(example_inputs)))
     if plan is not None:
-        _check_plan_mesh(plan, mesh)
+        check_plan(plan, gm, tuple(example_inputs), mesh)
     chosen = _agreed(lambda: plan or plan_model(
         model, gm, tuple(example_inputs), mesh, microbatches=microbatches,
         model_name=type(model).__name__, memory_budget=memory_budget,

@@ -49,6 +49,15 @@ class CaptureError(AutoparError, TypeError):
     """The model could not be captured as a graph by torch.export."""
 
 
+class LossError(AutoparError, ValueError):
+    """A model whose forward does not return a training loss autopar can find."""
+
+
+class PlanningError(AutoparError, RuntimeError):
+    """Planning failed on the rank that plans for the others (its own error could not be
+    sent to them as itself)."""
+
+
 class ShardingError(AutoparError, ValueError):
     """A requested placement is impossible for the tensor it is asked of."""
 

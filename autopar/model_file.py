@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 import sys
 from pathlib import Path
 
@@ -20,6 +22,29 @@ def _importable(path: Path) -> tuple[Path, str]:
         parts.insert(0, folder.name)
         folder = folder.parent
     return folder, ".".join(parts)
+
+
+def _check_config(path: Path, build: object, config: dict) -> None:
+    """Refuse keys `build` does not take, listing those it does (unless it takes **kwargs)."""
+    try:
+        parameters = inspect.signature(build).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C function: let the call say it
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    accepted = [p.name for p in parameters
+                if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                              inspect.Parameter.KEYWORD_ONLY)]
+    unknown = [key for key in config if key not in accepted]
+    if unknown:
+        close = {key: difflib.get_close_matches(key, accepted, n=1) for key in unknown}
+        hints = [f"{key} -> {match[0]}" for key, match in close.items() if match]
+        raise ModelFileError(
+            f"{path}: build() takes no argument {', '.join(map(repr, unknown))}",
+            expected=f"--set KEY=VALUE with KEY among: {', '.join(accepted) or '(none)'}",
+            got=", ".join(f"{key}={config[key]!r}" for key in unknown),
+            fix=("did you mean " + ", ".join(hints) + "?") if hints else
+                "use one of the keys build() accepts")
 
 
 def load_model_file(path: str | Path, **config) -> tuple[nn.Module, tuple]:
@@ -45,6 +70,7 @@ def load_model_file(path: str | Path, **config) -> tuple[nn.Module, tuple]:
                              expected="def build(**config) -> (model, example_inputs)",
                              got=", ".join(n for n in vars(module) if not n.startswith("_")),
                              fix="add a build() returning the model and a tuple of inputs")
+    _check_config(path, build, config)
     result = build(**config)
     if (not isinstance(result, tuple) or len(result) != 2
             or not isinstance(result[0], nn.Module)):

@@ -21,8 +21,8 @@ from autopar.errors import PlanFormatError
 from autopar.mesh import Mesh
 
 # 2: recompute, gathered and hidden_s per node, the optimizer, FLOPs; 3: micro-batches,
-# whole_gradient per node, calls per transfer.
-FORMAT_VERSION = 3
+# whole_gradient per node, calls per transfer; 4: the example inputs and graph planned for.
+FORMAT_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,10 @@ class Plan:
     what the memory of the parameters counts (`autopar.optimizer_state`); `model_flops` is
     the whole model's FLOPs of one training step (see `mfu`). A step runs `microbatches`
     micro-batches one after the other (gradient accumulation): the nodes are one
-    micro-batch's, their times and bytes the whole step's."""
+    micro-batch's, their times and bytes the whole step's. `inputs` describes the flat
+    example inputs it was planned for (`autopar.api.input_signature`) and `graph` a digest
+    of the captured graph's ops and tensor shapes (`autopar.api.graph_digest`), which
+    compiling it checks."""
 
     model: str
     mesh: Mesh
@@ -131,6 +134,8 @@ class Plan:
     optimizer: str = "AdamW (2 states in the parameter's dtype)"
     model_flops: float = 0.0
     microbatches: int = 1
+    inputs: tuple[str, ...] = ()
+    graph: str = ""
     version: int = FORMAT_VERSION
 
     @property
@@ -237,6 +242,7 @@ class Plan:
                            HandStrategyRecord(**{**h, "comm_bytes": tuple(
                                tuple(row) for row in h.get("comm_bytes", ()))})
                            for h in data.get("hand_strategies", ())),
+                       inputs=tuple(data.get("inputs", ())), graph=data.get("graph", ""),
                        **{key: data[key] for key in ("optimizer", "model_flops",
                                                      "microbatches") if key in data},
                        version=version)

@@ -20,18 +20,21 @@ predicted bytes), `format_step` (one line per step) and `verification_failures`.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from autopar.api import plan as make_plan
+from autopar.compiler import check_plan
 from autopar.compiler import compile as compile_model
 from autopar.errors import TrainingRunError
 from autopar.mesh import Mesh
 from autopar.mixed_precision import master_weights
 from autopar.model_file import load_model_file
+from autopar.passes.annotate import annotate
+from autopar.passes.capture import capture
 from autopar.plan_types import Plan
 from autopar.runtime.counter import Key
 
@@ -41,6 +44,10 @@ from autopar.runtime.counter import Key
 # `TOLERANCE`, while a wrong collective shows up at 1e-2 or more.
 VERIFY_LEARNING_RATE = 5e-5
 TOLERANCE = 1e-5
+# A difference this small (absolute) always passes: a gradient whose true value is zero
+# (a key bias under softmax, which is shift-invariant) is rounding noise of some 1e-9 on
+# both sides, and relative to its own size that noise differs by 100%.
+ABSOLUTE_TOLERANCE = 1e-6
 LEARNING_RATE = 1e-3
 # Under "bf16-master" every op rounds to bf16 (relative spacing 2^-8 = 3.9e-3) and a plan
 # reorders the sums, so gradients differ by some 1e-2 of their largest entry after a few
@@ -54,8 +61,33 @@ PRECISIONS = ("fp32", "bf16-master")
 
 
 @dataclass(frozen=True)
+class Tolerance:
+    """When a value of the compiled model matches the plain model's: a difference within
+    `relative` of the reference tensor's largest entry, or within `absolute`.
+
+        |got - expected|_max <= max(relative * |expected|_max, absolute)
+    """
+
+    relative: float = TOLERANCE
+    absolute: float = ABSOLUTE_TOLERANCE
+
+    def excess(self, difference: float, scale: float) -> float:
+        """`difference` over what is allowed at `scale` (|expected|_max): above 1 fails;
+        NaN counts as infinitely far."""
+        allowed = max(self.relative * scale, self.absolute)
+        ratio = difference / allowed if allowed > 0 else (0.0 if difference == 0 else
+                                                           float("inf"))
+        return ratio if ratio == ratio else float("inf")
+
+    def describe(self) -> str:
+        return f"{self.relative:g} relative or {self.absolute:g} absolute"
+
+
+@dataclass(frozen=True)
 class TrainingRun:
     """Everything a rank needs to train. `config` holds the `build()` keyword arguments;
+    `tolerance` is what `verify` accepts (default: `Tolerance()`, or `BF16_TOLERANCE`
+    relative under "bf16-master");
     `seed` seeds torch before the build (so builds drawing from torch's global generator
     give every rank the same weights) and the solver. `plan` is a `Plan.to_dict()`, or None
     to let rank 0 plan under `memory_budget` within `time_limit` seconds, with
@@ -75,6 +107,7 @@ class TrainingRun:
     verify: bool = False
     precision: str = "fp32"
     microbatches: int | str = "auto"
+    tolerance: Tolerance | None = None
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -86,6 +119,15 @@ class TrainingRun:
         if not self.lr > 0:
             raise TrainingRunError("invalid learning rate", expected="a positive number",
                                    got=repr(self.lr), fix="e.g. --lr 5e-5")
+
+    @property
+    def accepted(self) -> Tolerance:
+        """The tolerance verification applies."""
+        if self.tolerance is not None:
+            return self.tolerance
+        if self.precision == "bf16-master":
+            return Tolerance(relative=BF16_TOLERANCE)
+        return Tolerance()
 
     def build_mesh(self) -> Mesh:
         return Mesh(self.mesh, self.axis_names, hardware=self.hardware)
@@ -105,14 +147,18 @@ class TrainingRun:
 @dataclass(frozen=True)
 class StepRecord:
     """One training step as rank 0 saw it. The reference fields are None unless the run
-    verifies: the plain model's loss, and the largest over parameters of
-    max |grad - reference grad| / max |reference grad| (`worst_param` names it)."""
+    verifies: the plain model's loss, and the gradient farthest from the plain model's
+    under the run's `Tolerance` (`worst_param`), with its largest difference relative to
+    the reference gradient's largest entry (`grad_error`) and absolute (`grad_abs_error`),
+    and how far that is past the tolerance (`grad_excess`, above 1 fails)."""
 
     step: int
     loss: float
     reference_loss: float | None = None
     grad_error: float | None = None
     worst_param: str | None = None
+    grad_abs_error: float | None = None
+    grad_excess: float | None = None
 
     @property
     def loss_error(self) -> float | None:
@@ -151,11 +197,14 @@ def build(run: TrainingRun) -> tuple[nn.Module, tuple]:
 
 
 def plan_run(run: TrainingRun, progress: Callable[[str], None] | None = None) -> Plan:
-    """The plan the ranks will run: `run.plan` if given, else one made here (no process
-    group needed), so that planning errors surface before any rank starts."""
-    if run.plan is not None:
-        return Plan.from_dict(run.plan)
+    """The plan the ranks will run: `run.plan` if given (checked against the model, its
+    inputs and the mesh), else one made here (no process group needed), so that planning
+    errors and a plan of another model surface before any rank starts."""
     model, inputs = build(run)
+    if run.plan is not None:
+        plan = Plan.from_dict(run.plan)
+        check_plan(plan, annotate(capture(model, inputs)), inputs, run.build_mesh())
+        return plan
     return make_plan(model, run.build_mesh(), inputs, memory_budget=run.memory_budget,
                      time_limit=run.time_limit, seed=run.seed,
                      master_weights=run.master_weights, microbatches=run.microbatches,
@@ -178,11 +227,23 @@ def gradient_errors(full: dict, reference: nn.Module) -> dict[str, float]:
     return errors
 
 
-def _grad_errors(full: dict, reference: nn.Module) -> tuple[float, str | None]:
-    """The worst relative gradient difference and the parameter it belongs to."""
-    errors = gradient_errors(full, reference)
-    where = max(errors, key=errors.get, default=None)
-    return (0.0 if where is None else errors[where]), where
+def _worst_gradient(full: dict, reference: nn.Module, tolerance: Tolerance,
+                    ) -> tuple[float, str | None, float, float]:
+    """(relative difference, parameter, absolute difference, excess over `tolerance`) of
+    the gradient farthest from the plain model's."""
+    worst = (0.0, None, 0.0, 0.0)
+    for name, param in reference.named_parameters():
+        got = full[name]
+        if param.grad is None or got is None:
+            difference = 0.0 if param.grad is None and got is None else float("inf")
+            scale = 0.0
+        else:
+            difference = float((got - param.grad).abs().max())
+            scale = float(param.grad.abs().max())
+        excess = tolerance.excess(difference, scale)
+        if worst[1] is None or excess > worst[3]:
+            worst = (_relative(difference, scale), name, difference, excess)
+    return worst
 
 
 def train_rank(rank: int, run: TrainingRun, *,
@@ -206,17 +267,19 @@ def train_rank(rank: int, run: TrainingRun, *,
         reference_optimizer = run.optimizer(reference)
     records = []
     for step in range(1, run.steps + 1):
-        loss = pm(*inputs)
+        loss = training_loss(pm(*inputs))
         loss.backward()
         record = StepRecord(step, float(loss.detach()))
         grads = pm.full_grads() if run.verify else None  # collective: every rank calls it
         optimizer.step()
         optimizer.zero_grad()
         if reference is not None:
-            expected = reference(*inputs)
+            expected = training_loss(reference(*inputs))
             expected.backward()
-            record = StepRecord(step, record.loss, float(expected.detach()),
-                                *_grad_errors(grads, reference))
+            relative, worst, absolute, excess = _worst_gradient(grads, reference,
+                                                                run.accepted)
+            record = StepRecord(step, record.loss, float(expected.detach()), relative,
+                                worst, absolute, excess)
             reference_optimizer.step()
             reference_optimizer.zero_grad()
         records.append(record)
@@ -226,13 +289,24 @@ def train_rank(rank: int, run: TrainingRun, *,
                       pm.plan.step_time_s)
 
 
+def training_loss(output: object) -> torch.Tensor:
+    """The loss in a forward's output: the output itself, first in a tuple, or under "loss"
+    in a dict or ModelOutput (where `autopar.passes.capture` looks for it)."""
+    if isinstance(output, Mapping):
+        return output["loss"]
+    if isinstance(output, (tuple, list)):
+        return output[0]
+    return output
+
+
 def format_step(record: StepRecord, steps: int) -> str:
     """`step   2/5  loss 0.912345` (+ the differences from the plain model when verifying)."""
     width = len(str(steps))
     line = f"step {record.step:>{width + 2}}/{steps}  loss {record.loss:.6f}"
     if record.reference_loss is not None:
         line += (f"  reference {record.reference_loss:.6f}  loss diff {record.loss_error:.1e}"
-                 f"  grad diff {record.grad_error:.1e} ({record.worst_param})")
+                 f"  grad diff {record.grad_error:.1e} relative, "
+                 f"{record.grad_abs_error:.1e} absolute ({record.worst_param})")
     return line
 
 
@@ -255,18 +329,20 @@ def communication_report(report: RankReport) -> str:
 
 
 def verification_failures(steps: tuple[StepRecord, ...],
-                          tolerance: float = TOLERANCE) -> tuple[str, ...]:
+                          tolerance: Tolerance = Tolerance()) -> tuple[str, ...]:
     """One message per step whose loss or worst gradient differs from the plain model's by
-    more than `tolerance` (relative); empty when all agree. Records of an unverified run
-    (no reference) are an error of the caller."""
+    more than `tolerance` allows; empty when all agree. Records of an unverified run (no
+    reference) are an error of the caller."""
     failures = []
     for record in steps:
         assert record.reference_loss is not None, "verification_failures needs verify=True"
-        if not record.loss_error <= tolerance:  # `not <=` also catches NaN
+        difference = abs(record.loss - record.reference_loss)
+        if tolerance.excess(difference, abs(record.reference_loss)) > 1:
             failures.append(f"step {record.step}: loss {record.loss:.8g}, single-process "
-                            f"{record.reference_loss:.8g}: relative difference "
-                            f"{record.loss_error:.2e}")
-        if not record.grad_error <= tolerance:
+                            f"{record.reference_loss:.8g}: differs by {difference:.2e} "
+                            f"absolute, {record.loss_error:.2e} relative")
+        if not record.grad_excess <= 1:  # `not <=` also catches NaN
             failures.append(f"step {record.step}: gradient of {record.worst_param} differs by "
-                            f"{record.grad_error:.2e} relative")
+                            f"{record.grad_abs_error:.2e} absolute, {record.grad_error:.2e} "
+                            "relative to its largest entry")
     return tuple(failures)

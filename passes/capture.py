@@ -24,13 +24,22 @@ buffers the model mutates (canonical names in `gm.meta["autopar_mutated_buffers"
 order), then the flat tuple of the model's outputs, non-tensor leaves (None) included.
 `gm.meta["autopar_call_spec"]` holds torch.export's (in_spec, out_spec) pytree specs of the
 user inputs `(args, kwargs)` and of the user outputs.
+
+Outputs: a forward may return the loss alone, or inside a tuple (first), a dict or a
+`ModelOutput` (key "loss"). Values torch.export can't return (a transformers cache object,
+or anything else that is not a tensor, number, string or registered pytree container) are
+dropped from the captured outputs (None in a ModelOutput, the key gone from a dict), and
+named in `gm.meta["autopar_dropped_outputs"]`. `gm.meta["autopar_loss"]` is the loss's
+index among the flat user outputs, None when no output is a floating-point scalar where
+a loss is looked for (`loss_output` raises then).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -38,13 +47,15 @@ import torch
 from torch import fx, nn
 from torch.export.graph_signature import InputKind, OutputKind
 
-from autopar.errors import CaptureError
+from autopar.errors import CaptureError, LossError
 from autopar.rules import DECOMPOSITIONS
 from autopar.specs import MODULE, NAMES, ROLE
 
 CONSTANTS = "autopar_constants"
 CALL_SPEC = "autopar_call_spec"
 MUTATED = "autopar_mutated_buffers"
+LOSS = "autopar_loss"
+DROPPED = "autopar_dropped_outputs"
 
 _ROLES = {
     InputKind.PARAMETER: "parameter",
@@ -67,8 +78,9 @@ def capture(model: nn.Module, example_inputs: tuple, *,
             "example_inputs must be the positional arguments of model.forward",
             expected="a tuple", got=type(example_inputs).__name__,
             fix="wrap them in a tuple, e.g. (x,)")
+    dropped: list[str] = []
     try:
-        with _without_stack_traces():
+        with _without_stack_traces(), _exportable_outputs(model, dropped):
             program = torch.export.export(model, _distinct(example_inputs),
                                           dynamic_shapes=dynamic_shapes, strict=False)
             # Means become sums over a global count, so a split batch reduces to summands.
@@ -100,10 +112,105 @@ def capture(model: nn.Module, example_inputs: tuple, *,
     gm.recompile()
     gm.meta[CONSTANTS] = constants
     gm.meta[CALL_SPEC] = (program.call_spec.in_spec, program.call_spec.out_spec)
+    gm.meta[DROPPED] = tuple(dict.fromkeys(dropped))
     gm.meta[MUTATED] = tuple(state["buffer"][spec.target][0]
                              for spec in program.graph_signature.output_specs
                              if spec.kind == OutputKind.BUFFER_MUTATION)
+    gm.meta[LOSS] = _loss_index(gm)
     return gm
+
+
+def loss_output(gm: fx.GraphModule) -> int:
+    """The index of the loss among `gm`'s flat user outputs; `LossError` when the forward
+    returns none (see the module docstring for where a loss is looked for)."""
+    index = gm.meta[LOSS]
+    if index is None:
+        _, out_spec = gm.meta[CALL_SPEC]
+        raise LossError(
+            "the model's forward must return its training loss",
+            expected="a floating-point scalar tensor: returned alone, first in a tuple, or "
+                     "under the key 'loss' of a dict or ModelOutput",
+            got=f"outputs {_describe_outputs(gm, out_spec)}",
+            fix="compute the loss inside forward (e.g. pass the labels and return "
+                "F.cross_entropy(logits, labels)), or wrap the model in a module that does")
+    return index
+
+
+def _user_output_specs(gm: fx.GraphModule) -> list[object]:
+    """Each flat user output: its traced (fake) tensor, or the constant returned."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = list(output.args[0])[len(gm.meta[MUTATED]):]
+    return [v.meta.get("val") if isinstance(v, fx.Node) else v for v in values]
+
+
+def _loss_index(gm: fx.GraphModule) -> int | None:
+    _, out_spec = gm.meta[CALL_SPEC]
+    count = out_spec.num_leaves
+    structure = torch.utils._pytree.tree_unflatten(list(range(count)), out_spec)
+    if isinstance(structure, int):
+        index = structure
+    elif isinstance(structure, Mapping):
+        index = structure.get("loss")
+    elif isinstance(structure, (tuple, list)) and structure:
+        index = structure[0]
+    else:
+        index = None
+    if not isinstance(index, int):
+        return None
+    value = _user_output_specs(gm)[index]
+    scalar = (isinstance(value, torch.Tensor) and value.dim() == 0
+              and value.dtype.is_floating_point)
+    return index if scalar else None
+
+
+def _describe_outputs(gm: fx.GraphModule, out_spec: object) -> str:
+    def describe(value: object) -> str:
+        if isinstance(value, torch.Tensor):
+            return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+        return type(value).__name__ if value is not None else "None"
+
+    shown = [describe(v) for v in _user_output_specs(gm)]
+    return str(torch.utils._pytree.tree_unflatten(shown, out_spec)).replace("'", "")
+
+
+@contextmanager
+def _exportable_outputs(model: nn.Module, dropped: list[str]) -> Iterator[None]:
+    """`model.forward` for the trace, with the output values torch.export can't return
+    replaced (see the module docstring); their paths are appended to `dropped`. The
+    instance attribute is removed afterwards, so the model is left as it was."""
+    original = model.forward
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return _returnable(original(*args, **kwargs), "output", dropped)
+
+    model.forward = forward
+    try:
+        yield
+    finally:
+        del model.forward
+
+
+_PLAIN = (torch.Tensor, int, float, bool, str, type(None))
+
+
+def _returnable(value: Any, path: str, dropped: list[str]) -> Any:
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, Mapping):
+        kept = {key: _returnable(item, f"{path}[{key!r}]", dropped)
+                for key, item in value.items()}
+        if type(value) is dict:
+            return {key: item for key, item in kept.items() if item is not None
+                    or value[key] is None}
+        return type(value)(**kept)  # a ModelOutput: a None field is left out of its leaves
+    if type(value) in (tuple, list):
+        return type(value)(_returnable(item, f"{path}[{i}]", dropped)
+                           for i, item in enumerate(value))
+    if type(value) in torch.utils._pytree.SUPPORTED_NODES:
+        return value
+    dropped.append(f"{path} ({type(value).__name__})")
+    return None
 
 
 def _distinct(example_inputs: tuple) -> tuple:

@@ -116,9 +116,11 @@ def _fits(spec: TensorSpec, placements: Placements, mesh_shape: tuple[int, ...])
     for placement in placements:
         if isinstance(placement, Shard) and not 0 <= placement.dim < spec.ndim:
             return False
-    return all(spec.shape[d] % shard_count(placements, mesh_shape, d) == 0
-               and spec.shape[d] >= shard_count(placements, mesh_shape, d)
-               for d in range(spec.ndim))
+    # A whole dim always fits, even an empty one (a zero-size cache or constant); a split
+    # one needs at least one element per chunk, and chunks of equal size.
+    counts = (shard_count(placements, mesh_shape, d) for d in range(spec.ndim))
+    return all(count == 1 or (size % count == 0 and size >= count)
+               for size, count in zip(spec.shape, counts))
 
 
 def _combine(per_axis: list[list[AxisStrategy]], op: OpSpec, mesh: Mesh) -> tuple[Strategy, ...]:

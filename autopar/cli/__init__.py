@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from autopar.cli.check import check_command
 from autopar.cli.plan import plan_command
 from autopar.cli.report import report_command
 from autopar.cli.run import run_command
@@ -20,5 +21,5 @@ def main() -> None:
     """autopar: automatic parallelization of PyTorch models."""
 
 
-for command in (plan_command, solve_command, run_command, report_command):
+for command in (plan_command, solve_command, run_command, report_command, check_command):
     main.add_command(command)

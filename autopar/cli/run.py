@@ -21,6 +21,7 @@ from autopar.cli.options import axis_names as parse_axis_names
 from autopar.cli.options import config, mesh_shape, microbatches
 from autopar.errors import AutoparError
 from autopar.training import (
+    ABSOLUTE_TOLERANCE,
     BF16_TOLERANCE,
     LEARNING_RATE,
     PRECISIONS,
@@ -28,6 +29,7 @@ from autopar.training import (
     VERIFY_LEARNING_RATE,
     RankReport,
     StepRecord,
+    Tolerance,
     TrainingRun,
     communication_report,
     format_step,
@@ -128,19 +130,23 @@ def _train(run: TrainingRun, nproc: int) -> RankReport:
 @click.option("--set", "settings", multiple=True, help="build() argument, KEY=VALUE")
 @click.option("--verify", is_flag=True,
               help="also train the single-process model in rank 0 and fail if a step's loss "
-                   "or worst gradient differs by more than --tolerance (relative). Meant for "
+                   "or worst gradient differs by more than --tolerance relative to the tensor's "
+                   "largest entry and more than --atol absolute. Meant for "
                    f"fp32 models and lr around {VERIFY_LEARNING_RATE:g}: AdamW amplifies "
                    "rounding differences in proportion to the learning rate")
 @click.option("--tolerance", type=float, default=None,
               help=f"relative tolerance of --verify (default {TOLERANCE:g}; "
                    f"{BF16_TOLERANCE:g} with --precision bf16-master)")
+@click.option("--atol", type=float, default=ABSOLUTE_TOLERANCE, show_default=True,
+              help="absolute tolerance of --verify: a smaller difference always passes (a "
+                   "gradient that is zero in exact arithmetic is rounding noise on both sides)")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
               help="bf16-master: the model in bfloat16, trained with fp32 master weights and "
                    "AdamW states (autopar.master_weights), planned with their memory")
 @click.option("--microbatches", "microbatch_text", default="auto", show_default=True,
               help="micro-batches per step (gradient accumulation), or auto")
 def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, seed,
-                memory_budget, time_limit, plan_file, settings, verify, tolerance,
+                memory_budget, time_limit, plan_file, settings, verify, tolerance, atol,
                 precision, microbatch_text) -> None:
     """Train MODEL_FILE (a .py file with build() -> (model, example_inputs)) on --nproc
     local CPU processes: the loss per step, then the bytes each collective moved against
@@ -162,19 +168,16 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
         lr = VERIFY_LEARNING_RATE if verify else LEARNING_RATE
     if tolerance is None:
         tolerance = BF16_TOLERANCE if precision == "bf16-master" else TOLERANCE
+    accepted = Tolerance(relative=tolerance, absolute=atol)
     try:
         run = TrainingRun(model_file, shape, parse_axis_names(axis_names, len(shape)),
                           config=tuple(config(settings).items()), hardware=hardware,
                           steps=steps, lr=lr, seed=seed, time_limit=time_limit,
                           memory_budget=memory_budget, verify=verify, precision=precision,
-                          microbatches=microbatches(microbatch_text),
+                          microbatches=microbatches(microbatch_text), tolerance=accepted,
                           plan=Plan.load(plan_file).to_dict() if plan_file else None)
         mesh = run.build_mesh()
         plan = plan_run(run, progress=lambda message: click.echo(f"... {message}", err=True))
-        if plan.mesh.shape != mesh.shape or plan.mesh.axis_names != mesh.axis_names:
-            raise click.BadParameter(f"the plan is for mesh {plan.mesh.describe()}, not "
-                                     f"{mesh.describe()}: pass its --mesh and --axis-names",
-                                     param_hint="--plan")
         click.echo(f"{plan.model} on mesh {mesh.describe()}: modelled step "
                    f"{plan.step_time_s * 1e3:.3f} ms, peak memory "
                    f"{plan.peak_memory_bytes:,.0f} B per device"
@@ -190,13 +193,15 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
         raise click.ClickException(str(exc)) from exc
     click.echo(communication_report(report))
     if verify:
-        failures = verification_failures(report.steps, tolerance)
+        failures = verification_failures(report.steps, accepted)
         if failures:
             raise click.ClickException(
                 "verification failed: the compiled model differs from the single-process "
-                f"model by more than {tolerance:g} relative\n  " + "\n  ".join(failures)
+                f"model by more than {accepted.describe()}\n  " + "\n  ".join(failures)
                 + "\n  (a model with dropout or other randomness never matches; the check "
                 f"assumes fp32 and lr around {VERIFY_LEARNING_RATE:g})")
-        worst = max(max(r.loss_error, r.grad_error) for r in report.steps)
+        worst = max(report.steps, key=lambda r: r.grad_excess)
         click.echo(f"verification passed: {steps} steps, losses and gradients within "
-                   f"{tolerance:g} relative of the single-process model (worst {worst:.1e})")
+                   f"{accepted.describe()} of the single-process model (worst gradient: "
+                   f"{worst.worst_param}, {worst.grad_abs_error:.1e} absolute, "
+                   f"{worst.grad_error:.1e} relative)")

@@ -63,8 +63,11 @@ def _run_rank(rank: int, nprocs: int, port: int, fn: Callable, args: tuple, queu
         dist.init_process_group("gloo", store=store, rank=rank, world_size=nprocs,
                                 timeout=timeout)
         message = (rank, True, pickle.dumps(fn(rank, *args)))
-    except BaseException:  # every failure, SystemExit included, goes to the caller
-        message = (rank, False, traceback.format_exc())
+    except BaseException as error:  # every failure, SystemExit included, goes to the caller
+        # The traceback, then the error alone: its message may span lines (an AutoparError
+        # says what, expected, got and fix), and the caller shows it whole.
+        message = (rank, False, (traceback.format_exc(),
+                                 "".join(traceback.format_exception_only(error)).strip()))
     queue.put(message)
     try:
         if dist.is_initialized():
@@ -108,13 +111,14 @@ def _watch(procs: list, queue, timeout: float, grace: float):
             if ok:
                 results[rank] = pickle.loads(payload)
             else:
-                failures[rank] = payload
+                failures[rank] = payload  # (traceback, the error's own message)
         except queue_module.Empty:
             for rank, proc in enumerate(procs):
                 if rank in results or rank in failures or proc.exitcode is None:
                     continue
                 if now - exited_at.setdefault(rank, now) > _REPORT_WAIT_S:
-                    failures[rank] = _exit_text(proc.exitcode)
+                    text = _exit_text(proc.exitcode)
+                    failures[rank] = (text, text)
                     silent.append(rank)
         if failures and stop_at is None:
             stop_at = time.monotonic() + grace
@@ -148,8 +152,8 @@ def _failure(nprocs: int, results: dict, failures: dict, silent: list[int],
                            got=f"{len(results)} ranks returned",
                            fix="raise timeout=, or look for a rank stuck outside collectives")
     first = silent[0] if silent else next(iter(failures))  # else the first report seen
-    summary = failures[first].strip().splitlines()[-1]
-    texts = {first: failures[first], **failures,
+    summary = failures[first][1]
+    texts = {first: failures[first][0], **{r: text for r, (text, _) in failures.items()},
              **{r: "terminated after the failure above" for r in missing}}
     body = "\n".join(f"--- rank {r}: {text.rstrip()}" for r, text in texts.items())
     return LaunchError(f"rank {first} of {nprocs} failed: {summary}", rank=first,

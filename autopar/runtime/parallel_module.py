@@ -228,7 +228,8 @@ class ParallelModule(nn.Module):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full parameters and persistent buffers under every name the model's
-        `state_dict()` uses (tied names included): loads into the original model."""
+        `state_dict()` uses (tied names included): loads into the original model. A
+        tensor the program never reads was never split: it is returned as held."""
         wanted = self.state_dict(keep_vars=True)
         full = {}
         for slot in self._slots:
@@ -236,15 +237,19 @@ class ParallelModule(nn.Module):
                 continue
             value = self._gather(self._value(slot), slot)
             full.update({name: value for name in slot.names if name in wanted})
-        return {name: full[name] for name in wanted}
+        return {name: full[name] if name in full else held.detach()
+                for name, held in wanted.items()}
 
     def full_grads(self) -> dict[str, torch.Tensor | None]:
-        """Full gradient of every parameter (None where it has none), keyed by the names of
-        `model.named_parameters()`."""
+        """Full gradient of every parameter (None where it has none), under every name of
+        `model.named_parameters(remove_duplicate=False)` (a tied weight under each of its
+        names). Collective."""
         grads = {}
         for slot in self._slots:
             if slot.role != "parameter":
                 continue
             grad = self._value(slot).grad
-            grads[slot.names[0]] = None if grad is None else self._gather(grad, slot)
-        return {name: grads[name] for name, _ in self.named_parameters()}
+            full = None if grad is None else self._gather(grad, slot)
+            grads.update({name: full for name in slot.names})
+        return {name: grads.get(name) for name, _ in
+                self.named_parameters(remove_duplicate=False)}

@@ -7,6 +7,7 @@ that recompiled alone would leave the others waiting.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -78,8 +79,15 @@ def test_a_plan_for_another_mesh_or_model_is_refused():
         autopar.compile(model, autopar.Mesh((1, 1), ("a", "b"), hardware="cpu"), inputs,
                         plan=plan)
     other, other_inputs = gpt.build()
-    with pytest.raises(autopar.PlanFormatError, match="does not match"):
+    with pytest.raises(autopar.InputMismatchError, match="input 0 differs") as error:
         autopar.compile(other, ONE, other_inputs, plan=plan)
+    assert "float32[" in str(error.value) and "int64[" in str(error.value)
+    with pytest.raises(autopar.PlanFormatError, match="another model: node"):
+        autopar.compile(other, ONE, other_inputs,
+                        plan=dataclasses.replace(plan, inputs=()))
+    wider, same_inputs = mlp.build(ffn=256)  # the inputs' shapes are the same
+    with pytest.raises(autopar.PlanFormatError, match="other tensor shapes"):
+        autopar.compile(wider, ONE, same_inputs, plan=plan)
 
 
 def test_a_planning_error_on_rank_zero_reaches_every_rank():

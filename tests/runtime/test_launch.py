@@ -73,7 +73,7 @@ def test_watchdog_times_out_and_notices_silent_deaths():
     assert "did not finish within 0.3 s" in str(error) and error.rank is None
     results, failures, silent = launch_module._watch(
         [_FakeProcess(None), _FakeProcess(-9)], queue.Queue(), timeout=30, grace=0.1)
-    assert silent == [1] and "SIGKILL" in failures[1]
+    assert silent == [1] and "SIGKILL" in failures[1][0]
     error = launch_module._failure(2, results, failures, silent, 30)
     assert error.rank == 1 and "terminated after" in error.failures[0]
 
