@@ -31,6 +31,7 @@ from autopar.passes.lower import lower
 from autopar.passes.split_batch import loss_weights, split_batch
 from autopar.plan_types import Plan
 from autopar.runtime.collectives import RankContext
+from autopar.runtime.compile_on_call import CompileOnCall
 from autopar.runtime.groups import device_mesh
 from autopar.runtime.materialize import local_pieces, state_slots
 from autopar.runtime.parallel_module import ParallelModule
@@ -119,13 +120,21 @@ def _rank_device(mesh: DeviceMesh | None) -> torch.device:
     return torch.device("cpu")
 
 
-def compile(model: nn.Module, mesh: Mesh, example_inputs: tuple | None = None, *,
-            plan: Plan | None = None, memory_budget: float | None = None,
+def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | None = None,
+            *, plan: Plan | None = None, memory_budget: float | None = None,
             time_limit: float = 30.0, constraints: Mapping[str, str] | None = None,
             seed: int = 0, optimizer: object = None,
             master_weights: torch.dtype | None = None, microbatches: int | str = "auto",
-            progress: Callable[[str], None] | None = None) -> ParallelModule:
-    """This rank's `ParallelModule` of `model` split over `mesh` (see DESIGN.md's API).
+            hardware: str | None = None, replan: bool = True,
+            progress: Callable[[str], None] | None = None) -> ParallelModule | CompileOnCall:
+    """This rank's `ParallelModule` of `model` split over `mesh` (see docs/DESIGN.md's API).
+
+    `mesh` is an `autopar.Mesh`, or a torch `DeviceMesh` the caller already made (its
+    shape and dim names; the hardware profile `hardware`, else taken from its device
+    type: see `mesh_of`). Without `example_inputs`, the model is compiled at its first
+    call from that call's inputs (`autopar.runtime.compile_on_call.CompileOnCall`); a
+    later call with other shapes compiles again, or raises `InputMismatchError` with
+    `replan=False` or a given `plan`.
 
     Collective: every rank of the default process group calls it with the same model
     (same initial values), mesh and example inputs; the process group's world size must
@@ -144,11 +153,26 @@ def compile(model: nn.Module, mesh: Mesh, example_inputs: tuple | None = None, *
     `MeshError`/`PlanFormatError` for a plan of another mesh or model, and the planning
     errors of `autopar.plan`.
     """
+    device = mesh if isinstance(mesh, DeviceMesh) else None
+    mesh = mesh_of(mesh, hardware)
+    if device is None and (mesh.size > 1 or dist.is_initialized()):
+        device = device_mesh(mesh)
     if example_inputs is None:
-        raise CaptureError("compile needs example inputs to trace the model",
-                           expected="a tuple of the positional arguments of model.forward",
-                           got="None", fix="autopar.compile(model, mesh, (x,))")
-    device = device_mesh(mesh) if mesh.size > 1 or dist.is_initialized() else None
+        options = dict(plan=plan, memory_budget=memory_budget, time_limit=time_limit,
+                       seed=seed, optimizer=optimizer, master_weights=master_weights,
+                       microbatches=microbatches, progress=progress)
+
+        def compile_for(inputs: tuple, pinned: dict[str, str] | None) -> ParallelModule:
+            # The same DeviceMesh for every compile: its process groups are made once.
+            return compile(model, device or mesh, inputs, hardware=mesh.hardware,
+                           constraints={**(constraints or {}), **(pinned or {})} or None,
+                           **options)
+
+        return CompileOnCall(model, compile_for, replan=replan and plan is None)
+    if not isinstance(example_inputs, tuple):
+        raise CaptureError("example_inputs must be the positional arguments of model.forward",
+                           expected="a tuple", got=type(example_inputs).__name__,
+                           fix="wrap them in a tuple, e.g. (x,)")
     gm = annotate(capture(model, tuple(example_inputs)))
     if plan is not None:
         check_plan(plan, gm, tuple(example_inputs), mesh)
@@ -158,6 +182,35 @@ def compile(model: nn.Module, mesh: Mesh, example_inputs: tuple | None = None, *
         time_limit=time_limit, constraints=constraints, seed=seed, optimizer=optimizer,
         master_weights=master_weights, progress=progress), device)
     return assemble(model, gm, chosen, device, tuple(example_inputs))
+
+
+def mesh_of(mesh: Mesh | DeviceMesh, hardware: str | None = None) -> Mesh:
+    """`mesh` as an `autopar.Mesh`: itself, or a torch DeviceMesh's shape and dim names
+    (`d0`, `d1`, ... when it has none) on `hardware`, by default the profile of its device
+    type ("cpu"; for "cuda" the profile whose name the GPU's name contains)."""
+    if isinstance(mesh, Mesh):
+        return mesh if hardware is None else Mesh(mesh.shape, mesh.axis_names,
+                                                   hardware=hardware)
+    if not isinstance(mesh, DeviceMesh):
+        raise MeshError("compile needs a mesh", expected="an autopar.Mesh or a torch "
+                        "DeviceMesh", got=type(mesh).__name__,
+                        fix="autopar.Mesh((2, 2), ('dp', 'tp'))")
+    shape = tuple(mesh.mesh.shape)
+    names = mesh.mesh_dim_names or tuple(f"d{i}" for i in range(len(shape)))
+    return Mesh(shape, names, hardware=hardware or _hardware_of(mesh.device_type))
+
+
+def _hardware_of(device_type: str) -> str:
+    if device_type == "cpu":
+        return "cpu"
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else device_type
+    for profile in ("h100-sxm", "a100-sxm"):
+        if profile.split("-")[0] in name.lower():
+            return profile
+    raise MeshError("no hardware profile for the DeviceMesh's devices",
+                    expected="an H100 or A100, or hardware= naming a profile or JSON file",
+                    got=f"{device_type} ({name})",
+                    fix="autopar.compile(model, device_mesh, hardware='path/to/profile.json')")
 
 
 def assemble(model: nn.Module, gm: fx.GraphModule, plan: Plan,

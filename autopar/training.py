@@ -227,7 +227,7 @@ def gradient_errors(full: dict, reference: nn.Module) -> dict[str, float]:
     return errors
 
 
-def _worst_gradient(full: dict, reference: nn.Module, tolerance: Tolerance,
+def worst_gradient(full: dict, reference: nn.Module, tolerance: Tolerance,
                     ) -> tuple[float, str | None, float, float]:
     """(relative difference, parameter, absolute difference, excess over `tolerance`) of
     the gradient farthest from the plain model's."""
@@ -276,7 +276,7 @@ def train_rank(rank: int, run: TrainingRun, *,
         if reference is not None:
             expected = training_loss(reference(*inputs))
             expected.backward()
-            relative, worst, absolute, excess = _worst_gradient(grads, reference,
+            relative, worst, absolute, excess = worst_gradient(grads, reference,
                                                                 run.accepted)
             record = StepRecord(step, record.loss, float(expected.detach()), relative,
                                 worst, absolute, excess)

@@ -321,8 +321,10 @@ def _fix_hint(error: Exception, message: str) -> str:
         return ("torch.export treats sizes 0 and 1 as constants: give the example input at "
                 "least 2 along every dimension declared dynamic")
     if "data-dependent" in lowered or "data dependent" in lowered:
-        return ("make the control flow independent of tensor values (branch on shapes or "
-                "config), or express the branch with torch.cond")
+        return ("make the control flow and the sizes independent of tensor values: branch "
+                "on shapes or config (or use torch.cond), and replace boolean-mask "
+                "indexing such as x[mask] or nonzero() by fixed-size ops (torch.where, "
+                "masked_fill, a weighted sum with the mask)")
     if "constraint" in lowered or "specializ" in lowered or "dynamic_shapes" in lowered:
         return ("a dimension declared dynamic is fixed or bounded by the model; give its Dim "
                 "those bounds, drop it from dynamic_shapes, or use Dim.AUTO to let export decide")

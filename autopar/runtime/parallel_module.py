@@ -126,6 +126,26 @@ class ParallelModule(nn.Module):
             context.regather if regathers else None
 
     @property
+    def slots(self) -> tuple[StateSlot, ...]:
+        """Every state tensor the program reads: its names, role and placements."""
+        return self._slots
+
+    def adopt(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Hold this rank's pieces in the given tensors (by canonical name) instead of its
+        own: each becomes the piece (`tensor.data = piece`) and is registered under every
+        name of its slot. Tensors an optimizer already holds then step the pieces. Not
+        collective."""
+        for slot in self._slots:
+            original = tensors.get(slot.names[0])
+            if slot.role == "constant" or original is None:
+                continue
+            original.data = self._value(slot).data
+            for name in slot.names:
+                owner, leaf = _owner(self, name)
+                table = owner._parameters if slot.role == "parameter" else owner._buffers
+                table[leaf] = original
+
+    @property
     def counter(self) -> CommCounter:
         """Bytes and calls of every collective the program ran (forward and backward)."""
         return self._context.counter if self._context is not None else CommCounter()

@@ -66,10 +66,15 @@ def test_inputs_of_other_shapes_are_refused_with_a_fix():
         pm(x, [target])
 
 
-def test_missing_example_inputs():
-    model, _ = mlp.build()
-    with pytest.raises(autopar.CaptureError, match="example inputs"):
-        autopar.compile(model, ONE)
+def test_without_example_inputs_the_plan_waits_for_the_first_call():
+    model, inputs = mlp.build()
+    pm = autopar.compile(model, ONE)
+    with pytest.raises(autopar.InputMismatchError, match="first call"):
+        pm.plan  # noqa: B018 - the property access is what raises
+    with pytest.raises(autopar.InputMismatchError, match="positional"):
+        pm(x=inputs[0], target=inputs[1])
+    pm(*inputs).backward()
+    assert pm.plan.mesh == ONE
 
 
 def test_a_plan_for_another_mesh_or_model_is_refused():
