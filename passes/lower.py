@@ -15,6 +15,8 @@ global. Per node:
 - ops run with this rank's local size arguments (`autopar.rules.local_args`);
 - an embedding whose table is split by rows runs `masked_embedding` from this rank's first
   row (obligation 2 of `autopar.rules`);
+- a random op whose output is split draws the whole tensor's numbers and keeps this rank's
+  chunk (`autopar.runtime.random_ops`, obligation 4);
 - parameter gathers are chained in program order, each starting the next one's
   (`autopar.runtime.prefetch`), so that they overlap the compute between their uses;
 - an op the plan recomputes runs through a `Recomputed` module that also takes its inputs as
@@ -47,9 +49,11 @@ from autopar.passes.find_strategies import (
     tensor_inputs,
 )
 from autopar.passes.gradient_path import gradient_path
+from autopar.passes.offer_recompute import draws_random_numbers
 from autopar.placement import Placements, Shard, format_placements, parse_placements, shard_count
 from autopar.plan_types import Plan
 from autopar.rules.embedding import is_vocab_split, masked_embedding
+from autopar.runtime import random_ops
 from autopar.runtime.collectives import Collective, RankContext
 from autopar.runtime.grad_reduce import owns_gradient, reducible, scatterable
 from autopar.runtime.prefetch import prefetchable
@@ -260,6 +264,17 @@ class _Lowering:
             start = _first_row(op.inputs[0], placed.inputs[0], self.mesh_shape, self.coordinate)
             padding = op.arg(2, "padding_idx", -1)
             target, args, kwargs = masked_embedding, (args[0], args[1], start, padding), {}
+        if draws_random_numbers(node) and any(isinstance(p, Shard) for p in placed.output):
+            if target not in random_ops.SUPPORTED:
+                raise PlanFormatError(
+                    f"{target} draws random numbers and the plan splits its output",
+                    expected=f"one of {sorted(map(str, random_ops.SUPPORTED))} split, or "
+                             "the op replicated", got=format_placements(placed.output),
+                    fix="pin its output replicated with constraints=")
+            spec = op.outputs[0]
+            target, args, kwargs = random_ops.seeded_piece, (target, *args), {
+                **kwargs, "full_shape": tuple(spec.shape), "placements": placed.output,
+                "mesh_shape": self.mesh_shape, "coordinate": self.coordinate}
         if placed.recompute:
             return self._recomputed(node.name, target, args, kwargs, before)
         return self.graph.create_node("call_function", target, args, kwargs, name=node.name)
