@@ -1,6 +1,6 @@
 """`compile`: a model and a mesh -> this rank's `ParallelModule`.
 
-It reads as the pipeline of DESIGN.md: capture, annotate, plan (strategies, problem, solve,
+It reads as the pipeline of docs/DESIGN.md: capture, annotate, plan (strategies, problem, solve,
 extract; done once, on rank 0, and sent to the others so that every rank runs the same
 plan whatever the solver's time limits did), lower, and the runtime module.
 """

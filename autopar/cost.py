@@ -16,7 +16,7 @@ consumer's input has the input's placement, except that a replicated input of a 
 whose output is split (Shard or Partial) on that axis receives a Partial gradient, and a
 Partial input receives a replicated one; the producer needs its gradient in its own output
 placement with Partial read as Replicate. Converting the first into the second gives exactly
-the table of DESIGN.md (all-reduce <-> nothing, all-gather <-> reduce-scatter or slice,
+the table of docs/DESIGN.md (all-reduce <-> nothing, all-gather <-> reduce-scatter or slice,
 slice <-> all-gather, all-to-all <-> all-to-all, replicated use by a split op <-> all-reduce).
 
 Every function accepts plain numbers or sympy expressions for sizes, so the same formulas

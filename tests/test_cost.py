@@ -16,7 +16,7 @@ def kinds(transfers):
 
 
 @pytest.mark.parametrize("src, dst, consumer_out, forward, backward", [
-    # DESIGN.md's table, one row per case (1-D mesh of 4).
+    # docs/DESIGN.md's table, one row per case (1-D mesh of 4).
     (P, R, R, ["all_reduce"], []),                     # grad arrives R: nothing
     (S0, R, R, ["all_gather"], []),                    # grad R: slice
     (S0, R, S1, ["all_gather"], ["reduce_scatter"]),   # grad P: reduce-scatter

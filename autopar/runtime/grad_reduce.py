@@ -1,7 +1,7 @@
 """Gradient all-reduces of replicated parameters, overlapped with the rest of the backward.
 
 A parameter replicated on an axis over which its consumer splits the computation gets a
-Partial gradient there, all-reduced in the backward (DESIGN.md's last table row). Done where
+Partial gradient there, all-reduced in the backward (docs/DESIGN.md's last table row). Done where
 the backward produces it, each all-reduce blocks the backward until it completes; that is
 data parallelism's whole communication. Instead, `reduce_later` hands the gradient to a
 `GradientReducer` and returns no gradient to autograd: the reducer packs gradients into

@@ -235,11 +235,14 @@ class ParallelModule(nn.Module):
         else:
             with self._scope:
                 outputs = self._program(*values, *flat)
-        if self._mutated:
-            with torch.no_grad():
-                for slot, new in zip(self._mutated, outputs):
-                    self._value(slot).copy_(local_piece(new, slot.placements,
-                                                        self.plan.mesh.shape, self.coordinate))
+        # A mutated buffer (batch norm's running statistics) takes its new value as a new
+        # tensor, not in place: the backward may still read the old one (an op recomputed
+        # from it), whose version must not change.
+        for slot, new in zip(self._mutated, outputs):
+            piece = local_piece(new, slot.placements, self.plan.mesh.shape, self.coordinate)
+            for name in slot.names:
+                owner, leaf = _owner(self, name)
+                owner._buffers[leaf] = piece
         return list(outputs[len(self._mutated):])
 
     def _gather(self, piece: torch.Tensor, slot: StateSlot) -> torch.Tensor:

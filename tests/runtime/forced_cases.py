@@ -5,7 +5,7 @@ of a model's graph, the first node with that op to that strategy, lets the solve
 the rest, and keeps the plan. `run_forced` (on each rank) captures each model once, builds
 the `ParallelModule` of every plan, runs one forward and backward, and reports the loss and
 the largest relative gradient error against the plain model, whether the bytes moved equal
-the plan's, and which rows of DESIGN.md's collective table the program's conversions used.
+the plan's, and which rows of docs/DESIGN.md's collective table the program's conversions used.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ gradient must equal the plain model's (relative 1e-5: one step, so only the reor
 fp32 sums separates them, about 1e-7), and its collectives must move exactly the bytes the
 plan predicts. On (2, 2), strategies that split on both axes are forced the same way: 25
 per example, spread evenly over the graph (all of them would take minutes). Together they
-cover every rule family and every row of the collective table of DESIGN.md.
+cover every rule family and every row of the collective table of docs/DESIGN.md.
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def test_edge(ran, mesh_shape, index, case):
 
 
 def test_every_row_of_the_backward_table_is_covered():
-    # DESIGN.md's table: (src, dst, consumer output) -> forward, backward collective kinds.
+    # docs/DESIGN.md's table: (src, dst, consumer output) -> forward, backward collective kinds.
     rows = [("P", "R", "R", ["all_reduce"], []),
             ("S(0)", "R", "R", ["all_gather"], []),
             ("S(0)", "R", "S(1)", ["all_gather"], ["reduce_scatter"]),
