@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import NoReturn
 
 import torch
@@ -73,24 +75,29 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     activations at a time, against smaller matmuls and collectives repeated per
     micro-batch); "auto" tries more of them while the plan of fewer holds most of the
     memory budget, and keeps the fastest plan (see `_plan_steps`). `progress` receives a
-    message as each pass starts (prefixed `STAGE`) and the solver's progress lines. Raises
+    message as each pass starts (prefixed `STAGE`) and the solver's progress lines. Each
+    distinct warning raised while planning is issued once, at the end, and kept in the
+    plan's `warnings` (which its summary prints). Raises
     `InfeasiblePlanError` with the least memory any plan needs when nothing fits,
     `OptimizerError` for an optimizer whose state the cost model can't size, and
     `MicrobatchError` for a count of micro-batches the model's step can't be cut into.
     """
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
     say = progress or (lambda message: None)
-    say(f"{STAGE} capture")
-    gm = capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
-    say(f"{STAGE} annotate")
-    if dynamic_shapes is not None and microbatches == "auto":
-        microbatches = 1  # a symbolic batch has no divisors to try
-    return plan_model(model, annotate(gm), tuple(example_inputs), mesh,
-                      microbatches=microbatches, model_name=type(model).__name__,
-                      memory_budget=memory_budget, time_limit=time_limit,
-                      constraints=constraints, fold_layers=fold_layers, seed=seed,
-                      hand_strategies=hand_strategies, optimizer=state, recompute=recompute,
-                      progress=progress)
+    raised: list[str] = []
+    with _warned_once(raised):
+        say(f"{STAGE} capture")
+        gm = capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+        say(f"{STAGE} annotate")
+        if dynamic_shapes is not None and microbatches == "auto":
+            microbatches = 1  # a symbolic batch has no divisors to try
+        made = plan_model(model, annotate(gm), tuple(example_inputs), mesh,
+                          microbatches=microbatches, model_name=type(model).__name__,
+                          memory_budget=memory_budget, time_limit=time_limit,
+                          constraints=constraints, fold_layers=fold_layers, seed=seed,
+                          hand_strategies=hand_strategies, optimizer=state,
+                          recompute=recompute, progress=progress)
+    return dataclasses.replace(made, warnings=_merge_warnings(made.warnings, raised))
 
 
 def micro_graph(model: nn.Module, example_inputs: tuple, split: BatchSplit) -> fx.GraphModule:
@@ -123,10 +130,50 @@ def graph_digest(gm: fx.GraphModule) -> str:
 
 def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
                microbatches: int | str, **options) -> Plan:
-    """`_plan_steps`' plan, recording the example inputs it is for."""
-    made = _plan_steps(model, gm, example_inputs, mesh, microbatches=microbatches, **options)
+    """`_plan_steps`' plan, recording the example inputs it is for, and the warnings raised
+    while planning once each (`_warned_once`)."""
+    raised: list[str] = []
+    with _warned_once(raised):
+        made = _plan_steps(model, gm, example_inputs, mesh, microbatches=microbatches,
+                           **options)
     return dataclasses.replace(made, inputs=input_signature(example_inputs),
-                               graph=graph_digest(gm))
+                               graph=graph_digest(gm),
+                               warnings=_merge_warnings(made.warnings, raised))
+
+
+@contextmanager
+def _warned_once(raised: list[str]) -> Iterator[None]:
+    """Hold back the warnings raised inside; at the end issue each distinct one once (every
+    solve finds the strategies again, and warns again) and append its message to `raised`,
+    for the plan's `warnings` (`_merge_warnings`)."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        for category, message in dict.fromkeys((w.category, str(w.message)) for w in caught):
+            # 4: past this generator and contextlib, to the caller of the function using it.
+            warnings.warn(message, category, stacklevel=4)
+            raised.append(message)
+
+
+_NO_RULE = "no sharding rule for "
+
+
+def _merge_warnings(kept: tuple[str, ...], raised: list[str]) -> tuple[str, ...]:
+    """The plan's warnings, each once, then those raised while planning that they don't
+    already say (the strategy pass's "no sharding rule for a, b: replicated" is the plan's
+    "no sharding rule for a: kept replicated" per op)."""
+    merged = list(dict.fromkeys(kept))
+    for message in raised:
+        if message.startswith(_NO_RULE):
+            ops = message.removeprefix(_NO_RULE).rsplit(": ", 1)[0].split(", ")
+            if all(any(w.startswith(f"{_NO_RULE}{op}:") for w in merged) for op in ops):
+                continue
+        if message not in merged:
+            merged.append(message)
+    return tuple(merged)
 
 
 def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,

@@ -4,7 +4,9 @@ A hand strategy is a role per mesh axis (`autopar.passes.restrict`): a restricti
 strategy table. Its figures are those of the cheapest plan within the restriction, found by
 the same solver under the same cost model with no memory limit, so a figure always exists;
 `fits` then says whether its peak memory is within the budget. What the solver's plan
-gains over the best of them is what the search bought.
+gains over the best of them is what the search bought. Data parallelism also fixes the
+activations (`pure_data_parallel`): it moves only all-reduces, and its note says why where
+it can't (an op that no strategy splits along the batch, a batch the mesh doesn't divide).
 
 Next to them, `SINGLE_DEVICE` is the same training step planned on a mesh of one device: its
 compute over the number of devices is the compute-only lower bound of the step time, the
@@ -13,6 +15,7 @@ reference of the scaling efficiency (`scaling_efficiency`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,16 +26,21 @@ from autopar.errors import InfeasiblePlanError
 from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState
 from autopar.passes.find_strategies import StrategyTable, find_strategies
-from autopar.passes.restrict import RECOMPUTE, ROLES, restrict
+from autopar.passes.restrict import RECOMPUTE, ROLES, Restriction, restrict
+from autopar.placement import Partial, Placements, Replicate
 from autopar.plan_types import HandStrategyRecord, Plan
+from autopar.specs import MODULE, ROLE, TENSOR, TensorSpec
 
 SINGLE_DEVICE = "single device"
+# Collectives pure data parallelism never runs: it only all-reduces (gradients, the loss).
+_NOT_DATA_PARALLEL = ("all_gather", "all_to_all", "reduce_scatter")
 
 
 @dataclass(frozen=True)
 class HandStrategy:
     """A named hand strategy: one role of `ROLES` per mesh axis, or no roles and a `note`
-    saying why it does not apply to the mesh."""
+    saying why it does not apply to the mesh. A strategy whose roles are all "dp" is pure
+    data parallelism (`pure_data_parallel`): activations too follow the batch."""
 
     name: str
     description: str
@@ -45,6 +53,78 @@ class HandStrategy:
         assert self.roles is None or all(role in ROLES for role in self.roles), self.roles
         assert self.recompute in RECOMPUTE, self.recompute
 
+    @property
+    def data_parallel(self) -> bool:
+        return self.roles is not None and all(role == "dp" for role in self.roles)
+
+
+def _moves_nothing(produced: Placements, read: Placements) -> bool:
+    """Whether a tensor `produced` so is read so with no collective but an all-reduce:
+    the same placement, a replicated tensor read split (a local slice) or a partial sum
+    read replicated (the loss's all-reduce)."""
+    return all(have == want
+               or (isinstance(have, Replicate) and not isinstance(want, Partial))
+               or (isinstance(have, Partial) and isinstance(want, Replicate))
+               for have, want in zip(produced, read, strict=True))
+
+
+def pure_data_parallel(gm: fx.GraphModule, restricted: Restriction) -> Restriction:
+    """`restricted` (the "dp" role on every axis) cut down to pure data parallelism.
+
+    The "dp" role fixes the parameters (replicated) and how the user inputs are read (split
+    on the batch), and leaves the activations to the solver, which may then gather one
+    where that is cheaper under the cost model: a plan that is no longer data parallel.
+    Here every op that depends on a user input reads each such input as its producer can
+    give it with no collective but an all-reduce (`_moves_nothing`), so the batch split
+    flows from the inputs to the loss; every other op (it computes from parameters and
+    constants only), and every buffer and constant, is replicated, as the parameters are.
+    An op left with no such strategy (no rule splits it along the batch) keeps its
+    candidates and is listed in `relaxed`, by `op (module)`, in place of `restricted`'s."""
+    table = restricted.table
+    by_name = {node.name: node for node in gm.graph.nodes}
+    produced: dict[str, frozenset] = {}  # the outputs each decision may have
+    batched: set[str] = set()  # decisions that depend on a user input
+    strategies = dict(table.strategies)
+    relaxed: list[str] = []
+    cache: dict[tuple, tuple | None] = {}
+    for name, candidates in table.strategies.items():
+        node = by_name[name]
+        if node.op == "output":
+            continue
+        sources = table.inputs.get(name, ())
+        role = node.meta.get(ROLE)
+        is_batched = role == "input" or any(p in batched for p, _ in sources)
+        if is_batched:
+            batched.add(name)
+        if node.op == "placeholder" and role in ("parameter", "input"):
+            kept: tuple | None = candidates  # restrict fixed them
+        else:
+            reads = tuple(tuple(sorted(map(repr, produced[p]))) for p, _ in sources)
+            key = (id(candidates), is_batched, reads)
+            if key not in cache:
+                if is_batched:
+                    allowed = [produced[p] for p, _ in sources]
+                    choice = tuple(s for s in candidates if all(
+                        any(_moves_nothing(have, want) for have in options)
+                        for options, want in zip(allowed, s.inputs, strict=True)))
+                else:
+                    choice = tuple(s for s in candidates if s.gathered is None and all(
+                        isinstance(p, Replicate) for p in s.output))
+                cache[key] = choice or None
+            kept = cache[key]
+            if kept is None:
+                kept = candidates
+                if node.op != "placeholder":
+                    relaxed.append(f"{str(node.target).removeprefix('aten.')} "
+                                   f"({_module(node)})")
+        strategies[name] = kept
+        produced[name] = frozenset(s.output for s in kept)
+    return Restriction(dataclasses.replace(table, strategies=strategies), tuple(relaxed))
+
+
+def _module(node: fx.Node) -> str:
+    return node.meta.get(MODULE) or "top"
+
 
 def standard_hand_strategies(mesh: Mesh) -> tuple[HandStrategy, ...]:
     """Data parallel, ZeRO-3, Megatron over all devices, data x tensor parallel, FSDP with
@@ -53,8 +133,8 @@ def standard_hand_strategies(mesh: Mesh) -> tuple[HandStrategy, ...]:
     n = mesh.ndim
     axes = ", ".join(mesh.axis_names)
     strategies = [
-        HandStrategy("data parallel", f"parameters replicated, batch split over {axes}",
-                     ("dp",) * n),
+        HandStrategy("data parallel", f"parameters replicated, batch split over {axes} through "
+                                      "every activation, gradients all-reduced", ("dp",) * n),
         HandStrategy("fully sharded (ZeRO-3)",
                      f"parameters stored split over {axes}, gathered at use; batch split",
                      ("zero",) * n),
@@ -109,6 +189,43 @@ def _relaxation_note(relaxed: tuple[str, ...]) -> str:
     shown = ", ".join(relaxed[:4]) + (", ..." if len(relaxed) > 4 else "")
     return (f"{len(relaxed)} node(s) allow no strategy of this kind and keep all their "
             f"candidates: {shown}")
+
+
+def _unsplit_axes_note(gm: fx.GraphModule, mesh: Mesh) -> str:
+    """The axes a data-parallel plan can't split the batch over (it does not divide):
+    replicated there, as `restrict` reads the inputs."""
+    specs = [node.meta.get(TENSOR) for node in gm.graph.nodes
+             if node.op == "placeholder" and node.meta.get(ROLE) == "input"]
+    batches = [spec.shape[0] for spec in specs if isinstance(spec, TensorSpec) and spec.ndim]
+    if not batches or not all(isinstance(b, int) for b in batches):
+        return ""
+    pieces, whole = 1, []
+    for name, size in zip(mesh.axis_names, mesh.shape):
+        if size > 1 and all(b % (pieces * size) == 0 for b in batches):
+            pieces *= size
+        elif size > 1:
+            whole.append(name)
+    if not whole:
+        return ""
+    return (f"the batch ({batches[0]}) does not split further over {', '.join(whole)}: "
+            f"replicated there")
+
+
+def _gathers_note(plan: Plan, unsplit: tuple[str, ...]) -> str:
+    """Why a data-parallel plan moves more than all-reduces: the ops `pure_data_parallel`
+    found no batch-split strategy for (`unsplit`), and the collectives that are not
+    all-reduces, by tensor and the op reading it; "" when there are none."""
+    moves = list(dict.fromkeys(
+        f"{t.kind.replace('_', '-')} of {t.tensor} for {n.op.removeprefix('aten.')} "
+        f"({n.module or 'top'})"
+        for n in plan.nodes for t in n.transfers if t.kind in _NOT_DATA_PARALLEL))
+    if not moves:
+        return ""
+    ops = list(dict.fromkeys(unsplit))
+    why = (f"{', '.join(ops[:4])}{', ...' if len(ops) > 4 else ''} can't keep the batch "
+           f"split (no strategy of theirs does), so it moves " if ops else "it moves ")
+    return (f"not purely data parallel: {why}{'; '.join(moves[:3])}"
+            f"{'; ...' if len(moves) > 3 else ''}")
 
 
 def _solve_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, time_limit: float,
@@ -166,14 +283,22 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
             continue
         say(f"{STAGE} hand strategy: {strategy.name} ({','.join(strategy.roles)})")
         restricted = restrict(gm, table, mesh, strategy.roles, strategy.recompute)
+        notes = [_relaxation_note(restricted.relaxed)]
+        unsplit: tuple[str, ...] = ()
+        if strategy.data_parallel:
+            pure = pure_data_parallel(gm, restricted)
+            restricted, unsplit = Restriction(pure.table, restricted.relaxed), pure.relaxed
         result = _solve_table(gm, restricted.table, mesh, time_limit=time_limit,
                               fold_layers=fold_layers, seed=seed, optimizer=optimizer,
                               microbatches=microbatches)
-        note = _relaxation_note(restricted.relaxed)
         if isinstance(result, str):
-            records.append(_missing(strategy, "; ".join(filter(None, (result, note)))))
+            note = "; ".join(filter(None, (result, *notes)))
+            records.append(_missing(strategy, note))
         else:
-            records.append(_record(strategy, result, memory_budget, note))
+            if strategy.data_parallel:
+                notes += [_unsplit_axes_note(gm, mesh), _gathers_note(result, unsplit)]
+            records.append(_record(strategy, result, memory_budget,
+                                   "; ".join(filter(None, notes))))
             if records[-1].fits and (fastest is None
                                      or result.step_time_s < fastest.step_time_s):
                 fastest = result

@@ -1,5 +1,7 @@
-"""Text rendering of a `Plan`: per op group placements and costs, the totals, the bytes moved,
-and, when the plan carries them, the hand strategies it is compared with.
+"""Text rendering of a `Plan`: per op group placements and costs (groups in the order the
+model runs them, long module paths shortened to distinct labels, a legend under the table),
+the totals, the bytes moved, and, when the plan carries them, the hand strategies it is
+compared with; then the plan's warnings, each once.
 
 Scaling efficiency is the compute-only lower bound of the step time (the step's compute on
 one device divided by the number of devices: perfect splitting, nothing moved) over a
@@ -15,17 +17,18 @@ from rich.table import Table
 
 from autopar.hand_strategies import SINGLE_DEVICE, scaling_efficiency
 from autopar.plan_types import HandStrategyRecord, NodePlan, Plan, layer_pattern
+from autopar.report.units import ms as _ms_text
+from autopar.report.units import size as _size
+
+# The "op group" column shows a layer pattern whole up to this share of the table's width;
+# a longer one keeps its end (what tells two sibling groups apart) after an ellipsis.
+_GROUP_SHARE = 0.3
+_ELLIPSIS = "…"
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:,.3f}"
-
-
-def _size(nbytes: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(nbytes) >= scale:
-            return f"{nbytes / scale:,.2f} {unit}"
-    return f"{nbytes:,.0f} B"
+    """Milliseconds without the unit, for columns headed "ms" (`_ms_text` adds it)."""
+    return _ms_text(seconds).removesuffix(" ms")
 
 
 def _placements(node: NodePlan) -> str:
@@ -33,24 +36,88 @@ def _placements(node: NodePlan) -> str:
     return f"{inputs} -> [{node.output}]" if inputs else f"[{node.output}]"
 
 
-def _group_table(plan: Plan) -> Table:
+def _groups(plan: Plan) -> dict[str, list[NodePlan]]:
+    """The plan's nodes by layer pattern ("(top)" for the model's own), in the order the
+    model runs them: by each group's first op in graph order (a group without ops, only
+    parameters or inputs, which the graph lists first, by its first node)."""
+    groups: dict[str, list[NodePlan]] = defaultdict(list)
+    first_op: dict[str, int] = {}
+    first_node: dict[str, int] = {}
+    for position, node in enumerate(plan.nodes):
+        pattern = layer_pattern(node.module) or "(top)"
+        groups[pattern].append(node)
+        first_node.setdefault(pattern, position)
+        if node.role == "op":
+            first_op.setdefault(pattern, position)
+    order = sorted(groups, key=lambda p: first_op.get(p, first_node[p]))
+    return {pattern: groups[pattern] for pattern in order}
+
+
+def _shortened(parts: list[str], head: int, limit: int) -> str:
+    """`head` first parts, an ellipsis, then as many last parts as keep the label within
+    `limit` (at least one); the whole pattern once nothing is left to elide."""
+    def label(tail: int) -> str:
+        if head + tail >= len(parts):
+            return ".".join(parts)
+        return ".".join(parts[:head]) + _ELLIPSIS + ".".join(parts[-tail:])
+
+    tail = 1
+    while head + tail + 1 < len(parts) and len(label(tail + 1)) <= limit:
+        tail += 1
+    return label(tail)
+
+
+def group_labels(patterns: list[str], limit: int) -> dict[str, str]:
+    """A label per pattern, at most `limit` characters where it can be: the whole pattern,
+    or an ellipsis and as many of its last dotted parts as fit ("…layer.*.SelfAttention.q":
+    the end tells sibling groups apart). Labels are distinct: patterns whose labels would
+    read the same keep their first parts too, one more at a time ("m.encoder…SelfAttention.q"
+    and "m.decoder…SelfAttention.q"), up to the whole (distinct) pattern."""
+    parts = {p: p.split(".") for p in patterns}
+    head = {p: 0 for p in patterns}
+
+    def label(pattern: str) -> str:
+        if len(pattern) <= limit:
+            return pattern
+        return _shortened(parts[pattern], head[pattern], limit)
+
+    while True:
+        labels = {p: label(p) for p in patterns}
+        same: dict[str, list[str]] = defaultdict(list)
+        for pattern, text in labels.items():
+            same[text].append(pattern)
+        # A label that clashes is shortened (whole patterns are distinct): keep more parts.
+        clashes = [p for group in same.values() if len(group) > 1 for p in group]
+        if not clashes:
+            return labels
+        for pattern in clashes:
+            head[pattern] += 1
+
+
+_LEGEND = ("Rows in the order the model runs them; repeated blocks share a row (layers.* "
+           "for layers.0, layers.1, ...). x: how many modules the row stands for; its ms and "
+           "memory (parameters with gradients and optimizer state, kept activations) are "
+           "their sum, per device and step. Placements: R replicated, S(d) split on dim d, "
+           "P partial sums.")
+
+
+def _group_table(plan: Plan, width: int) -> Table:
     axes = ",".join(plan.mesh.axis_names)
-    table = Table(title=f"Plan for {plan.model} on {plan.mesh.describe()}", title_justify="left")
-    table.add_column("op group")
+    table = Table(title=f"Plan for {plan.model} on {plan.mesh.describe()}", title_justify="left",
+                  caption=_LEGEND, caption_justify="left")
+    groups = _groups(plan)
+    labels = group_labels(list(groups), max(16, int(width * _GROUP_SHARE)))
+    table.add_column("op group", no_wrap=True,
+                     min_width=max((len(text) for text in labels.values()), default=8))
     table.add_column("x", justify="right")
     table.add_column(f"heaviest op: placements per axis ({axes})")
     for name in ("compute ms", "comm ms", "memory"):
         table.add_column(name, justify="right")
-    groups: dict[str, list[NodePlan]] = defaultdict(list)
-    blocks: dict[str, set[str]] = defaultdict(set)
-    for node in plan.nodes:
-        pattern = layer_pattern(node.module) or "(top)"
-        groups[pattern].append(node)
-        blocks[pattern].add(node.module)
     for pattern, nodes in groups.items():
         ops = [n for n in nodes if n.role == "op"] or nodes
         heaviest = max(ops, key=lambda n: (n.compute_s, n.comm_s))
-        table.add_row(pattern, str(len(blocks[pattern])),
+        modules = {n.module for n in nodes}
+        table.add_row(labels[pattern], str(len(modules)),
                       f"{heaviest.op.removeprefix('aten.')} {_placements(heaviest)}",
                       _ms(sum(n.compute_s for n in nodes)), _ms(sum(n.comm_s for n in nodes)),
                       _size(sum(n.memory_bytes for n in nodes)))
@@ -63,10 +130,10 @@ def _totals_table(plan: Plan) -> Table:
     table.add_column("value", justify="right")
     solver = plan.solver
     rows = [
-        ("predicted step time", f"{_ms(plan.step_time_s)} ms"),
-        ("  compute", f"{_ms(plan.compute_s)} ms"),
-        ("  communication, exposed", f"{_ms(plan.exposed_comm_s)} ms"),
-        ("  communication, hidden", f"{_ms(plan.hidden_comm_s)} ms (overlaps the backward)"),
+        ("predicted step time", _ms_text(plan.step_time_s)),
+        ("  compute", _ms_text(plan.compute_s)),
+        ("  communication, exposed", _ms_text(plan.exposed_comm_s)),
+        ("  communication, hidden", f"{_ms_text(plan.hidden_comm_s)} (overlaps the backward)"),
         ("peak memory", f"{_size(plan.peak_memory_bytes)} of {_size(plan.memory_limit_bytes)}"),
         *((("scaling efficiency", f"{efficiency:.1%}"),)
           if (efficiency := scaling_efficiency(plan, plan.step_time_s)) is not None else ()),
@@ -173,12 +240,12 @@ def render_summary(plan: Plan, *, width: int = 120) -> str:
     comparison table "Compared with hand strategies" when the plan carries them."""
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, no_color=True, color_system=None)
-    for table in (_group_table(plan), _totals_table(plan), _comm_table(plan)):
+    for table in (_group_table(plan, width), _totals_table(plan), _comm_table(plan)):
         console.print(table)
     if plan.hand_strategies:
         console.print(_hand_table(plan))
         for note in _hand_notes(plan):
             console.print(note)
-    for warning in plan.warnings:
+    for warning in dict.fromkeys(plan.warnings):  # each once, in order
         console.print(f"warning: {warning}")
     return buffer.getvalue()

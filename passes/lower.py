@@ -264,7 +264,8 @@ class _Lowering:
             start = _first_row(op.inputs[0], placed.inputs[0], self.mesh_shape, self.coordinate)
             padding = op.arg(2, "padding_idx", -1)
             target, args, kwargs = masked_embedding, (args[0], args[1], start, padding), {}
-        if draws_random_numbers(node) and any(isinstance(p, Shard) for p in placed.output):
+        if (draws_random_numbers(node) and any(isinstance(p, Shard) for p in placed.output)
+                and random_ops.draws(node.target, node.args, node.kwargs)):
             if target not in random_ops.SUPPORTED:
                 raise PlanFormatError(
                     f"{target} draws random numbers and the plan splits its output",

@@ -57,3 +57,74 @@ def test_solve_prints_cost_then_choices_last():
     choices = json.loads(lines[-1])
     assert len(choices) == 5 and all(isinstance(c, int) for c in choices)
     assert re.search(r"\d", lines[-2])  # the cost, on the line before last
+
+
+def test_run_prints_the_modelled_step_in_the_summary_units(tmp_path):
+    """`autopar run` states the modelled step and peak memory as `autopar plan` does (ms and
+    KiB/MiB/GiB, autopar.report.units), not in raw bytes."""
+    from autopar.plan_types import Plan
+    from autopar.report.units import ms, size
+
+    saved = tmp_path / "plan.json"
+    planned = CliRunner().invoke(main, [
+        "plan", str(ROOT / "examples" / "mlp.py"), "--mesh", "1", "--hardware", "cpu",
+        "--no-hand-strategies", "--out", str(saved)])
+    assert planned.exit_code == 0, planned.output
+    plan = Plan.load(saved)
+    step, peak = ms(plan.step_time_s), size(plan.peak_memory_bytes)
+    assert "predicted step time" in planned.output and step in planned.output
+    assert f"{peak} of" in planned.output
+    ran = CliRunner().invoke(main, ["run", str(ROOT / "examples" / "mlp.py"), "--mesh", "1",
+                                    "--nproc", "1", "--steps", "1", "--plan", str(saved)])
+    assert ran.exit_code == 0, ran.output
+    assert f"modelled step {step}, peak memory {peak} per device" in ran.output, ran.output
+
+
+FLIP = '''
+import torch
+from torch import nn
+
+
+class Flip(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.flip(self.fc(x), dims=(1,)).pow(2).mean()
+
+
+def build():
+    torch.manual_seed(0)
+    return Flip(), (torch.randn(8, 16),)
+'''
+
+
+def test_plan_shows_each_warning_once_as_a_line(tmp_path, monkeypatch):
+    """Every solve (the plan's, each hand strategy's) finds the strategies and warns again;
+    the command shows each warning once, as a "warning:" line, not as Python's warning
+    lines with a file path."""
+    import sys
+    import warnings
+
+    import torch
+
+    from autopar import rules
+
+    lookup = rules.lookup
+    monkeypatch.setattr(rules, "lookup", lambda target: None
+                        if target is torch.ops.aten.flip.default else lookup(target))
+    # Python's own display of warnings (pytest records them otherwise).
+    monkeypatch.setattr(warnings, "showwarning", lambda message, category, filename, lineno,
+                        file=None, line=None: sys.stderr.write(
+                            warnings.formatwarning(message, category, filename, lineno, line)))
+    model_file = tmp_path / "flip.py"
+    model_file.write_text(FLIP)
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        result = CliRunner().invoke(main, ["plan", str(model_file), "--mesh", "2x2",
+                                           "--hardware", "cpu", "--time-limit", "5"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("no sharding rule for aten.flip.default") == 1, result.output
+    assert "warning: no sharding rule for aten.flip.default" in result.output
+    assert "UserWarning" not in result.output and ".py:" not in result.output

@@ -110,3 +110,61 @@ def test_a_strategy_over_the_budget_is_costed_but_does_not_fit(small_plan):
     assert not again["data parallel"].fits and again["fully sharded (ZeRO-3)"].fits
     assert again["data parallel"].step_time_s == pytest.approx(dp.step_time_s)
     assert "over memory" in plan.summary()
+
+
+def _data_parallel(model, inputs, mesh):
+    """The data-parallel record (and the single-device one) of `model`, alone."""
+    from autopar.hand_strategies import evaluate_hand_strategies, standard_hand_strategies
+    from autopar.passes.annotate import annotate
+    from autopar.passes.capture import capture
+
+    gm = annotate(capture(model, inputs))
+    dp = next(s for s in standard_hand_strategies(mesh) if s.name == "data parallel")
+    records = evaluate_hand_strategies(gm, mesh, memory_budget=2**34, time_limit=10,
+                                       strategies=(dp,)).records
+    return records[0]
+
+
+def test_data_parallel_moves_only_all_reduces():
+    """Pure data parallelism: parameters replicated, the batch split through every
+    activation, so only the gradients (and the loss) are all-reduced. Left to itself, the
+    solver gathered the token embeddings over tp on a cpu mesh, a plan that is not data
+    parallel."""
+    model, inputs = gpt.build(hidden=64, heads=4, layers=2, batch=8)
+    mesh = autopar.Mesh((2, 2), ("dp", "tp"), hardware="cpu")
+    record = _data_parallel(model, inputs, mesh)
+    assert record.step_time_s is not None, record.note
+    assert {kind for kind, *_ in record.comm_bytes} == {"all_reduce"}, record.comm_bytes
+    assert {axis for _, axis, *_ in record.comm_bytes} == {"dp", "tp"}  # batch over both
+    assert record.note == ""
+
+
+def test_data_parallel_says_why_it_gathers_or_keeps_an_axis_whole(monkeypatch):
+    """An op no rule splits along the batch makes data parallelism gather its input; a batch
+    too small for the mesh leaves an axis replicated: the note says so."""
+    import torch
+    from torch import nn
+
+    from autopar import rules
+
+    lookup = rules.lookup
+    monkeypatch.setattr(rules, "lookup", lambda target: None
+                        if target is torch.ops.aten.flip.default else lookup(target))
+
+    class Flip(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x):
+            return torch.flip(self.fc(x), dims=(1,)).pow(2).mean()
+
+    mesh = autopar.Mesh((2, 2), ("dp", "tp"), hardware="cpu")
+    record = _data_parallel(Flip(), (torch.randn(8, 16),), mesh)
+    assert "all_gather" in {kind for kind, *_ in record.comm_bytes}
+    assert "not purely data parallel: flip.default (top) can't keep the batch split" in \
+        record.note, record.note
+    model, inputs = mlp.build(batch=2)
+    record = _data_parallel(model, inputs, mesh)
+    assert {(kind, axis) for kind, axis, *_ in record.comm_bytes} == {("all_reduce", "dp")}
+    assert "the batch (2) does not split further over tp" in record.note, record.note

@@ -4,11 +4,14 @@ Progress goes to stderr as it happens: one line per pass and per hand strategy's
 (under a spinner on a terminal, with the solver's lines as the spinner's text; every line
 when stderr is a file or a pipe). The summary, with the comparison against the hand
 strategies unless `--no-hand-strategies`, goes to stdout; `--out` saves the plan as JSON and
-`--report` writes its HTML report.
+`--report` writes its HTML report. Warnings raised while planning are the plan's (see
+`autopar.api.plan_model`): the summary ends with each once, as a "warning:" line, rather
+than as Python's warning lines; planning that fails prints them so on stderr.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -60,14 +63,18 @@ def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, tim
     from autopar.model_file import load_model_file
 
     shape, count = mesh_shape(mesh_text), microbatches(microbatch_text)
+    caught: list[warnings.WarningMessage] = []
     try:
         mesh = Mesh(shape, parse_axis_names(axis_names, len(shape)), hardware)
         model, inputs = load_model_file(model_file, **config(settings))
-        with progress_lines() as progress:
+        with progress_lines() as progress, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             result = plan(model, mesh, inputs, memory_budget=memory_budget,
                           time_limit=time_limit, hand_strategies=hand_strategies,
                           microbatches=count, progress=progress)
     except AutoparError as exc:
+        for message in dict.fromkeys(str(w.message) for w in caught):
+            click.echo(f"warning: {message}", err=True)
         raise click.ClickException(str(exc)) from exc
     click.echo(result.summary())
     if out:

@@ -152,6 +152,7 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
     local CPU processes: the loss per step, then the bytes each collective moved against
     the plan's prediction."""
     from autopar.plan_types import Plan
+    from autopar.report import units  # the summary's units (autopar.summary)
     from autopar.training import plan_run
 
     shape = mesh_shape(mesh_text)
@@ -179,8 +180,8 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
         mesh = run.build_mesh()
         plan = plan_run(run, progress=lambda message: click.echo(f"... {message}", err=True))
         click.echo(f"{plan.model} on mesh {mesh.describe()}: modelled step "
-                   f"{plan.step_time_s * 1e3:.3f} ms, peak memory "
-                   f"{plan.peak_memory_bytes:,.0f} B per device"
+                   f"{units.ms(plan.step_time_s)}, peak memory "
+                   f"{units.size(plan.peak_memory_bytes)} per device"
                    + (f", {plan.microbatches} micro-batches per step"
                       if plan.microbatches > 1 else ""))
         recipe = ", fp32 master weights, bf16 model" if precision == "bf16-master" else ""

@@ -39,6 +39,24 @@ _PROBABILITIES = {aten.bernoulli.default}
 SUPPORTED = frozenset(_SHAPE_ONLY | _SCALED_MASK | _PROBABILITIES)
 
 
+def draws(target, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of `target` (tagged `nondeterministic_seeded`) draws numbers: not
+    with a zero dropout probability (`p`, `dropout_p`: scaled_dot_product_attention's is
+    usually 0) or `train=False`."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return True
+    for index, argument in enumerate(schema.arguments):
+        value = args[index] if index < len(args) else kwargs.get(argument.name,
+                                                                 argument.default_value)
+        if argument.name in ("p", "dropout_p") and isinstance(value, (int, float)) \
+                and value == 0:
+            return False
+        if argument.name == "train" and value is False:
+            return False
+    return True
+
+
 def _chunk(full: torch.Tensor, placements: Placements, mesh_shape: tuple[int, ...],
            coordinate: tuple[int, ...]) -> torch.Tensor:
     piece = full
