@@ -11,9 +11,10 @@ every node of a copy of the graph:
 FLOPs come from torch.utils.flop_counter's registry where it has a formula (mm, addmm, bmm,
 baddbmm, convolution, fused attention) and follow its conventions (a multiply-add is 2 FLOPs,
 attention counts the full score matrix even when causal); the ops the training IR keeps
-whole (linear, matmul, conv1d/2d/3d, scaled_dot_product_attention, norms, losses) are counted
-here. Bytes are read (each distinct input once) plus written; views move none, embedding reads
-its rows.
+whole (linear, matmul, conv1d/2d/3d and their transposes, scaled_dot_product_attention,
+norms, losses, pooling windows, interpolation taps, recurrent layers, embedding bags) are
+counted here. Bytes are read (each distinct input once) plus written; views move none,
+embedding reads its rows.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ _PER_ELEMENT = {
     aten.layer_norm: 8, aten.native_layer_norm: 8, aten.group_norm: 8,
     aten.native_group_norm: 8, aten.batch_norm: 8, aten.native_batch_norm: 8,
     aten._native_batch_norm_legit: 8, aten._native_batch_norm_legit_no_training: 8,
-    aten.rms_norm: 5, aten._fused_rms_norm: 5,
+    aten.instance_norm: 8, aten.rms_norm: 5, aten._fused_rms_norm: 5,
     aten.softmax: 5, aten._softmax: 5, aten._safe_softmax: 5, aten.log_softmax: 5,
     aten._log_softmax: 5, aten.mse_loss: 3,
 }
@@ -214,11 +215,86 @@ def _cross_entropy_flops(node: fx.Node) -> Size:
     return _SOFTMAX_FLOPS * _numel(logits) + _numel(target)
 
 
+def _conv_transpose_flops(node: fx.Node) -> Size:
+    # torch's formula for a transposed convolution: a multiply-add per input position, per
+    # weight element (W = [C_in, C_out / groups, *kernel]), per sample.
+    x, w, out = _dims(_arg_spec(node, 0)), _dims(_arg_spec(node, 1)), _dims(node.meta[TENSOR])
+    if len(x) < len(w):  # unbatched: one sample
+        x, out = (1, *x), (1, *out)
+    return flop_counter.conv_flop_count(list(x), list(w), list(out), transposed=True)
+
+
+def _pool_flops(node: fx.Node) -> Size:
+    # max_pool / avg_pool: a compare or an add per element of each output's window.
+    out, kernel = _first(node.meta[TENSOR]), _arg(node, 1, "kernel_size")
+    spatial = _SPATIAL[node.target.overloadpacket]
+    kernel = [kernel] if isinstance(kernel, int) else list(kernel)
+    if len(kernel) == 1:  # one size for every spatial dim
+        kernel = kernel * spatial
+    return _numel(out) * math.prod(kernel)
+
+
+def _adaptive_pool_flops(node: fx.Node) -> Size:
+    # Output i of a dim of size n from m reads about ceil(m / n) inputs (windows overlap by
+    # at most one when n does not divide m): each input read once when pooling down.
+    src, out = _dims(_arg_spec(node, 0)), _dims(_first(node.meta[TENSOR]))
+    spatial = _SPATIAL[node.target.overloadpacket]
+    window = math.prod(-(-m // n) for m, n in zip(src[-spatial:], out[-spatial:]))
+    return _numel(_first(node.meta[TENSOR])) * window
+
+
+def _upsample_flops(node: fx.Node) -> Size:
+    # A multiply-add per tap (2 for linear, 4 bilinear, 8 trilinear, 16 bicubic) per output
+    # element; nearest copies one input element per output element (counted as 1).
+    taps = _TAPS[node.target.overloadpacket]
+    return _numel(node.meta[TENSOR]) * (2 * taps if taps > 1 else 1)
+
+
+def _recurrent_flops(node: fx.Node) -> Size:
+    # lstm / gru / rnn: at every step of every sample, each weight matrix (W_ih, W_hh, W_hr
+    # of each layer and direction) is a multiply-add per element and each bias an add. The
+    # gates' nonlinearities (a few FLOPs per gate element) are left out: small against the
+    # products once input + hidden is in the tens.
+    x = _dims(_arg_spec(node, 0))
+    steps, batch = (x[1], x[0]) if _arg(node, 8, "batch_first", False) else (x[0], x[1])
+    per_step = sum((2 * _numel(p) if p.ndim == 2 else _numel(p))
+                   for p in (a.meta[TENSOR] for a in _arg(node, 2, "params")))
+    return steps * batch * per_step
+
+
+def _embedding_bag_flops(node: fx.Node) -> Size:
+    # Memory-bound: a row of D read and added per index (and multiplied by its per-sample
+    # weight when there is one); max bags compare instead of add.
+    indices, weight = _arg_spec(node, 1), _arg_spec(node, 0)
+    weighted = _arg_spec(node, 6, "per_sample_weights") is not None
+    return _numel(indices) * _dims(weight)[1] * (2 if weighted else 1)
+
+
+_SPATIAL = {
+    **{getattr(aten, f"{kind}{k}d"): k for k in (1, 2, 3)
+       for kind in ("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool")},
+    **{getattr(aten, f"max_pool{k}d_with_indices"): k for k in (1, 2, 3)},
+    aten._adaptive_avg_pool2d: 2, aten._adaptive_avg_pool3d: 3,
+}
+_TAPS = {
+    aten.upsample_nearest1d: 1, aten.upsample_nearest2d: 1, aten.upsample_nearest3d: 1,
+    aten._upsample_nearest_exact1d: 1, aten._upsample_nearest_exact2d: 1,
+    aten._upsample_nearest_exact3d: 1, aten.upsample_linear1d: 2, aten.upsample_bilinear2d: 4,
+    aten._upsample_bilinear2d_aa: 4, aten.upsample_trilinear3d: 8, aten.upsample_bicubic2d: 16,
+    aten._upsample_bicubic2d_aa: 16,
+}
+
 _FORMULAS: dict[object, Callable[[fx.Node], Size]] = {
     aten.linear: _linear_flops, aten.matmul: _matmul_flops,
     aten.scaled_dot_product_attention: _sdpa_flops, aten.cross_entropy_loss: _cross_entropy_flops,
     aten.conv1d: _conv_flops, aten.conv2d: _conv_flops, aten.conv3d: _conv_flops,
-    aten.einsum: _einsum_flops,
+    aten.conv_transpose1d: _conv_transpose_flops, aten.conv_transpose2d: _conv_transpose_flops,
+    aten.conv_transpose3d: _conv_transpose_flops, aten.einsum: _einsum_flops,
+    **{packet: _pool_flops for packet in _SPATIAL if "adaptive" not in str(packet)},
+    **{packet: _adaptive_pool_flops for packet in _SPATIAL if "adaptive" in str(packet)},
+    **dict.fromkeys(_TAPS, _upsample_flops),
+    **dict.fromkeys((aten.lstm, aten.gru, aten.rnn_tanh, aten.rnn_relu), _recurrent_flops),
+    aten.embedding_bag: _embedding_bag_flops, aten._embedding_bag: _embedding_bag_flops,
 }
 
 
@@ -243,6 +319,16 @@ def _materialises_broadcast(node: fx.Node, packet: object) -> bool:
         return any(type(st) is int and st == 0 and n != 1 for n, st in zip(sizes, strides))
 
     return broadcast(node.args[0]) and not broadcast(node)
+
+
+def _arg(node: fx.Node, index: int, name: str, default: object = None) -> object:
+    """Argument `name` of `node`, positional at `index` or by keyword, else `default`."""
+    return node.args[index] if index < len(node.args) else node.kwargs.get(name, default)
+
+
+def _first(spec: TensorSpec | tuple) -> TensorSpec:
+    """The first output of a (possibly multi-output) node."""
+    return spec[0] if isinstance(spec, tuple) else spec
 
 
 def _arg_spec(node: fx.Node, index: int, name: str | None = None) -> TensorSpec | None:

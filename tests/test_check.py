@@ -112,7 +112,7 @@ def test_cli_reports_a_model_export_cannot_capture(tmp_path):
     result = CliRunner().invoke(main, ["check", str(path)])
     assert result.exit_code != 0
     assert "could not capture Branchy" in result.output
-    assert "fix: make the control flow independent of tensor values" in result.output
+    assert "fix: make the control flow and the sizes independent of tensor values" in result.output
     assert "Traceback" not in result.output
 
 

@@ -1,7 +1,8 @@
 """The sharding-rule registry: for an ATen op, the ways to split it over one mesh axis.
 
 Each family file (`matmul`, `convolution`, `pointwise`, `views`, `slicing`, `indexing`,
-`reductions`, `norms`, `attention`, `embedding`, `losses`, `factories`) exports `RULES`, keyed
+`reductions`, `norms`, `attention`, `embedding`, `losses`, `factories`, `pooling`, `upsample`,
+`recurrent`) exports `RULES`, keyed
 by an `OpOverload` (one overload) or an `OpOverloadPacket` (all its overloads). `lookup` prefers
 the exact overload, then its packet. An op with no rule gets `None`: the strategy pass then
 replicates it (and warns). The contract a rule honours is in `autopar.rules.base`.
@@ -26,6 +27,12 @@ No rule splits a mean over a split dim (a local mean is not a summand), so a mea
 (F.cross_entropy, F.mse_loss, x.mean()) forces a gather of its input under data
 parallelism. `decompositions.DECOMPOSITIONS` rewrites those means as sum / global count,
 exactly; capture applies it with `ExportedProgram.run_decompositions(DECOMPOSITIONS)`.
+`DECOMPOSITIONS` also holds rewrites of ops whose outputs no single placement describes
+(the contract gives all the outputs of an op one placement) into ops the rules can split:
+eval-mode batch norm as the per-channel affine map it is (`eval_batch_norm`), batch_first
+recurrent layers as sequence-first ones between transposes (`recurrent`); and the
+functional `copy` of slice assignments, which has no eager derivative, as the broadcast it
+is (`slicing`).
 """
 
 from __future__ import annotations
@@ -37,26 +44,35 @@ from typing import Any
 from autopar.rules import (
     attention,
     convolution,
+    decompositions,
     embedding,
+    eval_batch_norm,
     factories,
     indexing,
     losses,
     matmul,
     norms,
     pointwise,
+    pooling,
+    recurrent,
     reductions,
     slicing,
+    upsample,
     views,
 )
 from autopar.rules.base import AxisStrategy, OpSpec, Rule
-from autopar.rules.decompositions import DECOMPOSITIONS
 
 __all__ = ["DECOMPOSITIONS", "AxisStrategy", "OpSpec", "RULES", "Rule", "local_args", "lookup"]
 
 _FAMILIES = (
     pointwise, matmul, convolution, views, slicing, indexing, reductions, norms, attention,
-    embedding, losses, factories,
+    embedding, losses, factories, pooling, upsample, recurrent,
 )
+# Run by capture (`ExportedProgram.run_decompositions`): means as sums over a global count,
+# eval-mode batch norm as its per-channel affine map, batch_first RNNs as sequence-first,
+# the functional copy of slice assignments as a broadcast.
+DECOMPOSITIONS = {**decompositions.DECOMPOSITIONS, **eval_batch_norm.DECOMPOSITIONS,
+                  **recurrent.DECOMPOSITIONS, **slicing.DECOMPOSITIONS}
 
 
 def _merge() -> Mapping[Any, Rule]:

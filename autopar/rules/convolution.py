@@ -1,8 +1,10 @@
-"""Convolutions: conv1d, conv2d, conv3d and convolution (what nn.ConvNd exports to).
+"""Convolutions: conv1d, conv2d, conv3d and convolution (what nn.ConvNd exports to), and
+conv_transpose1d/2d/3d (what nn.ConvTransposeNd exports to).
 
 A convolution is a product over channels and the kernel window, done at every output
 position: `out[n, o] = sum_c conv(x[n, c], W[o, c]) + bias[o]`, with x = [N, C_in, *space],
-W = [C_out, C_in, *kernel] (W = [C_in, C_out, *kernel] when transposed). Over one mesh axis:
+W = [C_out, C_in, *kernel] (W = [C_in, C_out, *kernel] when transposed: `convolution` with
+`transposed=True`, and every conv_transpose). Over one mesh axis:
 
 - batch (data parallel): x `S(0)`, W and bias `R` -> output `S(0)`;
 - output channels (tensor parallel): x `R`, W and bias split on C_out -> output `S(1)`;
@@ -27,9 +29,13 @@ from autopar.rules.common import P, R, S, argument, by_name, finish, is_float
 aten = torch.ops.aten
 
 
+_TRANSPOSED = frozenset({aten.conv_transpose1d, aten.conv_transpose2d, aten.conv_transpose3d})
+
+
 def _convolution(op: OpSpec) -> list[AxisStrategy]:
     x, w, out = argument(op, "input"), argument(op, "weight"), op.outputs[0]
-    transposed = bool(argument(op, "transposed", False))
+    transposed = (getattr(op.target, "overloadpacket", None) in _TRANSPOSED
+                  or bool(argument(op, "transposed", False)))
     batched = x.ndim == w.ndim
     channel = 1 if batched else 0
     # The weight's C_out and C_in dims swap places in a transposed convolution.
@@ -58,4 +64,7 @@ RULES: dict[object, Rule] = {
     aten.conv2d: _convolution,
     aten.conv3d: _convolution,
     aten.convolution.default: _convolution,
+    aten.conv_transpose1d.default: _convolution,
+    aten.conv_transpose2d.input: _convolution,
+    aten.conv_transpose3d.input: _convolution,
 }

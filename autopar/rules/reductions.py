@@ -1,5 +1,5 @@
 """Reductions and ops along one dim: sum, mean, amax, max, argmax, var_mean, norms of
-vectors, softmax, log_softmax, cumsum, topk, sort.
+vectors, softmax, log_softmax, cumsum, cumprod, cummax, cummin, topk, sort.
 
 A dim that is not reduced keeps its split. A reduced dim can be split only for a sum: each
 rank's sum over its chunk is a summand of the total, so `S(d) -> P` (for any dtype: sums of
@@ -8,7 +8,9 @@ dim is NOT offered: the local mean over a chunk of k of N elements is k/N times 
 not a summand, and by the contract a rank's output is the op on its local inputs, unscaled.
 (`decompositions.DECOMPOSITIONS` rewrites a mean as `sum(x) / N`, which these rules cover
 exactly.) max/min/amax/var/norm over a split dim would need a non-sum reduction and are
-not offered. softmax, cumsum, topk and sort work along `dim`, which must stay whole.
+not offered. softmax, the scans (cumsum, cumprod, cummax, cummin), topk and sort work along
+`dim`, which must stay whole; every other dim keeps its split, and the indices cummax,
+cummin, topk and sort return are positions along `dim`, the same on a rank's chunk.
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ RULES: dict[object, Rule] = {
     aten.cumsum.default: along(linear=True),
     aten.cumprod.default: along(),
     aten.logcumsumexp.default: along(),
+    aten.cummax.default: along(),
+    aten.cummin.default: along(),
     aten.topk.default: along(),
     aten.sort.default: along(),
     aten.sort.stable: along(),

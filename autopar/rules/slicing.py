@@ -1,6 +1,8 @@
 """Ops that cut, join or shift along dims: split, chunk, unbind, slice, narrow, select, cat,
-stack, repeat_interleave, pad (constant_pad_nd), diff. All are linear (`P -> P`), but for a
-pad with a non-zero value or a non-constant mode.
+stack, repeat_interleave, pad (constant_pad_nd), diff, and their inverses slice_scatter and
+select_scatter (what `x[:, 2:5] = y` and `x[:, 2] = y` export to). All are linear (`P -> P`;
+the scatters jointly in self and src), but for a pad with a non-zero value or a non-constant
+mode.
 
 The dim being cut (or joined) cannot be split: a rank's chunk would not hold the positions
 the op names. Any other dim keeps its split. Two exceptions, both exact: a `slice` that keeps
@@ -8,12 +10,20 @@ the whole dim (start 0, step 1, end past the size; what `x[:T]` gives when T is 
 length) is the identity there, and `repeat_interleave` with an int count repeats each element
 in place, so chunk i of the input gives chunk i of the output along the repeated dim too. A
 pad works on the dims its pad list names (the last ones), a diff on its `dim` (its prepend
-and append tensors split with the input).
+and append tensors split with the input). A scatter writes src into the positions of `dim`
+it names: self and src split together on any other dim (src lacks `dim` in select_scatter),
+and on `dim` too for a slice_scatter over the whole dim (the output is then src).
+
+`x[:, 2:5] = y` exports as `slice_scatter(x, copy(slice(x), y), ...)`, and the functional
+`aten.copy` has no derivative in eager torch (the rank programs run eagerly), so such a
+model could not train. `DECOMPOSITIONS` (run by capture) writes `copy(self, src)` as what it
+computes, src cast to self's dtype, broadcast to self's shape and cloned: ops with rules
+and derivatives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -118,7 +128,34 @@ def _diff(op: OpSpec) -> list[AxisStrategy]:
     return finish(strategies)
 
 
+def _slice_scatter(op: OpSpec) -> list[AxisStrategy]:
+    """slice_scatter(self, src, dim, start, end, step): src is self's slice, same rank."""
+    dst = op.outputs[0]
+    dim = norm_dim(argument(op, "dim", 0), dst.ndim)
+    whole = _whole_slice(op, dst.shape[dim])
+    strategies = [AxisStrategy((S(d), S(d)), S(d)) for d in range(dst.ndim)
+                  if (d != dim or whole) and dst.shape[d] > 1]
+    return _with_partial(op, strategies)
+
+
+def _select_scatter(op: OpSpec) -> list[AxisStrategy]:
+    """select_scatter(self, src, dim, index): src is self without `dim`."""
+    dst = op.outputs[0]
+    dim = norm_dim(argument(op, "dim"), dst.ndim)
+    strategies = [AxisStrategy((S(d), S(d - (d > dim))), S(d)) for d in range(dst.ndim)
+                  if d != dim and dst.shape[d] > 1]
+    return _with_partial(op, strategies)
+
+
+def _with_partial(op: OpSpec, strategies: list[AxisStrategy]) -> list[AxisStrategy]:
+    if all(map(is_float, op.inputs)):
+        strategies.append(AxisStrategy((P,) * len(op.inputs), P))
+    return finish(strategies)
+
+
 RULES: dict[object, Rule] = {
+    aten.slice_scatter.default: _slice_scatter,
+    aten.select_scatter.default: _select_scatter,
     aten.pad.default: _pad,
     aten.constant_pad_nd.default: _pad,
     aten.diff.default: _diff,
@@ -136,3 +173,12 @@ RULES: dict[object, Rule] = {
 }
 
 LOCAL_ARGS = {aten.repeat_interleave.self_int: _repeat_interleave_args}
+
+
+def _copy(x: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    if src.dtype != x.dtype or src.device != x.device:
+        src = aten._to_copy.default(src, dtype=x.dtype, device=x.device)
+    return aten.clone.default(aten.expand.default(src, list(x.shape)))
+
+
+DECOMPOSITIONS: dict[object, Callable] = {aten.copy.default: _copy}

@@ -164,7 +164,19 @@ SLICING = [
     call("constant_pad_nd", aten.constant_pad_nd.default, f(4, 8), [0, 0, 2, 2]),
     call("diff", aten.diff.default, f(4, 8, 6), 1, 1),
     call("diff_prepend", aten.diff.default, f(4, 8), 2, -1, f(4, 2), f(4, 1)),
+    call("slice_scatter", aten.slice_scatter.default, f(4, 8, 6), f(4, 3, 6), 1, 2, 5),
+    call("slice_scatter_step", aten.slice_scatter.default, f(8, 4), f(4, 4), 0, 0, 8, 2),
+    call("slice_scatter_whole", aten.slice_scatter.default, f(4, 8), f(4, 8), 1),
+    call("select_scatter", aten.select_scatter.default, f(4, 8, 6), f(4, 6), 1, 2),
 ]
+
+
+def rows(high: int, count: int) -> torch.Tensor:
+    """`count` distinct indices below `high` (an overwriting scatter is then deterministic)."""
+    return torch.randperm(high, generator=_gen)[:count]
+
+
+_mask = mask(4, 8)
 
 INDEXING = [
     call("index_mid", aten.index.Tensor, f(4, 8, 4), [None, ints(8, 4)]),
@@ -177,6 +189,29 @@ INDEXING = [
     call("index_add", aten.index_add.default, f(8, 4), 0, ints(8, 4), f(4, 4)),
     call("scatter_src", aten.scatter.src, f(4, 8), 1, ints(8, 4, 4), f(4, 4)),
     call("one_hot", aten.one_hot.default, ints(8, 4, 4), 8),
+    call("scatter_reduce_sum", aten.scatter_reduce.two, f(4, 8), 1, ints(8, 4, 4), f(4, 4),
+         "sum"),
+    call("scatter_reduce_mean", aten.scatter_reduce.two, f(4, 8), 1, ints(8, 4, 4), f(4, 4),
+         "mean", include_self=False),
+    call("scatter_reduce_amax", aten.scatter_reduce.two, f(4, 8), 0, ints(4, 4, 8), f(4, 8),
+         "amax"),
+    call("index_put", aten.index_put.default, f(4, 8, 6), [None, rows(8, 4)], f(4, 4, 6)),
+    call("index_put_bcast", aten.index_put.default, f(4, 8, 6), [None, rows(8, 4)], f(6)),
+    call("index_put_acc", aten.index_put.default, f(8, 4), [ints(8, 8)], f(8, 4), True),
+    call("index_put_acc_2d", aten.index_put.default, f(8, 4, 6), [ints(8, 4, 4), None],
+         f(4, 4, 1, 6), True),
+    call("index_put_apart", aten.index_put.default, f(8, 4, 8),
+         [rows(8, 4), None, rows(8, 4)], f(4, 4)),
+    call("index_put_inplace", aten.index_put_.default, f(4, 8), [None, rows(8, 4)], f(4, 4)),
+    call("index_put_mask_fill", aten.index_put.default, f(4, 8, 4), [mask(4, 8, 4)],
+         torch.tensor(0.5, dtype=torch.float64)),
+    call("index_put_mask_rows", aten.index_put.default, f(4, 8, 4), [_mask], f(4), True),
+    call("index_put_mask_values", aten.index_put.default, f(4, 8, 4), [_mask],
+         f(int(_mask.sum()), 4)),
+    call("index_fill", aten.index_fill.int_Scalar, f(4, 8), 1, ints(8, 3), 0.0),
+    call("index_fill_one", aten.index_fill.int_Scalar, f(4, 8), 0, ints(4, 3), 1.0),
+    call("index_fill_tensor", aten.index_fill.int_Tensor, f(4, 8), 1, ints(8, 3),
+         torch.tensor(1.5, dtype=torch.float64)),
 ]
 
 CASES: list[Case] = MATMUL + POINTWISE + VIEWS + SLICING + INDEXING

@@ -45,6 +45,17 @@ COVERED = [
     aten.new_full.default, aten.new_empty.default, aten.one_hot.default,
     aten.scatter_add.default, aten.index_add.default, aten.zeros_like.default,
     aten.pad.default, aten.constant_pad_nd.default, aten.diff.default,
+    aten.max_pool1d.default, aten.max_pool2d.default, aten.max_pool3d.default,
+    aten.max_pool2d_with_indices.default, aten.avg_pool2d.default,
+    aten.adaptive_avg_pool2d.default, aten.adaptive_max_pool2d.default,
+    aten.upsample_nearest2d.vec, aten.upsample_bilinear2d.vec, aten.upsample_bicubic2d.vec,
+    aten.upsample_trilinear3d.vec, aten.upsample_linear1d.vec,
+    aten._upsample_nearest_exact2d.vec, aten.conv_transpose1d.default,
+    aten.conv_transpose2d.input, aten.conv_transpose3d.input, aten.lstm.input,
+    aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input, aten.instance_norm.default,
+    aten.index_put.default, aten.index_put_.default, aten.slice_scatter.default,
+    aten.select_scatter.default, aten.scatter_reduce.two, aten.index_fill.int_Scalar,
+    aten.cummax.default, aten.cummin.default,
 ]
 
 

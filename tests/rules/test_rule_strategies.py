@@ -8,6 +8,7 @@ import itertools
 import pytest
 import rule_cases
 import rule_cases_conv
+import rule_cases_layers
 import rule_cases_nn
 from rule_cases import Case
 from simulate import Uneven, build, simulate
@@ -16,7 +17,8 @@ from simulate_mesh import simulate_mesh
 from autopar.placement import Partial, Replicate, Shard, format_placement
 from autopar.rules import AxisStrategy, lookup
 
-CASES = rule_cases.CASES + rule_cases_nn.CASES + rule_cases_conv.CASES
+CASES = (rule_cases.CASES + rule_cases_nn.CASES + rule_cases_conv.CASES
+         + rule_cases_layers.CASES)
 
 
 def _label(s: AxisStrategy) -> str:
