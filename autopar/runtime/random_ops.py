@@ -41,16 +41,17 @@ SUPPORTED = frozenset(_SHAPE_ONLY | _SCALED_MASK | _PROBABILITIES)
 
 def draws(target, args: tuple, kwargs: dict) -> bool:
     """Whether a call of `target` (tagged `nondeterministic_seeded`) draws numbers: not
-    with a zero dropout probability (`p`, `dropout_p`: scaled_dot_product_attention's is
-    usually 0) or `train=False`."""
+    with a zero dropout probability (`p`, `dropout_p`, `dropout`: scaled_dot_product_attention's
+    is usually 0), `train=False`, or a one-layer RNN (its dropout is between layers)."""
     schema = getattr(target, "_schema", None)
     if schema is None:
         return True
     for index, argument in enumerate(schema.arguments):
         value = args[index] if index < len(args) else kwargs.get(argument.name,
                                                                  argument.default_value)
-        if argument.name in ("p", "dropout_p") and isinstance(value, (int, float)) \
-                and value == 0:
+        if argument.name in ("p", "dropout_p", "dropout", "num_layers") \
+                and isinstance(value, (int, float)) \
+                and value == (1 if argument.name == "num_layers" else 0):
             return False
         if argument.name == "train" and value is False:
             return False

@@ -66,6 +66,7 @@ def test_every_strategy_on_one_axis_trains_exactly(one_axis):
     assert len(one_axis[0]) > 100
 
 
+@pytest.mark.slow
 def test_strategies_split_over_both_axes_train_exactly(two_axes):
     _check(two_axes)
     assert len(two_axes[0]) > 50
