@@ -211,35 +211,33 @@ def plan_run(run: TrainingRun, progress: Callable[[str], None] | None = None) ->
                      progress=progress)
 
 
+def _differences(full: dict, reference: nn.Module):
+    """Per parameter of `reference` (after its backward): (name, largest difference of
+    `full[name]` from its gradient, that gradient's largest entry). The difference is inf
+    where only one of the two has a gradient, 0 where neither has."""
+    for name, param in reference.named_parameters():
+        got = full[name]
+        if param.grad is None or got is None:
+            yield name, 0.0 if param.grad is None and got is None else float("inf"), 0.0
+        else:
+            yield (name, float((got - param.grad).abs().max()),
+                   float(param.grad.abs().max()))
+
+
 def gradient_errors(full: dict, reference: nn.Module) -> dict[str, float]:
     """Per parameter of `reference` (after its backward), the largest difference of
     `full[name]` (the compiled model's full gradient, or None) from its gradient, relative
     to that gradient's largest entry; inf where only one of the two has a gradient."""
-    errors = {}
-    for name, param in reference.named_parameters():
-        if param.grad is None:
-            errors[name] = 0.0 if full[name] is None else float("inf")
-        elif full[name] is None:
-            errors[name] = float("inf")
-        else:
-            diff = float((full[name] - param.grad).abs().max())
-            errors[name] = _relative(diff, float(param.grad.abs().max()))
-    return errors
+    return {name: _relative(difference, scale)
+            for name, difference, scale in _differences(full, reference)}
 
 
 def worst_gradient(full: dict, reference: nn.Module, tolerance: Tolerance,
-                    ) -> tuple[float, str | None, float, float]:
+                   ) -> tuple[float, str | None, float, float]:
     """(relative difference, parameter, absolute difference, excess over `tolerance`) of
     the gradient farthest from the plain model's."""
     worst = (0.0, None, 0.0, 0.0)
-    for name, param in reference.named_parameters():
-        got = full[name]
-        if param.grad is None or got is None:
-            difference = 0.0 if param.grad is None and got is None else float("inf")
-            scale = 0.0
-        else:
-            difference = float((got - param.grad).abs().max())
-            scale = float(param.grad.abs().max())
+    for name, difference, scale in _differences(full, reference):
         excess = tolerance.excess(difference, scale)
         if worst[1] is None or excess > worst[3]:
             worst = (_relative(difference, scale), name, difference, excess)

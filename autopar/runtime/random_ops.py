@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from autopar.placement import Partial, Placements, Replicate, Shard
+from autopar.placement import Placements
+from autopar.runtime.shards import chunk_of
 
 aten = torch.ops.aten
 
@@ -58,25 +59,14 @@ def draws(target, args: tuple, kwargs: dict) -> bool:
     return True
 
 
-def _chunk(full: torch.Tensor, placements: Placements, mesh_shape: tuple[int, ...],
-           coordinate: tuple[int, ...]) -> torch.Tensor:
-    piece = full
-    for axis, placement in enumerate(placements):
-        if isinstance(placement, Shard):
-            piece = piece.chunk(mesh_shape[axis], placement.dim)[coordinate[axis]]
-    return piece
-
-
 def seeded_piece(target, x: torch.Tensor, *args, full_shape: tuple[int, ...],
                  placements: Placements, mesh_shape: tuple[int, ...],
                  coordinate: tuple[int, ...], **kwargs):
     """`target(x, *args, **kwargs)` on this rank's piece `x` of a tensor of `full_shape`
     split by `placements` (the op's output placements), drawing the whole tensor's
     numbers and keeping this rank's chunk. `target` is one of `SUPPORTED`."""
-    placements = tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
-
-    def piece(full: torch.Tensor) -> torch.Tensor:
-        return _chunk(full, placements, mesh_shape, coordinate)
+    def piece(full: torch.Tensor) -> torch.Tensor:  # a P output's draw is whole, as under R
+        return chunk_of(full, placements, mesh_shape, coordinate)
 
     whole = torch.empty(full_shape, dtype=x.dtype, device=x.device)
     if target in _SHAPE_ONLY:

@@ -16,14 +16,22 @@ from autopar.runtime.counter import CommCounter
 from autopar.runtime.steps import plan_steps
 
 
-def local_piece(full: torch.Tensor, placements: Placements, mesh_shape: tuple[int, ...],
-                coordinate: tuple[int, ...]) -> torch.Tensor:
-    """The piece of `full` the rank at `coordinate` holds: a new tensor, no communication."""
-    assert not any(isinstance(p, Partial) for p in placements), placements
+def chunk_of(full: torch.Tensor, placements: Placements, mesh_shape: tuple[int, ...],
+             coordinate: tuple[int, ...]) -> torch.Tensor:
+    """The view of `full` the rank at `coordinate` holds under `placements` (`R` and `P`
+    keep a dim whole); no copy, no communication."""
     piece = full
     for axis, placement in enumerate(placements):
         if isinstance(placement, Shard):
             piece = piece.chunk(mesh_shape[axis], placement.dim)[coordinate[axis]]
+    return piece
+
+
+def local_piece(full: torch.Tensor, placements: Placements, mesh_shape: tuple[int, ...],
+                coordinate: tuple[int, ...]) -> torch.Tensor:
+    """The piece of `full` the rank at `coordinate` holds: a new tensor, no communication."""
+    assert not any(isinstance(p, Partial) for p in placements), placements
+    piece = chunk_of(full, placements, mesh_shape, coordinate)
     return piece.detach().clone(memory_format=torch.contiguous_format)
 
 

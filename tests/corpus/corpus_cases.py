@@ -86,10 +86,10 @@ def plan_model(name: str) -> Planned:
 def _replicated_digest(pm) -> str:
     """A digest of the parameters this rank holds whole (placement R on every axis)."""
     digest = hashlib.sha256()
-    for slot, value in zip(pm._slots, (pm._value(s) for s in pm._slots)):
+    for slot in pm.slots:
         if slot.role == "parameter" and all(p.is_replicate() for p in slot.placements):
             digest.update(slot.names[0].encode())
-            digest.update(value.detach().contiguous().numpy().tobytes())
+            digest.update(pm._value(slot).detach().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
