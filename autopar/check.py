@@ -15,25 +15,15 @@ from dataclasses import dataclass
 
 from torch import fx, nn
 
-# annotate's tables are private; flop_source reads them until annotate says the source itself.
-from autopar.passes.annotate import (
-    _COPIES,
-    _FACTORIES,
-    _FORMULAS,
-    _PER_ELEMENT,
-    _REGISTRY,
-    _VIEWS,
-    _tensors,
-    annotate,
-    aten,
-)
+from autopar.passes.annotate import DATA_MOVEMENT, FORMULA, annotate, flop_source
 from autopar.passes.capture import capture
 from autopar.rules import lookup
-from autopar.specs import FLOPS, TENSOR
+from autopar.specs import FLOPS
+
+__all__ = ["DATA_MOVEMENT", "FORMULA", "NO_RULE", "CheckReport", "OpRow", "check",
+           "flop_source"]
 
 NO_RULE = "replicated (no rule)"
-FORMULA = "formula"
-DATA_MOVEMENT = "data movement"
 # The lines under the title of `CheckReport.table()`, saying what its columns hold.
 _COLUMNS = f"""one row per ATen op, in order of first use.
   nodes: calls of the op in the graph; rule family: the sharding rules that split it
@@ -120,23 +110,6 @@ def check(model: nn.Module, example_inputs: tuple) -> CheckReport:
             # A capture without dynamic shapes has static sizes: FLOPs are plain ints.
             flops=sum(int(node.meta[FLOPS]) for node in group)))
     return CheckReport(type(model).__name__, tuple(rows))
-
-
-def flop_source(node: fx.Node) -> str:
-    """How `annotate` counts the FLOPs of an annotated node: FORMULA (its own formula or
-    torch's flop registry), DATA_MOVEMENT (no FLOPs) or "estimate: N per element".
-
-    Mirrors the order of lookups in `annotate._cost`, reading its tables; it belongs in
-    annotate, next to `_cost`, so that the two cannot drift apart.
-    """
-    packet = getattr(node.target, "overloadpacket", None)
-    if (node.op != "call_function" or not _tensors(node.meta[TENSOR])
-            or packet in _FACTORIES or packet is aten.embedding or packet in _VIEWS
-            or packet in _COPIES):
-        return DATA_MOVEMENT
-    if packet in _FORMULAS or packet in _REGISTRY:
-        return FORMULA
-    return f"estimate: {_PER_ELEMENT.get(packet, 1)} per element"
 
 
 def _share(rows: tuple[OpRow, ...], weight: Callable[[OpRow], int]) -> float:

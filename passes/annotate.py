@@ -73,7 +73,11 @@ _PER_ELEMENT = {
     aten.softmax: 5, aten._softmax: 5, aten._safe_softmax: 5, aten.log_softmax: 5,
     aten._log_softmax: 5, aten.mse_loss: 3,
 }
-_SOFTMAX_FLOPS = 5  # max, subtract, exp, sum, divide (or log) per element
+_SOFTMAX_FLOPS = 5
+
+# `flop_source`'s answers besides "estimate: N per element".
+FORMULA = "formula"
+DATA_MOVEMENT = "data movement"  # max, subtract, exp, sum, divide (or log) per element
 
 
 def annotate(gm: fx.GraphModule) -> fx.GraphModule:
@@ -156,6 +160,22 @@ def _cost(node: fx.Node) -> tuple[Size, Size]:
         largest = max((*inputs, *outputs), key=lambda s: s.numel)
         flops = _PER_ELEMENT.get(packet, 1) * _numel(largest)
     return flops, read + written
+
+
+def flop_source(node: fx.Node) -> str:
+    """How `annotate` counts the FLOPs of an annotated node: FORMULA (its own formula or
+    torch's flop registry), DATA_MOVEMENT (no FLOPs) or "estimate: N per element".
+
+    Follows `_cost`'s order of lookups, beside it so that the two change together.
+    """
+    packet = getattr(node.target, "overloadpacket", None)
+    if (node.op != "call_function" or not _tensors(node.meta[TENSOR])
+            or packet in _FACTORIES or packet is aten.embedding or packet in _VIEWS
+            or packet in _COPIES):
+        return DATA_MOVEMENT
+    if packet in _FORMULAS or packet in _REGISTRY:
+        return FORMULA
+    return f"estimate: {_PER_ELEMENT.get(packet, 1)} per element"
 
 
 def _registry_flops(node: fx.Node, packet: object) -> Size:
