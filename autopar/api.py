@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 from autopar.errors import InfeasiblePlanError, MicrobatchError
 from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState, optimizer_state
-from autopar.passes.annotate import annotate, size_hints
+from autopar.passes.annotate import DATA_MOVEMENT, FORMULA, annotate, flop_source, size_hints
 from autopar.passes.build_problem import Background, ProblemBuild, build_problem
 from autopar.passes.capture import capture, loss_output
 from autopar.passes.constrain import constrain
@@ -161,6 +161,20 @@ def _warned_once(raised: list[str]) -> Iterator[None]:
 _NO_RULE = "no sharding rule for "
 
 
+def _unruled_warnings(gm: fx.GraphModule, table: StrategyTable) -> tuple[str, ...]:
+    """One warning per op the strategy pass replicated for want of a rule, with how its
+    FLOPs were counted when no formula knows it (`annotate.flop_source`)."""
+    sources = {str(node.target): flop_source(node) for node in gm.graph.nodes
+               if node.op == "call_function"}
+    warned = []
+    for op in table.unsupported:
+        source = sources.get(op, FORMULA)
+        guess = "" if source in (FORMULA, DATA_MOVEMENT) else (
+            f"; no FLOP formula either ({source} of its largest tensor)")
+        warned.append(f"{_NO_RULE}{op}: kept replicated{guess}")
+    return tuple(warned)
+
+
 def _merge_warnings(kept: tuple[str, ...], raised: list[str]) -> tuple[str, ...]:
     """The plan's warnings, each once, then those raised while planning that they don't
     already say (the strategy pass's "no sharding rule for a, b: replicated" is the plan's
@@ -294,7 +308,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     say = progress or (lambda message: None)
     hints = size_hints(gm)
     sizes = {str(k): v for k, v in hints.items()}
-    warnings = tuple(f"no sharding rule for {op}: kept replicated" for op in table.unsupported)
+    warnings = _unruled_warnings(gm, table)
     saved = find_saved(gm)  # the same for every round
     best: Plan | None = None
     charges, limit = Background(), time_limit

@@ -12,7 +12,7 @@ FLOPs come from torch.utils.flop_counter's registry where it has a formula (mm, 
 baddbmm, convolution, fused attention) and follow its conventions (a multiply-add is 2 FLOPs,
 attention counts the full score matrix even when causal); the ops the training IR keeps
 whole (linear, matmul, conv1d/2d/3d and their transposes, scaled_dot_product_attention,
-norms, losses, pooling windows, interpolation taps, recurrent layers, embedding bags) are
+norms, losses, pooling windows, interpolation taps, recurrent layers) are
 counted here. Bytes are read (each distinct input once) plus written; views move none,
 embedding reads its rows.
 """
@@ -282,14 +282,6 @@ def _recurrent_flops(node: fx.Node) -> Size:
     return steps * batch * per_step
 
 
-def _embedding_bag_flops(node: fx.Node) -> Size:
-    # Memory-bound: a row of D read and added per index (and multiplied by its per-sample
-    # weight when there is one); max bags compare instead of add.
-    indices, weight = _arg_spec(node, 1), _arg_spec(node, 0)
-    weighted = _arg_spec(node, 6, "per_sample_weights") is not None
-    return _numel(indices) * _dims(weight)[1] * (2 if weighted else 1)
-
-
 _SPATIAL = {
     **{getattr(aten, f"{kind}{k}d"): k for k in (1, 2, 3)
        for kind in ("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool")},
@@ -314,7 +306,6 @@ _FORMULAS: dict[object, Callable[[fx.Node], Size]] = {
     **{packet: _adaptive_pool_flops for packet in _SPATIAL if "adaptive" in str(packet)},
     **dict.fromkeys(_TAPS, _upsample_flops),
     **dict.fromkeys((aten.lstm, aten.gru, aten.rnn_tanh, aten.rnn_relu), _recurrent_flops),
-    aten.embedding_bag: _embedding_bag_flops, aten._embedding_bag: _embedding_bag_flops,
 }
 
 

@@ -166,3 +166,22 @@ def test_each_warning_is_raised_and_listed_once(monkeypatch):
     assert raised[0].filename == __file__  # at the call of autopar.plan
     assert len(plan.warnings) == len(set(plan.warnings)) == 1, plan.warnings
     assert plan.summary().count("no sharding rule for aten.flip.default") == 1
+
+
+class _Bessel(nn.Module):
+    """A linear layer into an op with neither a sharding rule nor a FLOP formula."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.i0e(self.linear(x)).sum()
+
+
+def test_an_op_without_rule_or_formula_is_warned_with_its_estimate():
+    plan = autopar.plan(_Bessel(), autopar.Mesh((2,), ("x",), hardware="cpu"),
+                        (torch.randn(8, 16),), time_limit=5)
+    assert plan.warnings == ("no sharding rule for aten.special_i0e.default: kept replicated; "
+                             "no FLOP formula either (estimate: 1 per element of its largest "
+                             "tensor)",)

@@ -29,10 +29,11 @@ parallelism. `decompositions.DECOMPOSITIONS` rewrites those means as sum / globa
 exactly; capture applies it with `ExportedProgram.run_decompositions(DECOMPOSITIONS)`.
 `DECOMPOSITIONS` also holds rewrites of ops whose outputs no single placement describes
 (the contract gives all the outputs of an op one placement) into ops the rules can split:
-eval-mode batch norm as the per-channel affine map it is (`eval_batch_norm`), batch_first
-recurrent layers as sequence-first ones between transposes (`recurrent`); and the
-functional `copy` of slice assignments, which has no eager derivative, as the broadcast it
-is (`slicing`).
+batch norm as the reductions and per-channel affine maps it is (`batch_norm`: in training
+with the whole batch's statistics, as SyncBatchNorm), embedding_bag as lookups and
+scatters (`embedding`), batch_first recurrent layers as sequence-first ones between
+transposes (`recurrent`); and the functional `copy` of slice assignments, which has no eager
+derivative, as the broadcast it is (`slicing`).
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ from typing import Any
 
 from autopar.rules import (
     attention,
+    batch_norm,
     convolution,
     decompositions,
     embedding,
-    eval_batch_norm,
     factories,
     indexing,
     losses,
@@ -69,10 +70,12 @@ _FAMILIES = (
     embedding, losses, factories, pooling, upsample, recurrent,
 )
 # Run by capture (`ExportedProgram.run_decompositions`): means as sums over a global count,
-# eval-mode batch norm as its per-channel affine map, batch_first RNNs as sequence-first,
-# the functional copy of slice assignments as a broadcast.
-DECOMPOSITIONS = {**decompositions.DECOMPOSITIONS, **eval_batch_norm.DECOMPOSITIONS,
-                  **recurrent.DECOMPOSITIONS, **slicing.DECOMPOSITIONS}
+# batch norm as reductions and per-channel affine maps, embedding_bag as lookups and
+# scatters, batch_first RNNs as sequence-first, the functional copy of slice assignments as
+# a broadcast.
+DECOMPOSITIONS = {**decompositions.DECOMPOSITIONS, **batch_norm.DECOMPOSITIONS,
+                  **embedding.DECOMPOSITIONS, **recurrent.DECOMPOSITIONS,
+                  **slicing.DECOMPOSITIONS}
 
 
 def _merge() -> Mapping[Any, Rule]:

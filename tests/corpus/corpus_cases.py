@@ -62,6 +62,7 @@ class Trained:
     measured: dict
     predicted: dict
     replicated_digest: str
+    buffer_excess: float | None = None  # rank 0: the farthest buffer after the first step
 
 
 def replicated_peak(name: str) -> float:
@@ -93,6 +94,24 @@ def _replicated_digest(pm) -> str:
     return digest.hexdigest()
 
 
+def _buffer_excess(state: dict, reference: torch.nn.Module) -> float:
+    """How far the compiled model's buffers (running statistics, counters) are from the
+    plain model's, over `TOLERANCE` (above 1 fails). Taken after the first forward, while the
+    parameters are still equal: later, AdamW moves a parameter whose true gradient is zero
+    (a convolution's bias before batch norm) by +-lr on the sign of rounding noise, and the
+    statistics of the next batch follow."""
+    worst = 0.0
+    buffers = dict(reference.named_buffers())
+    for name in reference.state_dict():  # the persistent buffers, as full_state_dict has
+        if name not in buffers:
+            continue
+        expected, got = buffers[name], state[name].to(buffers[name].dtype)
+        difference = float((got - expected).abs().max()) if expected.numel() else 0.0
+        scale = float(expected.abs().max()) if expected.numel() else 0.0
+        worst = max(worst, TOLERANCE.excess(difference, scale))
+    return worst
+
+
 def train(rank: int, planned: Planned) -> Trained:
     torch.manual_seed(0)
     model, inputs = corpus_models.build(planned.name)
@@ -102,7 +121,7 @@ def train(rank: int, planned: Planned) -> Trained:
     optimizer = torch.optim.AdamW(pm.parameters(), lr=LEARNING_RATE)
     if reference is not None:
         reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=LEARNING_RATE)
-    steps = []
+    steps, buffer_excess = [], None
     torch.manual_seed(1)  # every rank alike: random ops draw the same global numbers
     for _ in range(STEPS):
         before = torch.get_rng_state()
@@ -123,11 +142,14 @@ def train(rank: int, planned: Planned) -> Trained:
                         excess)
             reference_optimizer.step()
             reference_optimizer.zero_grad()
+        if not steps:
+            state = pm.full_state_dict()  # collective
+            buffer_excess = None if reference is None else _buffer_excess(state, reference)
         optimizer.step()
         optimizer.zero_grad()
         steps.append(step)
     return Trained(planned.name, tuple(steps), dict(pm.counter.totals()),
-                   pm.plan.comm_bytes(), _replicated_digest(pm))
+                   pm.plan.comm_bytes(), _replicated_digest(pm), buffer_excess)
 
 
 def train_all(rank: int, planned: tuple[Planned, ...]) -> list[Trained]:

@@ -8,7 +8,8 @@ dict output). Every model is held to:
 - loss and every gradient within `autopar.training.Tolerance()` of the plain model's at
   every step (a model with dropout from the same generator state: see random_ops);
 - the bytes each collective moved equal to the plan's, on every rank;
-- replicated parameters identical on every rank after the steps;
+- replicated parameters identical on every rank after the steps, and every buffer (batch
+  norm's running statistics) equal to the plain model's;
 - a model torch.export can't capture fails planning with a `CaptureError` that says why.
 """
 
@@ -49,6 +50,14 @@ def test_loss_and_every_gradient_match_the_single_process_model(outcomes):
             assert corpus_cases.TOLERANCE.excess(difference, abs(step.reference_loss)) <= 1, \
                 (run.name, step)
             assert step.grad_excess <= 1, (run.name, step)
+
+
+def test_buffers_match_the_single_process_model(outcomes):
+    """After the first step, batch norm's running statistics are the whole batch's (as
+    SyncBatchNorm keeps them), however the plan splits the batch."""
+    _, trained = outcomes
+    for run in trained[0]:
+        assert run.buffer_excess is not None and run.buffer_excess <= 1, run.name
 
 
 def test_measured_bytes_equal_the_plan_on_every_rank(outcomes):

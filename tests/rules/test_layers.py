@@ -16,7 +16,7 @@ from simulate import build
 from torch import nn
 
 import autopar
-from autopar.placement import Replicate, Shard
+from autopar.placement import Partial, Replicate, Shard
 from autopar.rules import DECOMPOSITIONS, AxisStrategy, lookup
 from autopar.rules.common import P, R, S
 from autopar.runtime import random_ops
@@ -120,7 +120,7 @@ EXPORTS = [
     ("conv_transpose3d", nn.ConvTranspose3d(4, 2, 2, stride=2, groups=2), (x3,),
      ["aten.conv_transpose3d.input"]),
     ("instance_norm", nn.InstanceNorm2d(4, affine=True), (x2,), ["aten.instance_norm.default"]),
-    # Eval-mode batch norm is rewritten as a per-channel affine map (eval_batch_norm).
+    # Eval-mode batch norm is rewritten as a per-channel affine map (batch_norm).
     ("batch_norm1d_eval", _layer(nn.BatchNorm1d(4), train=False), (x1,),
      ["aten.sub.Tensor", "aten.mul.Tensor", "aten.add.Tensor"]),
     ("batch_norm2d_eval", _layer(nn.BatchNorm2d(4), train=False), (x2,), ["aten.sub.Tensor"]),
@@ -293,6 +293,99 @@ def test_eval_batch_norm_rewrite_keeps_the_input_dtype() -> None:
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
 
 
+_BN_TRAIN = aten._native_batch_norm_legit_functional.default
+_BN_NO_STATS = aten._native_batch_norm_legit.no_stats
+
+
+@pytest.mark.parametrize("shape,affine", [((4, 6), True), ((4, 6, 5), True),
+                                          ((2, 6, 3, 3), False), ((2, 6, 2, 2, 2), True)])
+@pytest.mark.parametrize("op", [_BN_TRAIN, _BN_NO_STATS])
+def test_training_batch_norm_rewrite_is_exact(op, shape, affine) -> None:
+    """Output, saved statistics, new running statistics and every gradient match the op."""
+    x = f(*shape) * 3 + 1
+    weight, bias = (f(6), f(6)) if affine else (None, None)
+    stats = (f(6), pos(6)) if op is _BN_TRAIN else ()
+
+    def run(fn):
+        leaves = [None if a is None else a.clone().requires_grad_() for a in (x, weight, bias)]
+        out = fn(*leaves, *stats, True, 0.3, 1e-5)
+        probe = torch.arange(out[0].numel(), dtype=x.dtype).view(out[0].shape)
+        grads = torch.autograd.grad((out[0] * probe).sum(), [t for t in leaves if t is not None])
+        return out, grads
+
+    want, want_grads = run(op)
+    got, got_grads = run(DECOMPOSITIONS[op])
+    assert len(got) == len(want)
+    for a, b in zip((*got, *got_grads), (*want, *want_grads)):
+        torch.testing.assert_close(a, b)
+
+
+def test_training_batch_norm_statistics_are_summands_of_a_batch_split() -> None:
+    """Captured in training mode, batch norm is sums over the batch (P when the batch is
+    split, all-reduced as SyncBatchNorm does) and pointwise maps; nothing replicates x."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    gm = annotate(capture(model, (torch.randn(4, 3, 6, 6),)))
+    ops = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert not any("batch_norm" in op for op in ops), ops
+    table = find_strategies(gm, autopar.Mesh((2,), ("x",), hardware="cpu"))
+    assert not table.unsupported, table.unsupported
+    sums = [n for n in gm.graph.nodes if n.target is aten.sum.dim_IntList]
+    assert len(sums) == 2  # mean and variance
+    for node in sums:
+        by_input = {s.inputs[0]: s.output for s in table.strategies[node.name]}
+        assert by_input[(Shard(0),)] == (Partial(),)   # batch split: a summand
+        assert by_input[(Shard(1),)] == (Shard(1),)    # channel split: no collective
+
+
+_BAG = aten.embedding_bag.padding_idx
+
+
+@pytest.mark.parametrize("mode,weighted", [(0, False), (0, True), (1, False), (2, False)],
+                         ids=["sum", "weighted_sum", "mean", "max"])  # weights: sums only
+@pytest.mark.parametrize("padding_idx", [None, 0, 3])
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_embedding_bag_rewrite_is_exact(mode, weighted, padding_idx,
+                                        include_last_offset) -> None:
+    """All four outputs and the gradients of the table and the per-sample weights match the
+    kernel, with an empty bag, padding entries and a bag of repeated indices."""
+    weight, indices = f(10, 3), torch.tensor([1, 2, 0, 4, 5, 0, 3, 3, 7])
+    offsets = torch.tensor([0, 2, 2, 4, 9] if include_last_offset else [0, 2, 2, 4, 8])
+    sample_weights = pos(9) if weighted else None
+
+    def run(fn):
+        leaves = [t.clone().requires_grad_() for t in (weight, sample_weights) if t is not None]
+        out = fn(leaves[0], indices, offsets, False, mode, False,
+                 leaves[1] if weighted else None, include_last_offset, padding_idx)
+        probe = torch.arange(out[0].numel(), dtype=weight.dtype).view(out[0].shape)
+        return out, torch.autograd.grad((out[0] * probe).sum(), leaves)
+
+    want, want_grads = run(_BAG)
+    got, got_grads = run(DECOMPOSITIONS[_BAG])
+    for a, b in zip((*got, *got_grads), (*want, *want_grads)):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_splits_the_table(mode) -> None:
+    """Captured, a bag's table splits by columns (every mode) and by vocabulary into
+    summands (sum and mean), as an embedding does."""
+    bag = nn.EmbeddingBag(16, 8, mode=mode)
+    model = _Call(lambda m, i, o: m.layers[0](i, o).square().sum(), bag)
+    gm = annotate(capture(model, (torch.randint(0, 16, (12,)), torch.tensor([0, 3, 3, 7]))))
+    table = find_strategies(gm, autopar.Mesh((2,), ("x",), hardware="cpu"))
+    assert not table.unsupported, table.unsupported
+    lookup_node = next(n for n in gm.graph.nodes if n.target is aten.embedding.default)
+    offered = {s.inputs[0]: s.output for s in table.strategies[lookup_node.name]}
+    assert offered[(Shard(1),)] == (Shard(1),)
+    reduced = next(n for n in gm.graph.nodes if n.target in (aten.index_add.default,
+                                                             aten.scatter_reduce.two)
+                   and n.meta["val"].ndim == 2)
+    outputs = {s.output for s in table.strategies[reduced.name]}
+    assert (Shard(1),) in outputs
+    assert ((Partial(),) in outputs) == (mode != "max")
+
+
 class _FrozenBackbone(nn.Module):
     """Conv, eval-mode BatchNorm, pooling, upsampling, a transposed conv; and a batch_first
     LSTM (eval mode) over the pooled features."""
@@ -346,7 +439,7 @@ def test_pooling_and_interpolation_flops() -> None:
     assert _flops(nn.Upsample(scale_factor=2), x)["aten.upsample_nearest2d.vec"] == 2 * 4 * 256
 
 
-def test_conv_transpose_recurrent_and_embedding_bag_flops() -> None:
+def test_conv_transpose_and_recurrent_flops() -> None:
     x = torch.randn(2, 4, 8, 8)
     # torch's convention: per input position, per weight element, per sample.
     assert _flops(nn.ConvTranspose2d(4, 6, 3, stride=2), x)["aten.conv_transpose2d.input"] \
@@ -358,9 +451,6 @@ def test_conv_transpose_recurrent_and_embedding_bag_flops() -> None:
     lstm = _Call(lambda m, x: m.layers[0](x)[0], nn.LSTM(5, 8, 2, bidirectional=True))
     per_direction = 2 * 32 * (5 + 8) + 2 * 32 * (16 + 8) + 4 * 32
     assert _flops(lstm, torch.randn(6, 3, 5))["aten.lstm.input"] == 6 * 3 * 2 * per_direction
-    bag = _Call(lambda m, i, o: m.layers[0](i, o), nn.EmbeddingBag(10, 6))
-    assert _flops(bag, torch.randint(0, 10, (12,)), _idx(0, 3, 7, 9))[
-        "aten.embedding_bag.padding_idx"] == 12 * 6
 
 
 @pytest.mark.parametrize("shape,src", [((4, 3), f(4, 3)), ((4, 3), f(3)),
