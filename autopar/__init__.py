@@ -14,6 +14,7 @@ from autopar.errors import (
     MicrobatchError,
     ModelFileError,
     OptimizerError,
+    PipelineError,
     PlanFormatError,
     ProblemFormatError,
     ReportError,
@@ -23,6 +24,7 @@ from autopar.errors import (
 from autopar.hardware import HardwareProfile, available_hardware, load_hardware
 from autopar.mesh import Mesh
 from autopar.mixed_precision import MasterWeights, master_weights
+from autopar.pipeline import Pipeline
 from autopar.plan_types import Plan
 from autopar.runtime.launch import launch
 from autopar.runtime.parallel_module import ParallelModule
@@ -30,7 +32,8 @@ from autopar.runtime.parallel_module import ParallelModule
 __all__ = [
     "AutoparError", "CaptureError", "HardwareError", "HardwareProfile", "InfeasiblePlanError",
     "InitializationError", "InputMismatchError", "MasterWeights", "Mesh", "MeshError",
-    "MicrobatchError", "ModelFileError", "OptimizerError", "ParallelModule", "Plan",
+    "MicrobatchError", "ModelFileError", "OptimizerError", "ParallelModule", "Pipeline",
+    "PipelineError", "Plan",
     "PlanFormatError", "ProblemFormatError", "ReportError", "ShardingError", "TrainingRunError",
     "available_hardware", "check", "compile", "launch", "load_hardware", "master_weights", "plan",
 ]

@@ -14,7 +14,7 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from autopar.errors import InfeasiblePlanError, MicrobatchError
+from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError
 from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState, optimizer_state
 from autopar.passes.annotate import DATA_MOVEMENT, FORMULA, annotate, flop_source, size_hints
@@ -27,6 +27,8 @@ from autopar.passes.find_strategies import StrategyTable, find_strategies
 from autopar.passes.offer_recompute import offer_recompute
 from autopar.passes.offer_whole_gradient import offer_whole_gradient
 from autopar.passes.split_batch import BatchSplit, batch_size, split_batch
+from autopar.pipeline import Pipeline
+from autopar.pipeline_plan import plan_pipeline
 from autopar.plan_types import Plan
 from autopar.solver import Solution, min_peak_usage, solve
 from autopar.specs import TENSOR
@@ -56,6 +58,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
          fold_layers: bool = True, seed: int = 0, hand_strategies: bool = False,
          optimizer: object = None, master_weights: torch.dtype | None = None,
          recompute: bool = True, microbatches: int | str = "auto",
+         pipeline: Pipeline | str | bool = "auto",
          progress: Callable[[str], None] | None = None) -> Plan:
     """Choose how every op and tensor of `model` is split over `mesh`.
 
@@ -74,7 +77,11 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     that many micro-batches one after the other (gradient accumulation: one micro-batch's
     activations at a time, against smaller matmuls and collectives repeated per
     micro-batch); "auto" tries more of them while the plan of fewer holds most of the
-    memory budget, and keeps the fastest plan (see `_plan_steps`). `progress` receives a
+    memory budget, and keeps the fastest plan (see `_plan_steps`). `pipeline` cuts the
+    model into stages of consecutive blocks over one mesh axis (`autopar.Pipeline`: axis,
+    stages, micro-batches, schedule; `autopar.pipeline_plan`); "auto" (the default) also
+    plans a pipeline over the axis named "pp" when the mesh has one and keeps it when it
+    is faster, False never pipelines. `progress` receives a
     message as each pass starts (prefixed `STAGE`) and the solver's progress lines. Each
     distinct warning raised while planning is issued once, at the end, and kept in the
     plan's `warnings` (which its summary prints). Raises
@@ -96,7 +103,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
                           memory_budget=memory_budget, time_limit=time_limit,
                           constraints=constraints, fold_layers=fold_layers, seed=seed,
                           hand_strategies=hand_strategies, optimizer=state,
-                          recompute=recompute, progress=progress)
+                          recompute=recompute, pipeline=pipeline, progress=progress)
     return dataclasses.replace(made, warnings=_merge_warnings(made.warnings, raised))
 
 
@@ -129,13 +136,14 @@ def graph_digest(gm: fx.GraphModule) -> str:
 
 
 def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
-               microbatches: int | str, **options) -> Plan:
-    """`_plan_steps`' plan, recording the example inputs it is for, and the warnings raised
-    while planning once each (`_warned_once`)."""
+               microbatches: int | str, pipeline: Pipeline | str | bool = "auto",
+               **options) -> Plan:
+    """`_plan_layout`'s plan, recording the example inputs it is for, and the warnings
+    raised while planning once each (`_warned_once`)."""
     raised: list[str] = []
     with _warned_once(raised):
-        made = _plan_steps(model, gm, example_inputs, mesh, microbatches=microbatches,
-                           **options)
+        made = _plan_layout(model, gm, example_inputs, mesh, microbatches=microbatches,
+                            pipeline=pipeline, **options)
     return dataclasses.replace(made, inputs=input_signature(example_inputs),
                                graph=graph_digest(gm),
                                warnings=_merge_warnings(made.warnings, raised))
@@ -188,6 +196,76 @@ def _merge_warnings(kept: tuple[str, ...], raised: list[str]) -> tuple[str, ...]
         if message not in merged:
             merged.append(message)
     return tuple(merged)
+
+
+def pipeline_request(mesh: Mesh, pipeline: Pipeline | str | bool | None) -> Pipeline | None:
+    """The pipeline `plan(pipeline=...)` asks for on `mesh`: the one given, one over the
+    axis named "pp" for "auto" when the mesh has it (of 2 or more), else None."""
+    if isinstance(pipeline, Pipeline):
+        return pipeline
+    if pipeline is False or pipeline is None:
+        return None
+    if pipeline == "auto":
+        names = mesh.axis_names
+        return Pipeline() if "pp" in names and mesh.shape[names.index("pp")] > 1 else None
+    raise PipelineError("pipeline must be 'auto', False or an autopar.Pipeline",
+                        expected="'auto', False or Pipeline(axis='pp', ...)",
+                        got=repr(pipeline), fix="pipeline=autopar.Pipeline(schedule='1F1B')")
+
+
+def _plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
+                 microbatches: int | str, pipeline: Pipeline | str | bool,
+                 memory_budget: float | None = None, **options) -> Plan:
+    """The plan without a pipeline (`_plan_steps`), the pipelined one (`plan_pipeline`),
+    or under "auto" the faster of both that fits (a pipeline that can't run, for want of
+    blocks or of micro-batches, is not a candidate then)."""
+    request = pipeline_request(mesh, pipeline)
+    if request is None:
+        return _plan_steps(model, gm, example_inputs, mesh, microbatches=microbatches,
+                           memory_budget=memory_budget, **options)
+    if request.microbatches is None and isinstance(microbatches, int) \
+            and not isinstance(microbatches, bool):
+        request = dataclasses.replace(request, microbatches=microbatches)
+    budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
+    loss_output(gm)
+    stage_options = {k: v for k, v in options.items() if k not in ("hand_strategies",
+                                                                   "constraints")}
+
+    def plan_stage(graph: fx.GraphModule, inner: Mesh, **solve) -> Plan:
+        return plan_graph(graph, inner, **stage_options, **solve)
+
+    def pipelined() -> Plan:
+        return plan_pipeline(model, gm, example_inputs, mesh, request, plan_stage=plan_stage,
+                             memory_budget=budget, micro_graph=micro_graph,
+                             progress=options.get("progress"))
+
+    if pipeline != "auto":
+        if options.get("constraints"):
+            raise PipelineError("constraints are not applied to pipelined plans yet",
+                                expected="no constraints with a pipeline",
+                                got=", ".join(options["constraints"]),
+                                fix="drop constraints=, or plan with pipeline=False")
+        return pipelined()
+    plain: Plan | None = None
+    failure: InfeasiblePlanError | None = None
+    try:
+        plain = _plan_steps(model, gm, example_inputs, mesh, microbatches=microbatches,
+                            memory_budget=memory_budget, **options)
+    except InfeasiblePlanError as error:
+        failure = error
+    piped: Plan | None = None
+    if not options.get("constraints"):
+        try:
+            piped = pipelined()
+        except (PipelineError, MicrobatchError, InfeasiblePlanError):
+            piped = None  # "auto" pipelines only where a pipeline runs and fits
+    if piped is not None and (plain is None or piped.step_time_s < plain.step_time_s):
+        return dataclasses.replace(piped, hand_strategies=plain.hand_strategies if plain
+                                   else ())
+    if plain is None:
+        assert failure is not None
+        raise failure
+    return plain
 
 
 def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
@@ -251,10 +329,11 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                constraints: Mapping[str, str] | None = None, fold_layers: bool = True,
                seed: int = 0, hand_strategies: bool = False, optimizer: object = None,
                master_weights: torch.dtype | None = None, recompute: bool = True,
-               microbatches: int = 1,
+               microbatches: int = 1, in_flight: int = 1,
                progress: Callable[[str], None] | None = None) -> Plan:
     """`plan` from the strategy pass on, for a graph already captured and annotated (with
-    `microbatches` > 1, one micro-batch's graph, run that many times a step). The
+    `microbatches` > 1, one micro-batch's graph, run that many times a step, holding
+    `in_flight` micro-batches' activations at once: see `build_problem`). The
     hand strategies, when asked for, ignore `constraints`: they are the standard ones;
     without constraints, a hand strategy's plan that fits and is faster is the plan."""
     state = optimizer_state(optimizer, master_weights=master_weights)
@@ -270,7 +349,8 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
         table = constrain(gm, table, mesh, constraints)
     result = plan_table(gm, table, mesh, model_name=model_name, memory_budget=budget,
                         time_limit=time_limit, fold_layers=fold_layers, seed=seed,
-                        optimizer=state, microbatches=microbatches, progress=progress)
+                        optimizer=state, microbatches=microbatches, in_flight=in_flight,
+                        progress=progress)
     if not hand_strategies:
         return result
     from autopar.hand_strategies import evaluate_hand_strategies  # it plans with plan_table
@@ -290,11 +370,11 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
 
 def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_name: str,
                memory_budget: float | None, time_limit: float, fold_layers: bool, seed: int,
-               optimizer: OptimizerState = ADAMW, microbatches: int = 1,
+               optimizer: OptimizerState = ADAMW, microbatches: int = 1, in_flight: int = 1,
                progress: Callable[[str], None] | None = None) -> Plan:
     """The cheapest plan choosing among `table`'s strategies (the problem, solve and
     extract passes), within `memory_budget` bytes per device (None: no limit), for a step
-    of `microbatches` runs of `gm`. Raises
+    of `microbatches` runs of `gm`, `in_flight` of them holding activations at once. Raises
     `InfeasiblePlanError`, with the least memory any plan of the table needs, when none fits.
 
     Gradient reductions the runtime overlaps with the backward cost only what the backward's
@@ -318,7 +398,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
         build = build_problem(gm, table, mesh, memory_budget=memory_budget, hints=hints,
                               optimizer=optimizer, fold_layers=fold_layers,
                               charges=charges, saved=saved,
-                              microbatches=microbatches)
+                              microbatches=microbatches, in_flight=in_flight)
         say(f"{STAGE} solve ({build.problem.num_nodes} decisions, "
             f"{build.problem.num_edges} edges)")
         solution = solve(build.problem, time_limit=limit, seed=seed, progress=progress)

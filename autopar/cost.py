@@ -9,6 +9,8 @@ all-gather, the input of a reduce-scatter):
     all_gather       (n-1)/n B / beta + (n-1) alpha
     reduce_scatter   (n-1)/n B / beta + (n-1) alpha
     all_to_all       (n-1)/n B / beta + (n-1) alpha
+    send             B / beta + alpha          (point to point: a pipeline stage's boundary)
+    broadcast        B / beta + alpha          (of a scalar: a pipeline's loss, pipelined)
 
 Redistribution between two shardings is a list of `Transfer`s, one per mesh axis whose
 placement changes, and its backward is derived, never guessed: the gradient arriving at a
@@ -34,7 +36,8 @@ from autopar.hardware import HardwareProfile
 from autopar.mesh import Mesh
 from autopar.placement import Partial, Placement, Placements, Replicate, Shard
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send",
+               "broadcast")
 
 # Backward compute of a differentiable op is about twice its forward (two matmuls per matmul).
 BACKWARD_FLOPS_FACTOR = 2
@@ -70,6 +73,8 @@ def collective_time(kind: str, nbytes, n: int, bandwidth: float, latency: float)
     assert kind in COLLECTIVES, kind
     if n == 1:
         return 0
+    if kind in ("send", "broadcast"):
+        return nbytes / bandwidth + latency
     steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
     return steps * nbytes / (n * bandwidth) + steps * latency
 

@@ -107,3 +107,8 @@ class OptimizerError(AutoparError, ValueError):
 class MicrobatchError(AutoparError, ValueError):
     """A training step that cannot run as the micro-batches asked for: a count that does not
     divide the batch, or a model whose loss or ops mix the samples of the batch."""
+
+
+class PipelineError(AutoparError, ValueError):
+    """A pipeline request the model, mesh or torch's schedules can't satisfy: an unknown
+    schedule, more stages than blocks, micro-batches a schedule can't run."""

@@ -9,6 +9,7 @@ prediction at other sizes without solving again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections import defaultdict
@@ -21,8 +22,9 @@ from autopar.errors import PlanFormatError
 from autopar.mesh import Mesh
 
 # 2: recompute, gathered and hidden_s per node, the optimizer, FLOPs; 3: micro-batches,
-# whole_gradient per node, calls per transfer; 4: the example inputs and graph planned for.
-FORMAT_VERSION = 4
+# whole_gradient per node, calls per transfer; 4: the example inputs and graph planned for;
+# 5: pipelines (stage per node, the pipeline's stages and schedule).
+FORMAT_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class NodePlan:
     gathered: str = ""
     hidden_s: float = 0.0
     whole_gradient: bool = False
+    stage: int = 0
 
     @property
     def time_s(self) -> float:
@@ -111,6 +114,51 @@ class HandStrategyRecord:
 
 
 @dataclass(frozen=True)
+class StageRecord:
+    """One pipeline stage: the blocks it runs (`blocks`: first and last module path; `units`
+    their positions in the model's main ModuleList), the pipeline rank that runs it, its
+    forward plus backward time for one micro-batch (`time_s`, with its boundary sends),
+    the exposed time of what it reduces once per step (`once_s`), its memory per device at
+    the peak with `in_flight` micro-batches' activations held, the tensors it receives and
+    sends, and the state it holds that other stages hold too (`shared`)."""
+
+    index: int
+    rank: int
+    blocks: tuple[str, str]
+    units: tuple[int, int]
+    time_s: float
+    once_s: float
+    memory_bytes: float
+    in_flight: int
+    receives: tuple[str, ...] = ()
+    sends: tuple[str, ...] = ()
+    shared: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PipelineRecord:
+    """The pipeline of a plan: mesh axis, schedule (torch's class name without "Schedule"),
+    micro-batches, stages per rank (`virtual`), the stages, the modelled step time and
+    bubble (`autopar.pipeline`), the intra-stage mesh (`sub_mesh`: the other axes), and
+    the collectives every pipeline rank runs once per step over the pipeline axis
+    (`transfers`: shared weights' gradient sums, the loss's broadcast)."""
+
+    axis: str
+    schedule: str
+    microbatches: int
+    virtual: int
+    stages: tuple[StageRecord, ...]
+    step_time_s: float
+    bubble: float
+    sub_mesh: Mesh
+    transfers: tuple[TransferRecord, ...] = ()
+
+    @property
+    def ranks(self) -> int:
+        return len(self.stages) // self.virtual
+
+
+@dataclass(frozen=True)
 class Plan:
     """A solved sharding plan. `nodes` are in graph order. `hand_strategies` holds the
     standard strategies evaluated alongside it (empty unless asked for). `optimizer` says
@@ -120,7 +168,12 @@ class Plan:
     micro-batch's, their times and bytes the whole step's. `inputs` describes the flat
     example inputs it was planned for (`autopar.api.input_signature`) and `graph` a digest
     of the captured graph's ops and tensor shapes (`autopar.api.graph_digest`), which
-    compiling it checks."""
+    compiling it checks.
+
+    A pipelined plan (`pipeline` set) holds every stage's nodes, each with its `stage`, and
+    their placements on the whole mesh: replicated on the pipeline axis, which places
+    stages rather than splitting tensors; `stage_plan(k)` is stage k's own plan on the
+    other axes. Its step time is the schedule's, its bytes per pipeline rank."""
 
     model: str
     mesh: Mesh
@@ -136,6 +189,7 @@ class Plan:
     microbatches: int = 1
     inputs: tuple[str, ...] = ()
     graph: str = ""
+    pipeline: PipelineRecord | None = None
     version: int = FORMAT_VERSION
 
     @property
@@ -159,7 +213,9 @@ class Plan:
     @property
     def step_time_s(self) -> float:
         """Predicted time of one training step (forward + backward), seconds: compute plus
-        the communication not hidden behind it."""
+        the communication not hidden behind it; for a pipeline, its schedule's step."""
+        if self.pipeline is not None:
+            return self.pipeline.step_time_s
         return self.compute_s + self.exposed_comm_s
 
     @property
@@ -180,13 +236,34 @@ class Plan:
                 return node
         raise KeyError(name)
 
-    def comm_bytes(self) -> dict[tuple[str, str, str], float]:
-        """Per-rank bytes by (collective kind, mesh axis, "forward"/"backward")."""
+    def comm_bytes(self, pipeline_rank: int | None = None) -> dict[tuple[str, str, str], float]:
+        """Per-rank bytes by (collective kind, mesh axis, "forward"/"backward"). For a
+        pipeline, those of the ranks at `pipeline_rank` on its axis (their stages' and the
+        pipeline's own), or with None the sum over the pipeline ranks."""
         totals: dict[tuple[str, str, str], float] = defaultdict(float)
-        for node in self.nodes:
-            for t in node.transfers:
-                totals[(t.kind, t.axis, "backward" if t.backward else "forward")] += t.nbytes
+        pipeline = self.pipeline
+        stages = None if pipeline is None or pipeline_rank is None else {
+            s.index for s in pipeline.stages if s.rank == pipeline_rank}
+        extra = () if pipeline is None else pipeline.transfers * (
+            1 if pipeline_rank is not None else pipeline.ranks)
+        for t in (*(t for node in self.nodes if stages is None or node.stage in stages
+                    for t in node.transfers), *extra):
+            totals[(t.kind, t.axis, "backward" if t.backward else "forward")] += t.nbytes
         return dict(sorted(totals.items()))
+
+    def stage_plan(self, index: int) -> Plan:
+        """Stage `index`'s own plan, on the pipeline's other axes (`sub_mesh`)."""
+        pipeline = self.pipeline
+        assert pipeline is not None, "not a pipelined plan"
+        axis = self.mesh.axis_index(pipeline.axis)
+        nodes = tuple(dataclasses.replace(
+            n, inputs=tuple(drop_axis(p, axis) for p in n.inputs), output=drop_axis(n.output, axis),
+            gathered=drop_axis(n.gathered, axis) if n.gathered else "")
+            for n in self.nodes if n.stage == index)
+        record = pipeline.stages[index]
+        return dataclasses.replace(self, mesh=pipeline.sub_mesh, nodes=nodes, pipeline=None,
+                                   peak_memory_bytes=record.memory_bytes,
+                                   hand_strategies=())
 
     def step_time(self, **sizes: int) -> float:
         """Predicted step time at other symbolic sizes (by symbol name, e.g. `s0=64`)."""
@@ -214,6 +291,8 @@ class Plan:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["mesh"] = self.mesh.to_dict()
+        if self.pipeline is not None:
+            data["pipeline"]["sub_mesh"] = self.pipeline.sub_mesh.to_dict()
         return {"format": "autopar-plan", **data}
 
     @classmethod
@@ -243,6 +322,7 @@ class Plan:
                                tuple(row) for row in h.get("comm_bytes", ()))})
                            for h in data.get("hand_strategies", ())),
                        inputs=tuple(data.get("inputs", ())), graph=data.get("graph", ""),
+                       pipeline=_pipeline_from_dict(data.get("pipeline")),
                        **{key: data[key] for key in ("optimizer", "model_flops",
                                                      "microbatches") if key in data},
                        version=version)
@@ -264,6 +344,27 @@ class Plan:
                                   expected="a JSON file written by Plan.save", got=str(path),
                                   fix="check the path, or re-create the plan") from exc
         return cls.from_dict(data)
+
+
+def _pipeline_from_dict(data: dict | None) -> PipelineRecord | None:
+    if data is None:
+        return None
+    stages = tuple(StageRecord(**{**s, **{key: tuple(s[key]) for key in (
+        "blocks", "units", "receives", "sends", "shared")}}) for s in data["stages"])
+    return PipelineRecord(**{**data, "stages": stages, "sub_mesh": Mesh.from_dict(
+        data["sub_mesh"]), "transfers": tuple(TransferRecord(**t) for t in data["transfers"])})
+
+
+def insert_axis(placements: str, axis: int) -> str:
+    """`"S(0),R"` with a replicated entry inserted at mesh axis `axis`."""
+    parts = placements.split(",")
+    return ",".join([*parts[:axis], "R", *parts[axis:]])
+
+
+def drop_axis(placements: str, axis: int) -> str:
+    """`"S(0),R,R"` without mesh axis `axis`'s entry."""
+    parts = placements.split(",")
+    return ",".join(parts[:axis] + parts[axis + 1:])
 
 
 _INDEX = re.compile(r"\.\d+(?=\.|$)")

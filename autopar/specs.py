@@ -13,6 +13,8 @@ read them. Meta keys (all prefixed `autopar_`):
 - `autopar_flops`, `autopar_bytes` (annotate): forward FLOPs and bytes moved (read + written)
   by the node on one device running it whole; an int, or a sympy expression over the graph's
   symbolic sizes.
+- `autopar_boundary` (split_stages): on the inputs of a pipeline stage's graph that the
+  previous stage sends (role "input"; floating-point ones carry a gradient back).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ MODULE = "autopar_module"
 TENSOR = "autopar_tensor"
 FLOPS = "autopar_flops"
 BYTES = "autopar_bytes"
+BOUNDARY = "autopar_boundary"
 
 Size = int | sympy.Expr
 

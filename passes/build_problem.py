@@ -309,10 +309,10 @@ def _number(value, hints) -> float:
 class _Builder:
     def __init__(self, gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
                  optimizer: OptimizerState, hints: dict, charges: Background,
-                 saved: dict[str, Saved], microbatches: int) -> None:
+                 saved: dict[str, Saved], microbatches: int, in_flight: int = 1) -> None:
         self.gm, self.table, self.mesh, self.hints = gm, table, mesh, hints
         self.optimizer, self.charges = optimizer, charges
-        self.microbatches = microbatches
+        self.microbatches, self.in_flight = microbatches, in_flight
         self.by_name = {n.name: n for n in gm.graph.nodes}
         self.order = [n.name for n in gm.graph.nodes if n.name in table.strategies]
         self.index = {name: i for i, name in enumerate(self.order)}
@@ -330,6 +330,15 @@ class _Builder:
             size=lambda value: _number(value, self.hints)))
 
     def node_usage(self, node: fx.Node, strategy: Strategy, *, first_of_tie: bool) -> float:
+        """Bytes the node holds while live: a parameter with its gradient and optimizer
+        state, once; an activation (a user or boundary input, or an op on the gradient
+        path) once per micro-batch in flight."""
+        usage = self._usage(node, strategy, first_of_tie=first_of_tie)
+        per_microbatch = node.meta.get(ROLE) == "input" or (
+            node.op == "call_function" and self.on_path[node.name])
+        return usage * self.in_flight if per_microbatch else usage
+
+    def _usage(self, node: fx.Node, strategy: Strategy, *, first_of_tie: bool) -> float:
         role = node.meta.get(ROLE)
         if role == "parameter":
             return float(parameter_bytes(tensor_outputs(node)[0], strategy, self.mesh,
@@ -434,7 +443,7 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
                   optimizer: OptimizerState = ADAMW, fold_layers: bool = True,
                   charges: Background = Background(),
                   saved: dict[str, Saved] | None = None,
-                  microbatches: int = 1) -> ProblemBuild:
+                  microbatches: int = 1, in_flight: int = 1) -> ProblemBuild:
     """The sharding problem of an annotated graph over `mesh` (see the module docstring).
 
     `hints` maps the graph's size symbols to the values the solve uses; `optimizer` says
@@ -442,10 +451,12 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     collectives run in the background the objective counts (the rest is expected hidden
     behind compute). `saved` is
     `find_saved(gm)` when the caller has it (it runs every op once on fake tensors).
-    `microbatches`: how many times a step runs `gm`, one micro-batch's graph.
+    `microbatches`: how many times a step runs `gm`, one micro-batch's graph;
+    `in_flight`: how many micro-batches' activations are held at once (a pipeline stage's,
+    `autopar.pipeline.in_flight`; one when they run one after the other).
     """
     builder = _Builder(gm, table, mesh, optimizer, hints or {}, charges,
-                       saved if saved is not None else find_saved(gm), microbatches)
+                       saved if saved is not None else find_saved(gm), microbatches, in_flight)
     strategies = tuple(table.strategies[name] for name in builder.order)
     nodes = [builder.by_name[name] for name in builder.order]
     edges = tuple(

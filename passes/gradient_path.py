@@ -1,9 +1,11 @@
 """Gradient-path pass: which nodes carry a gradient in the backward.
 
-Reads `autopar_role` and `autopar_tensor`; returns a dict, writes nothing. A node is on the
-gradient path when its value depends on a parameter through floating-point values and ops
-that pass gradients: integer and boolean results (indices, masks) and factories
-(`zeros_like(x)` depends on x's shape only) carry none.
+Reads `autopar_role`, `autopar_tensor` and `autopar_boundary`; returns a dict, writes
+nothing. A node is on the gradient path when its value depends on a parameter through
+floating-point values and ops that pass gradients: integer and boolean results (indices,
+masks) and factories (`zeros_like(x)` depends on x's shape only) carry none. In a pipeline
+stage's graph, a floating-point input the previous stage sends (`autopar_boundary`) carries
+a gradient too: the one the stage sends back.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from autopar.rules import factories
-from autopar.specs import ROLE, TENSOR, TensorSpec
+from autopar.specs import BOUNDARY, ROLE, TENSOR, TensorSpec
 
 
 def gradient_path(gm: fx.GraphModule) -> dict[str, bool]:
@@ -21,7 +23,9 @@ def gradient_path(gm: fx.GraphModule) -> dict[str, bool]:
     on_path: dict[str, bool] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            on_path[node.name] = node.meta.get(ROLE) == "parameter"
+            on_path[node.name] = node.meta.get(ROLE) == "parameter" or (
+                bool(node.meta.get(BOUNDARY)) and any(
+                    is_differentiable(spec) for spec in tensor_outputs(node)))
         elif node.op == "output":
             on_path[node.name] = any(on_path[n.name] for n in node.all_input_nodes)
         else:

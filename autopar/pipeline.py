@@ -1,0 +1,218 @@
+"""Pipeline parallelism: the request (`Pipeline`), torch's schedules, and their cost model.
+
+A pipeline cuts the model into `s` stages of consecutive blocks, placed round-robin on the
+`p` ranks of one mesh axis (stage k on pipeline rank k mod p: `v = s / p` virtual stages
+per rank), and runs a step as `m` micro-batches under one of torch.distributed.pipelining's
+schedules. Each stage is split over the other axes by its own intra-op plan.
+
+With t_k the forward plus backward time of stage k for one micro-batch, and
+tau_r = sum of t_k over the stages of rank r, a step takes
+
+    one stage per rank (GPipe, 1F1B):    T = sum_k t_k + (m - 1) max_k t_k
+    v stages per rank (Interleaved1F1B): T = m max_r tau_r + (p - 1) max_k t_k
+
+(balanced: (m + p - 1) t and (m + (p - 1) / v) tau), and the bubble is the idle share,
+1 - m max_r tau_r / T: (p - 1) / (m + p - 1) and (p - 1) / (v m + p - 1). A stage holds
+the activations of the micro-batches in flight on its rank at the peak (`in_flight`):
+GPipe all m (every forward runs before the first backward); 1F1B min(m, p - r) on rank r
+(its warm-up forwards plus the one in steady state); Interleaved1F1B
+min(v m, (v - 1) p + 2 (p - 1 - r) + 1) stage-forwards on rank r, torch's own warm-up
+count, shared by its v stages.
+
+The zero-bubble schedules (InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) split the
+backward into input and weight gradients run at different times; the runtime reduces
+gradients at the end of each backward (`autopar.runtime.grad_reduce`), so they are named
+but refused (`PipelineError`) until it can defer those reductions to the weight pass.
+LoopedBFS takes no chunking specification for its inputs, which the runtime needs to hand
+each stage the user inputs it reads (cut or whole): refused too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autopar.errors import PipelineError
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One of torch.distributed.pipelining's schedules, as the planner models it.
+
+    `name` is the torch class's name without "Schedule"; `virtual` the stages per rank it
+    runs (1, or None: any count of at least 2); `runs` whether autopar's runtime runs it."""
+
+    name: str
+    virtual: int | None
+    runs: bool = True
+
+    @property
+    def torch_class(self) -> str:
+        return f"Schedule{self.name}"
+
+    def check_microbatches(self, microbatches: int, ranks: int) -> str | None:
+        """Why `microbatches` can't run on `ranks` pipeline ranks (None when they can)."""
+        if microbatches < 1:
+            return "at least one micro-batch"
+        if self.name == "1F1B" and microbatches < ranks:
+            return f"1F1B needs at least as many micro-batches as pipeline ranks ({ranks})"
+        rounds = max(1, microbatches // ranks)
+        if self.virtual is None and microbatches % rounds:
+            return (f"{self.name} runs max(1, m // {ranks}) rounds of micro-batches and "
+                    f"needs m to be a multiple of them ({microbatches} is not of {rounds})")
+        return None
+
+
+SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
+    Schedule("GPipe", 1),
+    Schedule("1F1B", 1),
+    Schedule("Interleaved1F1B", None),
+    Schedule("LoopedBFS", None, runs=False),
+    Schedule("InterleavedZeroBubble", None, runs=False),
+    Schedule("ZBVZeroBubble", 2, runs=False),
+    Schedule("DualPipeV", 2, runs=False),
+)}
+RUNNABLE = tuple(name for name, s in SCHEDULES.items() if s.runs)
+
+
+def schedule_named(name: str) -> Schedule:
+    """The schedule called `name` (torch's class name without "Schedule", any case); a
+    `PipelineError` naming those torch has, or those the runtime runs, otherwise."""
+    found = {key.lower(): s for key, s in SCHEDULES.items()}.get(str(name).lower().removeprefix(
+        "schedule"))
+    if found is None:
+        raise PipelineError(f"no pipeline schedule called {name!r}",
+                            expected=f"one of {', '.join(SCHEDULES)} (torch's schedule "
+                                     "classes without 'Schedule')", got=repr(name),
+                            fix="schedule='1F1B', or leave schedule=None to let the planner "
+                                "choose")
+    if not found.runs:
+        raise PipelineError(f"the {found.name} schedule is not run by autopar yet",
+                            expected=f"one of {', '.join(RUNNABLE)}", got=found.name,
+                            fix="schedule='Interleaved1F1B' for a small bubble, or None")
+    return found
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A pipeline to plan for: over mesh axis `axis`, in `stages` stages (default one per
+    rank, two per rank for the interleaved schedules), with `microbatches` micro-batches and
+    `schedule` (None: the planner chooses each among what fits and runs fastest)."""
+
+    axis: str = "pp"
+    stages: int | None = None
+    microbatches: int | None = None
+    schedule: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.schedule is not None:
+            object.__setattr__(self, "schedule", schedule_named(self.schedule).name)
+        for field, value in (("stages", self.stages), ("microbatches", self.microbatches)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
+                raise PipelineError(f"Pipeline.{field} must be a positive count",
+                                    expected="a positive int, or None for the planner to "
+                                             "choose", got=repr(value),
+                                    fix=f"Pipeline({field}=4)")
+
+    def schedules(self) -> tuple[Schedule, ...]:
+        """The schedules to consider: the one asked for, else every one the runtime runs."""
+        names = (self.schedule,) if self.schedule else RUNNABLE
+        return tuple(SCHEDULES[name] for name in names)
+
+    def stage_counts(self, schedule: Schedule, ranks: int) -> tuple[int, ...]:
+        """The stage counts `schedule` can run on `ranks` pipeline ranks, as asked."""
+        if schedule.virtual == 1:
+            counts = (ranks,)
+        elif schedule.virtual is not None:
+            counts = (schedule.virtual * ranks,)
+        else:
+            counts = (2 * ranks,)
+        if self.stages is None:
+            return counts
+        if self.stages % ranks or (schedule.virtual == 1 and self.stages != ranks) or (
+                schedule.virtual != 1 and self.stages < 2 * ranks):
+            return ()
+        return (self.stages,)
+
+
+def check_request(pipeline: Pipeline, ranks: int, blocks: int, batch: int | None) -> None:
+    """Refuse, before any solve, a `pipeline` that can't run on `ranks` pipeline ranks for a
+    model of `blocks` blocks and a batch of `batch` samples (`PipelineError` with the fix)."""
+    if ranks < 2:
+        raise PipelineError(f"pipeline axis {pipeline.axis!r} has {ranks} device",
+                            expected="a pipeline axis of at least 2 devices",
+                            got=f"{ranks}", fix="give the mesh a 'pp' axis of 2 or more")
+    runnable = [s for s in pipeline.schedules() if pipeline.stage_counts(s, ranks)]
+    if not runnable:
+        raise PipelineError(f"{pipeline.stages} stages can't run on {ranks} pipeline ranks",
+                            expected=f"{ranks} stages (one per rank) or a multiple of {ranks} "
+                                     "of at least twice that (interleaved)",
+                            got=f"stages={pipeline.stages}, schedule={pipeline.schedule}",
+                            fix=f"Pipeline(stages={ranks}) or leave stages=None")
+    least = min(min(pipeline.stage_counts(s, ranks)) for s in runnable)
+    if least > blocks:
+        raise PipelineError(f"{least} stages need at least {least} blocks to cut between",
+                            expected=f"at most {blocks} stages (the model's blocks: layers "
+                                     "of a ModuleList)", got=f"{least} stages",
+                            fix="use fewer pipeline ranks or stages, or a deeper model")
+    if pipeline.microbatches is not None:
+        if batch is not None and batch % pipeline.microbatches:
+            raise PipelineError(f"{pipeline.microbatches} micro-batches don't divide the "
+                                f"batch of {batch}", expected="a divisor of the batch",
+                                got=str(pipeline.microbatches),
+                                fix=f"microbatches in {divisors(batch)}")
+        reasons = [s.check_microbatches(pipeline.microbatches, ranks) for s in runnable]
+        if all(reasons):
+            raise PipelineError(f"{pipeline.microbatches} micro-batches can't run the "
+                                "pipeline", expected=reasons[0], got=str(pipeline.microbatches),
+                                fix=f"microbatches={_least_fitting(runnable, ranks, batch)}")
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _least_fitting(schedules: Sequence[Schedule], ranks: int, batch: int | None) -> int:
+    for m in divisors(batch) if batch else range(1, 4 * ranks + 1):
+        if any(s.check_microbatches(m, ranks) is None for s in schedules):
+            return m
+    return ranks
+
+
+def rank_of(stage: int, ranks: int) -> int:
+    """The pipeline rank that runs `stage` (round-robin: torch's placement)."""
+    return stage % ranks
+
+
+def step_time(stage_times: Sequence[float], microbatches: int, ranks: int,
+              schedule: Schedule) -> float:
+    """Modelled step of the schedule (module docstring) from each stage's forward plus
+    backward time of one micro-batch, in stage order."""
+    m, slowest = microbatches, max(stage_times)
+    if len(stage_times) == ranks:
+        return sum(stage_times) + (m - 1) * slowest
+    per_rank = [sum(stage_times[k::ranks]) for k in range(ranks)]
+    return m * max(per_rank) + (ranks - 1) * slowest
+
+
+def bubble(stage_times: Sequence[float], microbatches: int, ranks: int,
+           schedule: Schedule) -> float:
+    """The idle share of the step on its busiest rank: 1 - m max_r tau_r / T."""
+    total = step_time(stage_times, microbatches, ranks, schedule)
+    busiest = max(sum(stage_times[k::ranks]) for k in range(ranks))
+    return 1.0 - microbatches * busiest / total if total else 0.0
+
+
+def in_flight(schedule: Schedule, microbatches: int, ranks: int, rank: int,
+              virtual: int) -> int:
+    """Micro-batches whose activations each stage of pipeline rank `rank` holds at the
+    peak (module docstring)."""
+    m = microbatches
+    if schedule.name in ("GPipe", "LoopedBFS"):  # every forward before the first backward
+        return m
+    if virtual == 1:
+        return min(m, ranks - rank)
+    forwards = min(virtual * m, (virtual - 1) * ranks + 2 * (ranks - 1 - rank) + 1)
+    return math.ceil(forwards / virtual)

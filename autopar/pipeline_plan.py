@@ -1,0 +1,261 @@
+"""Planning a pipeline: stage cuts, micro-batches and schedule around the intra-op solver.
+
+For a pipeline over mesh axis `a` of p ranks, every candidate (micro-batch count m,
+schedule, stage count s = v p) is planned as follows, and the fastest that fits is kept:
+
+1. the model captured at one micro-batch's shapes (`api.micro_graph`; the step must cut
+   into micro-batches exactly: `split_batch`);
+2. cut into s stages of consecutive blocks balancing their estimated time
+   (`split_stages.balanced_cuts`, O(U^2 s) over U blocks);
+3. each stage planned by the intra-op solver on the other axes (`sub_mesh`), as a step of m
+   micro-batches holding `pipeline.in_flight` of them at once, within the budget / v (a rank
+   holds v stages); a weight two stages share (an embedding tied to the head) is pinned in
+   the later stages to where the first stored it, so their gradients add up piece by piece;
+4. costed by the schedule (`pipeline.step_time`) from each stage's time for one micro-batch
+   (its plan's per-micro-batch compute and collectives plus its boundary sends over the
+   pipeline axis) plus the slowest stage's exposed once-per-step reductions, the shared
+   weights' gradient all-reduce and the loss's broadcast.
+
+Stage plans are cached by (m, s, stage, micro-batches in flight), so the schedules that
+hold as many activations reuse them. Complexity: O(|m| x |schedules|) candidates of s stage
+solves each; the sub-mesh is the same for every stage (the other axes), not searched over
+as in Alpa, whose stage DP also chooses a sub-mesh shape per stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch.fx as fx
+from torch import nn
+
+from autopar import cost
+from autopar.errors import InfeasiblePlanError, PipelineError
+from autopar.mesh import Mesh
+from autopar.passes.split_batch import batch_size, split_batch
+from autopar.passes.split_stages import Stage, balanced_cuts, find_units, split_stages, unit_times
+from autopar.pipeline import (
+    Pipeline,
+    Schedule,
+    bubble,
+    check_request,
+    divisors,
+    in_flight,
+    rank_of,
+    step_time,
+)
+from autopar.placement import parse_placements
+from autopar.plan_types import (
+    PipelineRecord,
+    Plan,
+    SolverReport,
+    StageRecord,
+    TransferRecord,
+    insert_axis,
+)
+from autopar.specs import BOUNDARY, NAMES, TENSOR, TensorSpec
+
+# With microbatches=None, the counts tried: divisors of the batch up to this many per
+# pipeline rank (more shrink the bubble less than they cost in per-micro-batch overhead).
+MAX_MICROBATCHES_PER_RANK = 8
+
+
+def sub_mesh(mesh: Mesh, axis: int) -> Mesh:
+    """`mesh` without axis `axis`, its other axes on the same links (one device, named
+    "stage", when nothing is left)."""
+    keep = [i for i in range(mesh.ndim) if i != axis]
+    if not keep:
+        return Mesh((1,), ("stage",), hardware=mesh.hardware)
+    return Mesh(tuple(mesh.shape[i] for i in keep), tuple(mesh.axis_names[i] for i in keep),
+                hardware=mesh.hardware, links=tuple(mesh.links[i] for i in keep))
+
+
+def pipeline_axis(mesh: Mesh, pipeline: Pipeline) -> int:
+    if pipeline.axis not in mesh.axis_names:
+        raise PipelineError(f"the mesh has no axis {pipeline.axis!r} to pipeline over",
+                            expected=f"one of {', '.join(mesh.axis_names)}",
+                            got=pipeline.axis, fix="Pipeline(axis='<a mesh axis name>'), or "
+                            "name the pipeline axis of the mesh 'pp'")
+    return mesh.axis_index(pipeline.axis)
+
+
+def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh,
+                  pipeline: Pipeline, *, plan_stage: Callable[..., Plan],
+                  memory_budget: float, micro_graph: Callable,
+                  progress: Callable[[str], None] | None = None) -> Plan:
+    """The fastest fitting pipelined plan of `gm` (`model` captured at `example_inputs`)
+    on `mesh` as `pipeline` asks (module docstring). `plan_stage(graph, mesh, *,
+    memory_budget, microbatches, in_flight, constraints)` plans one stage (`api.plan_graph`
+    with the caller's options); `micro_graph(model, inputs, split)` captures one
+    micro-batch. Raises `PipelineError` for a request that can't run, `MicrobatchError`
+    when the step can't be cut into micro-batches, `InfeasiblePlanError` when no candidate
+    fits."""
+    say = progress or (lambda message: None)
+    axis = pipeline_axis(mesh, pipeline)
+    ranks, inner = mesh.shape[axis], sub_mesh(mesh, axis)
+    batch = batch_size(gm)
+    check_request(pipeline, ranks, find_units(gm).count, batch)
+    counts = (pipeline.microbatches,) if pipeline.microbatches else tuple(
+        m for m in divisors(batch or 1) if m <= MAX_MICROBATCHES_PER_RANK * ranks)
+    cache: dict[tuple, Plan] = {}
+    best: Plan | None = None
+    failure: Exception | None = None
+    for m in counts:
+        runnable = [s for s in pipeline.schedules() if s.check_microbatches(m, ranks) is None]
+        if not runnable:
+            continue
+        split = split_batch(gm, m) if m > 1 else None
+        micro = gm if split is None else micro_graph(model, example_inputs, split)
+        units = find_units(micro)
+        times = unit_times(micro, units, mesh.hardware)
+        for schedule in runnable:
+            for count in pipeline.stage_counts(schedule, ranks):
+                if count > units.count:
+                    continue
+                stages = split_stages(micro, units, balanced_cuts(times, count))
+                say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
+                try:
+                    candidate = _candidate(stages, units.names, schedule, m, ranks, mesh,
+                                           axis, inner, memory_budget, plan_stage, cache)
+                except InfeasiblePlanError as error:
+                    failure = error
+                    continue
+                if best is None or candidate.step_time_s < best.step_time_s:
+                    best = candidate
+    if best is None:
+        if failure is not None:
+            raise failure
+        raise PipelineError("no micro-batch count runs the pipeline", expected="a batch "
+                            f"that splits into micro-batches for {ranks} pipeline ranks",
+                            got=f"batch {batch}", fix="use a larger batch, or fewer ranks")
+    return best
+
+
+def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Schedule,
+               microbatches: int, ranks: int, mesh: Mesh, axis: int, inner: Mesh,
+               memory_budget: float, plan_stage: Callable[..., Plan],
+               cache: dict[tuple, Plan]) -> Plan:
+    virtual = len(stages) // ranks
+    link = mesh.axis_links[axis]
+    axis_name = mesh.axis_names[axis]
+    pinned: dict[str, str] = {}
+    records, plans, shared_bytes = [], [], {}
+    for stage in stages:
+        rank = rank_of(stage.index, ranks)
+        held = in_flight(schedule, microbatches, ranks, rank, virtual)
+        wanted = {name: pinned[name] for name in stage.shared if name in pinned}
+        key = (microbatches, len(stages), stage.index, held, tuple(sorted(wanted.items())))
+        if key not in cache:
+            cache[key] = plan_stage(stage.module, inner, memory_budget=memory_budget / virtual,
+                                    microbatches=microbatches, in_flight=held,
+                                    constraints=wanted or None)
+        plan = _with_sends(cache[key], stage, microbatches, axis_name, link)
+        for name in stage.shared:
+            node = _state_node(stage.module, name)
+            pinned.setdefault(name, plan.node(node.name).output)
+            spec = node.meta[TENSOR]
+            shared_bytes[name] = cost.local_bytes(spec.nbytes, parse_placements(pinned[name]),
+                                                  inner.shape)
+        per_microbatch, once = _split_time(plan, microbatches)
+        records.append(StageRecord(
+            stage.index, rank, (blocks[stage.first], blocks[stage.last]),
+            (stage.first, stage.last), per_microbatch, once, plan.peak_memory_bytes, held,
+            stage.receives, stage.sends, stage.shared))
+        plans.append(plan)
+    transfers = tuple(TransferRecord(
+        "all_reduce", axis_name, float(nbytes), True, name,
+        float(cost.collective_time("all_reduce", nbytes, ranks, link.bandwidth, link.latency)))
+        for name, nbytes in sorted(shared_bytes.items()))
+    loss = _loss_spec(stages[-1].module)
+    transfers += (TransferRecord("broadcast", axis_name, float(loss.nbytes), False, "loss",
+                                 float(cost.collective_time("broadcast", loss.nbytes, ranks,
+                                                            link.bandwidth, link.latency))),)
+    times = [r.time_s for r in records]
+    total = (step_time(times, microbatches, ranks, schedule) + max(r.once_s for r in records)
+             + sum(t.seconds for t in transfers))
+    per_rank = [sum(r.memory_bytes for r in records if r.rank == k) for k in range(ranks)]
+    record = PipelineRecord(axis_name, schedule.name, microbatches, virtual, tuple(records),
+                            total, bubble(times, microbatches, ranks, schedule), inner,
+                            transfers)
+    return _combined(plans, record, mesh, axis, max(per_rank), memory_budget)
+
+
+def _state_node(module: fx.GraphModule, name: str) -> fx.Node:
+    return next(n for n in module.graph.nodes if n.op == "placeholder"
+                and name in n.meta.get(NAMES, ()))
+
+
+def _loss_spec(module: fx.GraphModule) -> TensorSpec:
+    output = next(n for n in module.graph.nodes if n.op == "output")
+    loss = next(v for v in output.args[0] if isinstance(v, fx.Node))
+    return loss.meta[TENSOR]
+
+
+def _with_sends(plan: Plan, stage: Stage, microbatches: int, axis: str, link) -> Plan:
+    """`plan` with the stage's boundary sends over the pipeline axis: its outputs forward
+    (on the output node) and the gradients of the floating inputs it received backward (on
+    those inputs), once per micro-batch, at `B / beta + alpha` each."""
+    module = stage.module
+    by_name = {n.name: n for n in module.graph.nodes}
+
+    def sends(specs: list[tuple[str, TensorSpec]], backward: bool) -> tuple[TransferRecord, ...]:
+        return tuple(TransferRecord(
+            "send", axis, float(spec.nbytes * microbatches), backward, name,
+            float(microbatches * cost.collective_time("send", spec.nbytes, 2, link.bandwidth,
+                                                      link.latency)), microbatches)
+            for name, spec in specs)
+
+    nodes = []
+    for node in plan.nodes:
+        added: tuple[TransferRecord, ...] = ()
+        graph_node = by_name.get(node.name)
+        if node.role == "output" and stage.sends:
+            added = sends([(name, _sent_spec(module, name)) for name in stage.sends], False)
+        elif graph_node is not None and graph_node.op == "placeholder" and \
+                graph_node.meta.get(BOUNDARY) and graph_node.meta[TENSOR].dtype.is_floating_point:
+            added = sends([(node.name, graph_node.meta[TENSOR])], True)
+        if added:
+            node = dataclasses.replace(node, transfers=node.transfers + added,
+                                       comm_s=node.comm_s + sum(t.seconds for t in added))
+        nodes.append(node)
+    return dataclasses.replace(plan, nodes=tuple(nodes))
+
+
+def _sent_spec(module: fx.GraphModule, name: str) -> TensorSpec:
+    output = next(n for n in module.graph.nodes if n.op == "output")
+    return next(v.meta[TENSOR] for v in output.args[0] if v.name == name)
+
+
+def _split_time(plan: Plan, microbatches: int) -> tuple[float, float]:
+    """(forward plus backward of one micro-batch, the exposed once-per-step part) of a
+    stage's plan of `microbatches` micro-batches."""
+    once = sum(t.seconds for n in plan.nodes for t in n.transfers
+               if microbatches > 1 and t.calls == 1)
+    exposed_once = max(0.0, once - plan.hidden_comm_s)
+    return (plan.step_time_s - exposed_once) / microbatches, exposed_once
+
+
+def _combined(plans: list[Plan], record: PipelineRecord, mesh: Mesh, axis: int,
+              peak: float, budget: float) -> Plan:
+    """One plan of the whole mesh from the stages' plans (see `Plan`)."""
+    nodes = tuple(dataclasses.replace(
+        n, stage=k, inputs=tuple(insert_axis(p, axis) for p in n.inputs),
+        output=insert_axis(n.output, axis),
+        gathered=insert_axis(n.gathered, axis) if n.gathered else "")
+        for k, plan in enumerate(plans) for n in plan.nodes)
+    reports = [p.solver for p in plans]
+    statuses = [r.status for r in reports]
+    solver = SolverReport(
+        objective=record.step_time_s, bound=sum(r.bound for r in reports),
+        gap=max(r.gap for r in reports),
+        status="optimal" if all(s == "optimal" for s in statuses) else "feasible",
+        wall_time_s=sum(r.wall_time_s for r in reports),
+        decisions=sum(r.decisions for r in reports), tied=sum(r.tied for r in reports))
+    warnings = tuple(dict.fromkeys(w for p in plans for w in p.warnings))
+    first = plans[0]
+    return Plan(model=first.model, mesh=mesh, nodes=nodes, solver=solver,
+                memory_limit_bytes=budget, peak_memory_bytes=peak, warnings=warnings,
+                optimizer=first.optimizer, model_flops=sum(p.model_flops for p in plans),
+                microbatches=record.microbatches, pipeline=record)
+
