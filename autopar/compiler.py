@@ -29,12 +29,17 @@ from autopar.passes.capture import CALL_SPEC, CONSTANTS, MUTATED, capture
 from autopar.passes.find_strategies import is_decision
 from autopar.passes.lower import lower
 from autopar.passes.split_batch import loss_weights, split_batch
+from autopar.passes.split_stages import find_units, split_stages
+from autopar.pipeline import Pipeline
 from autopar.plan_types import Plan
 from autopar.runtime.collectives import RankContext
 from autopar.runtime.compile_on_call import CompileOnCall
+from autopar.runtime.errors import ProcessGroupError
 from autopar.runtime.groups import device_mesh
 from autopar.runtime.materialize import local_pieces, state_slots
 from autopar.runtime.parallel_module import ParallelModule
+from autopar.runtime.pipeline import PipelinedModule, boundary_examples, stage_user_keys
+from autopar.specs import NAMES, ROLE, TENSOR, TensorSpec
 
 
 def check_plan(plan: Plan, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh) -> None:
@@ -125,6 +130,7 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
             time_limit: float = 30.0, constraints: Mapping[str, str] | None = None,
             seed: int = 0, optimizer: object = None,
             master_weights: torch.dtype | None = None, microbatches: int | str = "auto",
+            pipeline: Pipeline | str | bool = "auto",
             hardware: str | None = None, replan: bool = True,
             progress: Callable[[str], None] | None = None) -> ParallelModule | CompileOnCall:
     """This rank's `ParallelModule` of `model` split over `mesh` (see docs/DESIGN.md's API).
@@ -146,8 +152,9 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
     `autopar.runtime.materialize`). `optimizer` and `master_weights` are what the plan's
     memory counts per parameter element (see `autopar.plan`); train a bfloat16 model with
     `master_weights=torch.float32` through `autopar.master_weights`, which keeps exactly that.
-    `microbatches` is `autopar.plan`'s; a plan of several runs each call as that many
-    micro-batches (`autopar.runtime.microbatch`).
+    `microbatches` and `pipeline` are `autopar.plan`'s; a plan of several micro-batches
+    runs each call as that many (`autopar.runtime.microbatch`), a pipelined plan runs this
+    rank's stages under torch's schedule (`autopar.runtime.pipeline`).
 
     Raises `ProcessGroupError` (no process group, or a world size that is not the mesh's),
     `MeshError`/`PlanFormatError` for a plan of another mesh or model, and the planning
@@ -160,7 +167,7 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
     if example_inputs is None:
         options = dict(plan=plan, memory_budget=memory_budget, time_limit=time_limit,
                        seed=seed, optimizer=optimizer, master_weights=master_weights,
-                       microbatches=microbatches, progress=progress)
+                       microbatches=microbatches, pipeline=pipeline, progress=progress)
 
         def compile_for(inputs: tuple, pinned: dict[str, str] | None) -> ParallelModule:
             # The same DeviceMesh for every compile: its process groups are made once.
@@ -180,8 +187,68 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
         model, gm, tuple(example_inputs), mesh, microbatches=microbatches,
         model_name=type(model).__name__, memory_budget=memory_budget,
         time_limit=time_limit, constraints=constraints, seed=seed, optimizer=optimizer,
-        master_weights=master_weights, progress=progress), device)
+        master_weights=master_weights, pipeline=pipeline, progress=progress), device)
     return assemble(model, gm, chosen, device, tuple(example_inputs))
+
+
+def assemble_pipeline(model: nn.Module, gm: fx.GraphModule, plan: Plan,
+                      device: DeviceMesh | None, example_inputs: tuple) -> PipelinedModule:
+    """This rank's `PipelinedModule` of a pipelined `plan`: the model captured at one
+    micro-batch, cut where the plan cut it, and the stages of this pipeline rank lowered on
+    its coordinate of the other axes. Not collective, except for the process groups of
+    the sub-mesh (every rank makes them)."""
+    record = plan.pipeline
+    assert record is not None
+    if device is None:
+        raise ProcessGroupError("a pipelined plan runs on several processes",
+                                expected=f"a process group of {plan.mesh.size} ranks",
+                                got="none", fix="start the ranks with autopar.launch or torchrun")
+    axis = plan.mesh.axis_index(record.axis)
+    others = tuple(n for n in plan.mesh.axis_names if n != record.axis)
+    inner = device[others] if others else None
+    coordinate = tuple(device.get_coordinate())
+    rank = coordinate[axis]
+    inner_coordinate = tuple(c for i, c in enumerate(coordinate) if i != axis) or (0,)
+    context = RankContext(inner) if inner is not None else None
+    here = _rank_device(device)
+    split = split_batch(gm, record.microbatches)
+    micro = gm if record.microbatches == 1 else micro_graph(model, example_inputs, split)
+    weights = loss_weights(split, micro)
+    units = find_units(micro)
+    stages = split_stages(micro, units, tuple(s.units[0] for s in record.stages[1:]))
+    model_inputs = [n.name for n in micro.graph.nodes
+                    if n.op == "placeholder" and n.meta.get(ROLE) == "input"]
+    local, state, examples = [], {}, {}
+    for stage in stages:
+        if stage.index % record.ranks != rank:
+            continue
+        program = lower(stage.module, plan.stage_plan(stage.index), inner_coordinate, context,
+                        here)
+        local.append((stage.index, program, stage_user_keys(stage.module, model_inputs)))
+        examples[stage.index] = boundary_examples(stage.module, here)
+        state.update({slot.names[0]: slot for slot in program.state})
+    read_anywhere = {name for stage in stages for n in stage.module.graph.nodes
+                     if n.op == "placeholder" for name in n.meta.get(NAMES, ())}
+    slots = tuple(slot for slot in state_slots(model, tuple(state.values()), len(
+        record.sub_mesh.shape)) if slot.names[0] in state or not read_anywhere & set(slot.names))
+    pieces = local_pieces(model, slots, micro.meta[CONSTANTS], record.sub_mesh.shape,
+                          inner_coordinate, here)
+    trained = dict(model.named_parameters(remove_duplicate=False))
+    shared = tuple((t.tensor, int(t.nbytes) // trained[t.tensor].element_size(),
+                    trained[t.tensor].dtype) for t in record.transfers if t.kind == "all_reduce")
+    whole = [spec for spec, _ in zip(_batch_inputs(gm), split.split)]
+    return PipelinedModule(plan, stages=local, examples=examples, slots=slots, pieces=pieces,
+                           persistent=set(model.state_dict(keep_vars=True)), device=device,
+                           inner=inner, context=context, here=here, inputs=tuple(whole),
+                           call_spec=gm.meta[CALL_SPEC], split=split, weights=weights,
+                           shared=shared)
+
+
+def _batch_inputs(gm: fx.GraphModule) -> list:
+    """The whole batch's flat user inputs, as the graph captured at it describes them."""
+    return [n.meta.get(TENSOR) if isinstance(n.meta.get(TENSOR), TensorSpec)
+            else n.meta.get("val") for n in gm.graph.nodes
+            if n.op == "placeholder" and n.meta.get(ROLE) == "input"]
 
 
 def mesh_of(mesh: Mesh | DeviceMesh, hardware: str | None = None) -> Mesh:
@@ -219,6 +286,8 @@ def assemble(model: nn.Module, gm: fx.GraphModule, plan: Plan,
     `gm`, on this rank's `device` mesh (None on a mesh of one device). A plan of several
     micro-batches lowers `model` captured at one micro-batch of `example_inputs`. Not
     collective."""
+    if plan.pipeline is not None:
+        return assemble_pipeline(model, gm, plan, device, example_inputs)
     coordinate = tuple(device.get_coordinate()) if device is not None else (0,) * plan.mesh.ndim
     context = RankContext(device) if device is not None else None
     here = _rank_device(device)

@@ -25,9 +25,9 @@ time, by dynamic programming over units: best[j][k] = the least max over k stage
 The estimate is each op's roofline training time on one device (`cost.training_compute_time`);
 the intra-op plans then refine each stage's time (`autopar.pipeline_plan`).
 
-**A stage's graph** takes its boundary inputs (role "input", `BOUNDARY` set, in the previous
-stage's output order), then the state and user inputs it reads, as the original
-placeholders; it returns its crossing outputs, or for the last stage the original outputs.
+**A stage's graph** takes the state it reads, its boundary inputs (role "input", `BOUNDARY`
+set, in the previous stage's output order), then the user inputs it reads, as the original
+placeholders (so its rank program takes state, received tensors, user inputs); it returns its crossing outputs, or for the last stage the original outputs.
 Node names and meta are the original's, so a stage's plan names the model's nodes.
 """
 
@@ -194,13 +194,17 @@ def _stage_graph(gm: fx.GraphModule, k: int, stage_of: dict[str, int],
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     by_name = {n.name: n for n in gm.graph.nodes}
+    read = [node for node in placeholders if k in readers[node.name]]
+    for node in read:
+        if node.meta.get(ROLE) != "input":
+            env[node] = graph.node_copy(node)
     for name in receives:
         original = by_name[name]
         value = graph.placeholder(name)
         value.meta = {**original.meta, ROLE: "input", BOUNDARY: True}
         env[original] = value
-    for node in placeholders:
-        if k in readers[node.name]:
+    for node in read:
+        if node.meta.get(ROLE) == "input":
             env[node] = graph.node_copy(node)
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output") or stage_of.get(node.name) != k:

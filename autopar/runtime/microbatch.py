@@ -53,22 +53,37 @@ def run_microbatches(run: Callable[[list], torch.Tensor], inputs: Sequence[list]
     train = torch.is_grad_enabled() and any(p.requires_grad for p in parameters)
     if not train:
         return sum(w * run(flat) for flat, w in work)
+
+    def step() -> torch.Tensor:
+        total = None
+        try:
+            for i, (flat, w) in enumerate(work):
+                if reducer is not None:
+                    reducer.deferring = i < len(work) - 1
+                loss = run(flat)
+                torch.autograd.backward(loss, torch.full_like(loss, w))
+                part = loss.detach() * w
+                total = part if total is None else total + part
+        finally:
+            if reducer is not None:
+                reducer.end_step()
+        return total
+
+    return hand_over(step, parameters)
+
+
+def hand_over(step: Callable[[], torch.Tensor], parameters: Sequence[torch.Tensor]
+              ) -> torch.Tensor:
+    """Run `step` (forwards and backwards of a whole batch, returning its loss detached)
+    with `parameters`' `.grad` cleared, then put back what they held: the returned loss's
+    backward adds the gradients `step` made, times the gradient it receives."""
     kept = [p.grad for p in parameters]
     for p in parameters:
         p.grad = None
-    total = None
     try:
-        for i, (flat, w) in enumerate(work):
-            if reducer is not None:
-                reducer.deferring = i < len(work) - 1
-            loss = run(flat)
-            torch.autograd.backward(loss, torch.full_like(loss, w))
-            part = loss.detach() * w
-            total = part if total is None else total + part
+        total = step()
+        gradients = [p.grad for p in parameters]
     finally:
-        if reducer is not None:
-            reducer.end_step()
-    gradients = [p.grad for p in parameters]
-    for p, grad in zip(parameters, kept):
-        p.grad = grad
+        for p, grad in zip(parameters, kept):
+            p.grad = grad
     return _Accumulated.apply(total, gradients, *parameters)

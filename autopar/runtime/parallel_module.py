@@ -45,7 +45,7 @@ def _whole_batch(spec, split: BatchSplit | None, cut: bool):
     return TensorSpec((spec.shape[0] * split.microbatches, *spec.shape[1:]), spec.dtype)
 
 
-def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
+def owner_of(root: nn.Module, name: str) -> tuple[nn.Module, str]:
     """The module that holds `name` under `root`, creating empty modules on the way."""
     *path, leaf = name.split(".")
     module = root
@@ -58,7 +58,7 @@ def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
     return module, leaf
 
 
-def _describe(value) -> str:
+def describe_value(value) -> str:
     if isinstance(value, torch.Tensor):
         return f"tensor of shape {tuple(value.shape)}, {value.dtype}"
     if isinstance(value, TensorSpec):
@@ -107,7 +107,7 @@ class ParallelModule(nn.Module):
                 if slot.role == "constant":
                     self._constants[name] = piece
                     continue
-                owner, leaf = _owner(self, name)
+                owner, leaf = owner_of(self, name)
                 if slot.role == "parameter":
                     owner.register_parameter(leaf, piece)
                 else:
@@ -115,7 +115,7 @@ class ParallelModule(nn.Module):
         self._arguments = slots[:len(program.state)]
         self._mutated = tuple(next(s for s in slots if name in s.names) for name in mutated)
         # Where each slot's tensor lives, resolved once: forward reads them on every call.
-        self._homes = {slot.names[0]: _owner(self, slot.names[0]) for slot in slots
+        self._homes = {slot.names[0]: owner_of(self, slot.names[0]) for slot in slots
                        if slot.role != "constant"}
         # The saved-tensor scopes hook every tensor autograd saves: enter one only when
         # needed. The recompute scope also regathers (only the innermost hooks are active).
@@ -141,7 +141,7 @@ class ParallelModule(nn.Module):
                 continue
             original.data = self._value(slot).data
             for name in slot.names:
-                owner, leaf = _owner(self, name)
+                owner, leaf = owner_of(self, name)
                 table = owner._parameters if slot.role == "parameter" else owner._buffers
                 table[leaf] = original
 
@@ -194,7 +194,7 @@ class ParallelModule(nn.Module):
             if not same:
                 raise InputMismatchError(
                     f"input {i} differs from the example input the model was compiled for",
-                    expected=_describe(example), got=_describe(value),
+                    expected=describe_value(example), got=describe_value(value),
                     fix="compile again (on every rank) with example inputs of these shapes, "
                         "or pad the inputs to the compiled shapes")
         return flat
@@ -241,7 +241,7 @@ class ParallelModule(nn.Module):
         for slot, new in zip(self._mutated, outputs):
             piece = local_piece(new, slot.placements, self.plan.mesh.shape, self.coordinate)
             for name in slot.names:
-                owner, leaf = _owner(self, name)
+                owner, leaf = owner_of(self, name)
                 owner._buffers[leaf] = piece
         return list(outputs[len(self._mutated):])
 

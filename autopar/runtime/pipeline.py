@@ -1,0 +1,358 @@
+"""`PipelinedModule`: one rank's stages of a pipelined plan, run by torch's schedules.
+
+Each stage's graph (`autopar.passes.split_stages`) is lowered for this rank's coordinate on
+the other mesh axes (its own collectives on that sub-mesh) and wrapped in a torch
+`PipelineStage` over the pipeline axis' process group; torch's schedule class
+(`ScheduleGPipe`, `Schedule1F1B`, `ScheduleInterleaved1F1B`) runs the step: it cuts the
+inputs into micro-batches, sends each stage's outputs to the next stage's rank and the
+gradients back.
+
+`pm(*inputs)` is called on every rank with the whole batch, as for any plan. It runs the
+whole schedule, forwards and backwards, and returns the batch's loss on every rank, the
+micro-batches' losses weighted as `split_batch` says (torch's `loss_fn` multiplies each by
+its weight, which travels as the schedule's `target`); `loss.backward()` then hands the
+accumulated gradients to `.grad`, times the gradient it receives
+(`autopar.runtime.microbatch.hand_over`). Every stage reads the user inputs it needs from
+the call: torch passes them to every stage as keyword arguments, cut like the batch or
+whole. The gradients of a weight two stages hold (a tied embedding) are summed over the
+pipeline axis after the schedule; replicated parameters' all-reduces wait for the stage's
+last micro-batch, as in a step of micro-batches (`GradientReducer.deferring`).
+
+Counted on the rank's `CommCounter` besides the stages' own collectives: each boundary
+tensor sent forward and each gradient sent back ("send" on the pipeline axis), the shared
+weights' gradient all-reduces and the loss's broadcast, matching `Plan.comm_bytes(rank)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import fx, nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.microbatch import TensorChunkSpec, _Replicate
+from torch.distributed.pipelining.schedules import get_schedule_class
+from torch.utils import _pytree as pytree
+
+from autopar.errors import InputMismatchError
+from autopar.passes.lower import RankProgram, StateSlot
+from autopar.passes.split_batch import BatchSplit, micro_inputs
+from autopar.plan_types import Plan
+from autopar.runtime.collectives import RankContext
+from autopar.runtime.counter import CommCounter
+from autopar.runtime.microbatch import hand_over
+from autopar.runtime.parallel_module import describe_value, owner_of
+from autopar.runtime.pending import PendingSum
+from autopar.runtime.shards import gather_full
+from autopar.specs import BOUNDARY, ROLE, TENSOR, TensorSpec
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class _Boundary(torch.autograd.Function):
+    """Identity on a stage's floating outputs that marks the start of the stage's backward
+    for one micro-batch (`on_backward`, before any gradient of the stage is made) and
+    hands torch plain tensors to send (a pending all-reduce is waited for)."""
+
+    @staticmethod
+    def forward(ctx, on_backward: Callable[[], None], *outputs: torch.Tensor):
+        ctx.on_backward = on_backward
+        return tuple(t.clone() if isinstance(t, PendingSum) else t.view_as(t) for t in outputs)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        ctx.on_backward()
+        return None, *grads
+
+
+class _CountGrad(torch.autograd.Function):
+    """Identity on a received tensor whose backward counts the gradient sent back."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, record: Callable[[torch.Tensor], None]) -> torch.Tensor:
+        ctx.record = record
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.record(grad)
+        return grad, None
+
+
+class _StageModule(nn.Module):
+    """One stage's rank program as torch's `PipelineStage` calls it:
+    `forward(*received, **user_inputs)` -> the tensors to send (or the loss)."""
+
+    def __init__(self, owner: PipelinedModule, index: int, program: RankProgram,
+                 arguments: tuple[StateSlot, ...], received: int, user_keys: tuple[str, ...],
+                 is_first: bool, is_last: bool) -> None:
+        super().__init__()
+        self._owner = [owner]  # not a submodule: the owner holds the parameters
+        self.index, self._program, self._arguments = index, program, arguments
+        self._received, self._user_keys = received, user_keys
+        self._is_first, self._is_last = is_first, is_last
+        self.backwards = 0
+
+    def forward(self, *received: torch.Tensor, **users) -> torch.Tensor | tuple:
+        owner = self._owner[0]
+        if not self._is_first:
+            received = tuple(_CountGrad.apply(t, owner.count_grad_sent)
+                             if t.is_floating_point() and t.requires_grad else t
+                             for t in received)
+        values = [owner.value(slot) for slot in self._arguments]
+        context, scope = owner.context, self._program.recompute
+        if context is not None:
+            context.prefetch.begin()
+            if scope is None and owner.regathers:
+                scope = context.regather
+        inputs = (*values, *received, *(users[key] for key in self._user_keys))
+        if scope is None:
+            outputs = self._program.module(*inputs)
+        else:
+            with scope:
+                outputs = self._program.module(*inputs)
+        if self._is_last:
+            sent = [next(o for o in outputs if isinstance(o, torch.Tensor))]
+        else:
+            sent = list(outputs)
+            for t in sent:
+                owner.counter.record("send", owner.axis_name, "forward", _nbytes(t))
+        floating = [i for i, t in enumerate(sent) if t.requires_grad]
+        if floating:
+            marked = _Boundary.apply(self._backward_starts, *(sent[i] for i in floating))
+            for i, t in zip(floating, marked):
+                sent[i] = t
+        return sent[0] if self._is_last else tuple(sent)
+
+    def _backward_starts(self) -> None:
+        # Replicated parameters' gradient all-reduces wait for this stage's last micro-batch.
+        self.backwards += 1
+        owner = self._owner[0]
+        if owner.context is not None:
+            owner.context.reducer.deferring = self.backwards < owner.microbatches
+
+
+class PipelinedModule(nn.Module):
+    """This rank's stages of a pipelined plan (see the module docstring). Build it with
+    `autopar.compile`. Like `ParallelModule`: `plan`, `counter`, `slots`,
+    `full_state_dict()` and `full_grads()` (collective), parameters under the model's
+    names (this rank's stages' pieces only)."""
+
+    def __init__(self, plan: Plan, *, stages: list[tuple[int, RankProgram, tuple[str, ...]]],
+                 examples: dict[int, tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]],
+                 slots: tuple[StateSlot, ...], pieces: dict[str, torch.Tensor],
+                 persistent: set[str], device: DeviceMesh, inner: DeviceMesh | None,
+                 context: RankContext | None, here: torch.device, inputs: tuple,
+                 call_spec: tuple, split: BatchSplit,
+                 weights: Callable[[list[list]], list[float]],
+                 shared: tuple[tuple[str, int, torch.dtype], ...]) -> None:
+        """`stages`: this rank's (stage index, lowered program, the flat user-input keys
+        it reads); `examples` per stage empty tensors shaped as what it receives and sends
+        (`boundary_examples`); `slots`/`pieces` the state of all of them (by canonical name);
+        `inputs` the whole batch's flat input specs; `shared` the weights summed over the
+        pipeline axis (canonical name, local elements, dtype), in the same order on every
+        rank."""
+        super().__init__()
+        record = plan.pipeline
+        assert record is not None
+        self.plan, self.microbatches = plan, record.microbatches
+        self.axis_name = record.axis
+        self.context, self._inner = context, inner
+        self._group = device.get_group(record.axis)
+        self._ranks = record.ranks
+        self._rank = device.get_local_rank(record.axis)
+        self._counter = context.counter if context is not None else CommCounter()
+        self._split, self._weights, self._inputs = split, weights, inputs
+        self._in_spec, self._out_spec = call_spec
+        self._shared = shared
+        self._slots, self._persistent = slots, persistent
+        self._constants: dict[str, torch.Tensor] = {}
+        for slot in slots:
+            piece = pieces[slot.names[0]]
+            if slot.role == "parameter":
+                piece = nn.Parameter(piece, requires_grad=slot.requires_grad)
+            for name in slot.names:
+                if slot.role == "constant":
+                    self._constants[name] = piece
+                    continue
+                owner, leaf = owner_of(self, name)
+                if slot.role == "parameter":
+                    owner.register_parameter(leaf, piece)
+                else:
+                    owner.register_buffer(leaf, piece, persistent=name in persistent)
+        by_name = {slot.names[0]: slot for slot in slots}
+        self.regathers = any(r.regather and any(s.kind == "all_gather" for s in r.forward_steps)
+                             for _, program, _ in stages for _, r in program.collectives)
+        count = len(record.stages)
+        self._stages = []
+        for index, program, keys in stages:
+            arguments = tuple(by_name[slot.names[0]] for slot in program.state)
+            received = len(record.stages[index].receives)
+            self._stages.append(_StageModule(self, index, program, arguments, received, keys,
+                                             index == 0, index == count - 1))
+        # Static metadata: torch would otherwise run each stage once more to infer it, with
+        # its collectives.
+        self._torch_stages = [PipelineStage(
+            module, module.index, count, here, group=self._group,
+            input_args=examples[module.index][0],
+            output_args=examples[module.index][1]) for module in self._stages]
+        self._keys = sorted({key for _, _, keys in stages for key in keys})
+        chunking = {f"in{i}": TensorChunkSpec(0) if cut else _Replicate()
+                    for i, cut in enumerate(split.split)}
+        schedule = get_schedule_class(record.schedule)
+        options = dict(loss_fn=lambda loss, weight: loss * weight[0], scale_grads=False,
+                       kwargs_chunk_spec={key: chunking[key] for key in self._keys})
+        self._schedule = schedule(self._torch_stages[0] if record.virtual == 1
+                                  else self._torch_stages, self.microbatches, **options)
+        self._last = any(module.index == count - 1 for module in self._stages)
+
+    @property
+    def slots(self) -> tuple[StateSlot, ...]:
+        return self._slots
+
+    @property
+    def counter(self) -> CommCounter:
+        return self._counter
+
+    def value(self, slot: StateSlot) -> torch.Tensor:
+        if slot.role == "constant":
+            return self._constants[slot.names[0]]
+        owner, leaf = owner_of(self, slot.names[0])
+        return getattr(owner, leaf)
+
+    def count_grad_sent(self, grad: torch.Tensor) -> None:
+        self._counter.record("send", self.axis_name, "backward", _nbytes(grad))
+
+    def _flat_inputs(self, args: tuple, kwargs: dict) -> list:
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self._in_spec:
+            raise InputMismatchError(
+                "the inputs are structured differently from the example inputs",
+                expected=str(self._in_spec), got=str(spec),
+                fix="call the model with the arguments it was compiled with")
+        for i, (value, example) in enumerate(zip(flat, self._inputs)):
+            same = (isinstance(value, torch.Tensor) and tuple(value.shape) == example.shape
+                    and value.dtype == example.dtype) if isinstance(example, TensorSpec) \
+                else not isinstance(value, torch.Tensor) and value == example
+            if not same:
+                raise InputMismatchError(
+                    f"input {i} differs from the example input the model was compiled for",
+                    expected=describe_value(example), got=describe_value(value),
+                    fix="compile again (on every rank) with example inputs of these shapes")
+        return flat
+
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        flat = self._flat_inputs(args, kwargs)
+        weights = self._weights(micro_inputs(flat, self._split))
+        users = {key: flat[int(key[2:])] for key in self._keys}
+        parameters = [p for p in self.parameters() if p.requires_grad]
+        train = torch.is_grad_enabled() and bool(parameters)
+
+        def step() -> torch.Tensor:
+            losses: list[torch.Tensor] = []
+            target = torch.tensor(weights, dtype=torch.float64) if self._last else None
+            for module in self._stages:
+                module.backwards = 0
+            run = self._schedule.step if train else self._schedule.eval
+            try:
+                run(target=target, losses=losses if self._last else None,
+                    **({"return_outputs": False} if train else {}), **users)
+            finally:
+                if self.context is not None:
+                    self.context.reducer.end_step()
+            if train:
+                self._sum_shared()
+            return self._broadcast_loss(losses)
+
+        if not train:
+            with torch.no_grad():
+                return step()
+        return hand_over(step, parameters)
+
+    def _sum_shared(self) -> None:
+        """Sum over the pipeline axis the gradients of the weights several stages hold."""
+        for name, numel, dtype in self._shared:
+            held = self._held(name)
+            grad = held.grad if held is not None else None
+            flat = grad.reshape(-1).clone() if grad is not None else torch.zeros(
+                numel, dtype=dtype, device=self._device())
+            self._counter.record("all_reduce", self.axis_name, "backward", _nbytes(flat))
+            dist.all_reduce(flat, group=self._group)
+            if held is not None:
+                held.grad = flat.view_as(held)
+
+    def _held(self, name: str) -> torch.Tensor | None:
+        slot = next((s for s in self._slots if s.names[0] == name), None)
+        return self.value(slot) if slot is not None else None
+
+    def _device(self) -> torch.device:
+        return next((p.device for p in self.parameters()), torch.device("cpu"))
+
+    def _broadcast_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        """The weighted sum of the micro-batches' losses, from the last stage to every
+        pipeline rank."""
+        spec = self.plan.pipeline.transfers[-1]
+        total = torch.zeros((), dtype=torch.float32, device=self._device())
+        if self._last:
+            total = sum(loss.detach().float() for loss in losses)
+        total = total.reshape(()).clone()
+        self._counter.record("broadcast", self.axis_name, "forward", int(spec.nbytes))
+        dist.broadcast(total, group=self._group, group_src=self._ranks - 1)
+        return total
+
+    def _gathered(self, slots: list[StateSlot], of_grad: bool) -> dict[str, torch.Tensor | None]:
+        """Full tensors of this rank's `slots` (collective over the stage's sub-mesh),
+        then every pipeline rank's, merged (collective over the pipeline axis)."""
+        mine: dict[str, torch.Tensor | None] = {}
+        for slot in slots:
+            value = self.value(slot)
+            piece = value.grad if of_grad else value
+            full = None if piece is None else gather_full(piece, slot.placements, slot.shape,
+                                                          self._inner)
+            mine.update({name: full for name in slot.names})
+        every: list = [None] * self._ranks
+        dist.all_gather_object(every, mine, group=self._group)
+        merged: dict[str, torch.Tensor | None] = {}
+        for part in every:
+            for name, value in part.items():
+                if merged.get(name) is None:
+                    merged[name] = value
+        return merged
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full parameters and persistent buffers of the whole model, from every stage
+        (collective)."""
+        merged = self._gathered([s for s in self._slots if s.role != "constant"], False)
+        return {name: value for name, value in merged.items() if name in self._persistent}
+
+    def full_grads(self) -> dict[str, torch.Tensor | None]:
+        """Full gradient of every parameter of the whole model (collective)."""
+        return self._gathered([s for s in self._slots if s.role == "parameter"], True)
+
+
+def boundary_examples(stage_graph: fx.GraphModule, device: torch.device
+                      ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Empty tensors shaped as a stage's received inputs and its outputs (the loss, for the
+    last stage), floating ones requiring a gradient: torch's static stage metadata."""
+    def example(node: fx.Node) -> torch.Tensor:
+        spec = node.meta[TENSOR]
+        return torch.empty(spec.shape, dtype=spec.dtype, device=device,
+                           requires_grad=spec.dtype.is_floating_point)
+
+    received = tuple(example(n) for n in stage_graph.graph.nodes
+                     if n.op == "placeholder" and n.meta.get(BOUNDARY))
+    output = next(n for n in stage_graph.graph.nodes if n.op == "output")
+    sent = tuple(example(v) for v in output.args[0] if isinstance(v, fx.Node))
+    return received, sent
+
+
+def stage_user_keys(stage_graph: fx.GraphModule, model_inputs: list[str]) -> tuple[str, ...]:
+    """The flat user-input keys (`in<i>`) a stage's graph reads, in its placeholder order."""
+    position = {name: i for i, name in enumerate(model_inputs)}
+    return tuple(f"in{position[n.name]}" for n in stage_graph.graph.nodes
+                 if n.op == "placeholder" and n.meta.get(ROLE) == "input"
+                 and not n.meta.get(BOUNDARY))
