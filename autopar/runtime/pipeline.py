@@ -138,7 +138,7 @@ class _StageModule(nn.Module):
 
 class PipelinedModule(nn.Module):
     """This rank's stages of a pipelined plan (see the module docstring). Build it with
-    `autopar.compile`. Like `ParallelModule`: `plan`, `counter`, `slots`,
+    `autopar.compile`. Like `ParallelModule`: `plan`, `coordinate`, `counter`, `slots`,
     `full_state_dict()` and `full_grads()` (collective), parameters under the model's
     names (this rank's stages' pieces only)."""
 
@@ -160,6 +160,7 @@ class PipelinedModule(nn.Module):
         record = plan.pipeline
         assert record is not None
         self.plan, self.microbatches = plan, record.microbatches
+        self.coordinate = tuple(device.get_coordinate())
         self.axis_name = record.axis
         self.context, self._inner = context, inner
         self._group = device.get_group(record.axis)

@@ -1,0 +1,81 @@
+"""Pipelined plans trained next to the single-process model (shared by the parent, which
+plans, and the ranks, which train)."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+import autopar
+from autopar.training import Tolerance, worst_gradient
+
+STEPS = 3
+LEARNING_RATE = 5e-5  # see equivalence_cases: larger steps amplify rounding differences
+CONFIG = {"batch": 8, "hidden": 64, "layers": 4}
+
+
+@dataclass(frozen=True)
+class Case:
+    example: str
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    schedule: str
+    microbatches: int = 4
+    # Memory per device as a fraction of the unconstrained pipelined plan's peak (below 1
+    # makes the stages shard over the other axes).
+    budget: float | None = None
+
+
+def build(case: Case):
+    return importlib.import_module(f"examples.{case.example}").build(**CONFIG)
+
+
+def plan_case(case: Case) -> dict:
+    model, inputs = build(case)
+    mesh = autopar.Mesh(case.shape, case.axes, hardware="cpu")
+    pipeline = autopar.Pipeline(schedule=case.schedule, microbatches=case.microbatches)
+    plan = autopar.plan(model, mesh, inputs, pipeline=pipeline, time_limit=5.0)
+    if case.budget is not None:
+        plan = autopar.plan(model, mesh, inputs, pipeline=pipeline, time_limit=5.0,
+                            memory_budget=case.budget * plan.peak_memory_bytes)
+    return plan.to_dict()
+
+
+@dataclass(frozen=True)
+class Trained:
+    losses: tuple[tuple[float, float], ...]  # (compiled, plain) per step
+    grad_excess: tuple[float, ...]  # the worst gradient over the tolerance, per step
+    measured: dict
+    predicted: dict
+
+
+def train(rank: int, case: Case, plan: dict) -> Trained:
+    torch.manual_seed(0)
+    model, inputs = build(case)
+    reference = copy.deepcopy(model)
+    mesh = autopar.Mesh(case.shape, case.axes, hardware="cpu")
+    pm = autopar.compile(model, mesh, inputs, plan=autopar.Plan.from_dict(plan))
+    optimizer = torch.optim.AdamW(pm.parameters(), lr=LEARNING_RATE)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=LEARNING_RATE)
+    losses, excess = [], []
+    for _ in range(STEPS):
+        loss = pm(*inputs)
+        loss.backward()
+        grads = pm.full_grads()  # collective
+        expected = reference(*inputs)
+        expected.backward()
+        excess.append(worst_gradient(grads, reference, Tolerance())[3])
+        losses.append((float(loss.detach()), float(expected.detach())))
+        for opt in (optimizer, reference_optimizer):
+            opt.step()
+            opt.zero_grad()
+    pipeline_rank = pm.coordinate[mesh.axis_index("pp")]
+    return Trained(tuple(losses), tuple(excess), dict(pm.counter.totals()),
+                   pm.plan.comm_bytes(pipeline_rank))
+
+
+def train_all(rank: int, cases: tuple[Case, ...], plans: tuple[dict, ...]) -> list[Trained]:
+    return [train(rank, case, plan) for case, plan in zip(cases, plans)]

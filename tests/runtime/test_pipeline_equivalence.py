@@ -1,0 +1,79 @@
+"""Pipelined plans train exactly like the single-process model, with the bytes the plan
+predicts.
+
+Each case is planned in the parent (`pipeline_workers.plan_case`) and trained `STEPS` AdamW
+steps on gloo ranks next to the plain model: the loss and every gradient within
+`Tolerance()` at every step, and every rank's measured bytes per (kind, axis, direction),
+boundary sends, the tied embedding's gradient sum and the loss's broadcast over the
+pipeline axis included, equal to the plan's for its pipeline rank times the steps. The
+cases cover the three schedules the runtime runs on pp=2 and the two 2x2 layouts: stages
+split by tensor parallelism (under a budget that makes them shard) and stages data
+parallel. The rest of the matrix (every example, schedule and layout) runs with --slow.
+"""
+
+from __future__ import annotations
+
+import pipeline_workers as workers
+import pytest
+from pipeline_workers import Case
+
+from autopar.runtime.launch import launch
+from autopar.training import Tolerance
+
+QUICK = {
+    2: (Case("gpt", (2,), ("pp",), "GPipe"), Case("gpt", (2,), ("pp",), "1F1B"),
+        Case("llama", (2,), ("pp",), "Interleaved1F1B")),
+    4: (Case("llama", (2, 2), ("pp", "tp"), "1F1B", budget=0.6),
+        Case("gpt", (2, 2), ("pp", "dp"), "Interleaved1F1B")),
+}
+SLOW = {
+    2: tuple(Case(e, (2,), ("pp",), s) for e in ("gpt", "llama")
+             for s in ("GPipe", "1F1B", "Interleaved1F1B")),
+    4: tuple(Case(e, (2, 2), ("pp", axis), s, budget=0.6 if axis == "tp" else None)
+             for e in ("gpt", "llama") for axis in ("tp", "dp")
+             for s in ("GPipe", "1F1B", "Interleaved1F1B")),
+}
+
+
+def _run(cases):
+    outcomes = {}
+    for ranks, group in cases.items():
+        plans = tuple(workers.plan_case(case) for case in group)
+        trained = launch(workers.train_all, ranks, group, plans, timeout=900.0)
+        outcomes.update({case: [per_rank[i] for per_rank in trained]
+                         for i, case in enumerate(group)})
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def outcomes(request):
+    return _run(SLOW if request.config.getoption("--slow") else QUICK)
+
+
+def test_loss_and_every_gradient_match_the_single_process_model(outcomes):
+    for case, per_rank in outcomes.items():
+        for run in per_rank:
+            for (loss, expected), excess in zip(run.losses, run.grad_excess):
+                assert Tolerance().excess(abs(loss - expected), abs(expected)) <= 1, case
+                assert excess <= 1, (case, run.grad_excess)
+
+
+def test_every_rank_returns_the_same_loss(outcomes):
+    for case, per_rank in outcomes.items():
+        assert len({run.losses for run in per_rank}) == 1, case
+
+
+def test_measured_bytes_equal_the_plan_on_every_rank(outcomes):
+    for case, per_rank in outcomes.items():
+        for run in per_rank:
+            predicted = {k: v * workers.STEPS for k, v in run.predicted.items()}
+            assert run.measured == predicted, case
+            assert any(kind == "send" for kind, _, _ in run.measured), case
+
+
+def test_the_tensor_parallel_stages_shard(outcomes):
+    """The budget makes the stages of the pp x tp case split over tp: its collectives are
+    in the measured bytes, so the case checks the stages' own collectives too."""
+    for case, per_rank in outcomes.items():
+        if "tp" in case.axes:
+            assert any(axis == "tp" for run in per_rank for _, axis, _ in run.measured), case

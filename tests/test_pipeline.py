@@ -1,0 +1,130 @@
+"""Pipelines without processes: the schedules' cost model, the stage cuts, planning, the
+plan's JSON and every refusal of a pipeline that can't run."""
+
+from __future__ import annotations
+
+import pytest
+
+import autopar
+from autopar.api import pipeline_request
+from autopar.passes.annotate import annotate
+from autopar.passes.capture import capture
+from autopar.passes.split_stages import balanced_cuts, crossing, dataflow, find_units, split_stages
+from autopar.pipeline import SCHEDULES, Pipeline, bubble, check_request, in_flight, step_time
+from examples.gpt import build
+
+CPU = "cpu"
+
+
+def test_balanced_stages_take_m_plus_p_minus_1_stage_times():
+    """GPipe and 1F1B: the first micro-batch fills p stages, the rest follow one stage time
+    apart: (m + p - 1) t; the bubble is (p - 1) / (m + p - 1)."""
+    for name in ("GPipe", "1F1B"):
+        assert step_time([2.0] * 4, 8, 4, SCHEDULES[name]) == pytest.approx((8 + 3) * 2.0)
+        assert bubble([2.0] * 4, 8, 4, SCHEDULES[name]) == pytest.approx(3 / 11)
+
+
+def test_the_slowest_stage_sets_the_steady_state():
+    assert step_time([1.0, 3.0], 4, 2, SCHEDULES["1F1B"]) == pytest.approx(1 + 3 + 3 * 3)
+
+
+def test_interleaving_divides_the_bubble_by_the_stages_per_rank():
+    """v stages per rank of t / v each: m tau + (p - 1) tau / v."""
+    times = [0.5] * 8  # 2 stages per rank on 4 ranks: tau = 1
+    assert step_time(times, 8, 4, SCHEDULES["Interleaved1F1B"]) == pytest.approx(8 + 3 * 0.5)
+    assert bubble(times, 8, 4, SCHEDULES["Interleaved1F1B"]) == pytest.approx(1.5 / 9.5)
+
+
+def test_micro_batches_in_flight_follow_the_schedule():
+    """GPipe holds every micro-batch; 1F1B p - r on rank r; interleaved torch's warm-up."""
+    assert in_flight(SCHEDULES["GPipe"], 8, 4, 0, 1) == 8
+    assert [in_flight(SCHEDULES["1F1B"], 8, 4, r, 1) for r in range(4)] == [4, 3, 2, 1]
+    assert in_flight(SCHEDULES["1F1B"], 2, 4, 0, 1) == 2
+    # (v - 1) p + 2 (p - 1 - r) + 1 stage-forwards over v stages: 11 / 2 -> 6 on rank 0.
+    assert in_flight(SCHEDULES["Interleaved1F1B"], 8, 4, 0, 2) == 6
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"schedule": "Bogus"}, "no pipeline schedule called 'Bogus'"),
+    ({"schedule": "ZBVZeroBubble"}, "not run by autopar yet"),
+    ({"stages": 0}, "positive count"),
+    ({"microbatches": 2.5}, "positive count"),
+])
+def test_bad_pipeline_options_are_refused_with_the_fix(kwargs, message):
+    with pytest.raises(autopar.PipelineError, match=message) as error:
+        Pipeline(**kwargs)
+    assert "fix:" in str(error.value)
+
+
+def test_schedule_names_are_torchs_in_any_case():
+    assert Pipeline(schedule="interleaved1f1b").schedule == "Interleaved1F1B"
+    assert Pipeline(schedule="Schedule1F1B").schedule == "1F1B"
+
+
+@pytest.mark.parametrize("pipeline, blocks, batch, message", [
+    (Pipeline(), 1, 8, "need at least 2 blocks"),
+    (Pipeline(microbatches=3), 4, 8, "don't divide the batch of 8"),
+    (Pipeline(schedule="1F1B", microbatches=2), 8, 8, "at least as many micro-batches"),
+    (Pipeline(stages=3), 8, 8, "can't run on 2 pipeline ranks"),
+])
+def test_requests_that_cant_run_are_refused_before_any_solve(pipeline, blocks, batch,
+                                                             message):
+    ranks = 4 if pipeline.schedule == "1F1B" else 2
+    with pytest.raises(autopar.PipelineError, match=message) as error:
+        check_request(pipeline, ranks, blocks, batch)
+    assert "fix:" in str(error.value)
+
+
+def test_a_missing_pipeline_axis_is_named():
+    model, inputs = build(batch=8, hidden=64, layers=2)
+    with pytest.raises(autopar.PipelineError, match="no axis 'pp'"):
+        autopar.plan(model, autopar.Mesh((2,), ("dp",), hardware=CPU), inputs,
+                     pipeline=Pipeline(), time_limit=2)
+
+
+def test_auto_pipelines_only_over_an_axis_named_pp():
+    assert pipeline_request(autopar.Mesh((2, 2), ("dp", "tp"), hardware=CPU), "auto") is None
+    assert pipeline_request(autopar.Mesh((2, 2), ("pp", "tp"), hardware=CPU), "auto") == \
+        Pipeline()
+    with pytest.raises(autopar.PipelineError):
+        pipeline_request(autopar.Mesh((2,), ("pp",), hardware=CPU), "yes")
+
+
+def test_cuts_fall_between_blocks_and_move_only_the_hidden_state():
+    """GPT's blocks read the residual stream only; the tied embedding is held by the first
+    and last stages."""
+    model, inputs = build(batch=8, hidden=64, layers=4)
+    gm = annotate(capture(model, inputs))
+    units = find_units(gm)
+    assert units.names == ("layers.0", "layers.1", "layers.2", "layers.3")
+    flow = dataflow(gm)
+    assert all(len(crossing(gm, units, cut, flow)) == 1 for cut in (1, 2, 3))
+    stages = split_stages(gm, units, (2,))
+    assert [(s.first, s.last) for s in stages] == [(0, 1), (2, 3)]
+    assert stages[0].sends == stages[1].receives and len(stages[1].receives) == 1
+    assert stages[0].shared == stages[1].shared == ("wte.weight",)
+    ops = sum(1 for s in stages for n in s.module.graph.nodes if n.op == "call_function")
+    assert ops == sum(1 for n in gm.graph.nodes if n.op == "call_function")
+
+
+def test_balanced_cuts_minimise_the_slowest_stage():
+    assert balanced_cuts([1, 1, 1, 1], 2) == (2,)
+    assert balanced_cuts([3, 1, 1, 1], 2) == (1,)
+    assert balanced_cuts([1, 1, 1, 1, 1, 1], 3) == (2, 4)
+
+
+def test_a_pipelined_plan_records_its_stages_and_survives_json(tmp_path):
+    model, inputs = build(batch=8, hidden=64, layers=4)
+    mesh = autopar.Mesh((2, 2), ("pp", "tp"), hardware=CPU)
+    plan = autopar.plan(model, mesh, inputs, time_limit=2,
+                        pipeline=Pipeline(schedule="1F1B", microbatches=4))
+    record = plan.pipeline
+    assert (record.schedule, record.microbatches, record.virtual) == ("1F1B", 4, 1)
+    assert [s.rank for s in record.stages] == [0, 1]
+    assert [s.in_flight for s in record.stages] == [2, 1]
+    times = [s.time_s for s in record.stages]
+    assert plan.step_time_s >= sum(times) + 3 * max(times)
+    assert {n.output.split(",")[0] for n in plan.nodes} == {"R"}  # stages are not split on pp
+    assert plan.stage_plan(1).mesh.axis_names == ("tp",)
+    plan.save(tmp_path / "plan.json")
+    assert autopar.Plan.load(tmp_path / "plan.json") == plan
