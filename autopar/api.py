@@ -218,15 +218,18 @@ def _plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, me
                  memory_budget: float | None = None, **options) -> Plan:
     """The plan without a pipeline (`_plan_steps`), the pipelined one (`plan_pipeline`),
     or under "auto" the faster of both that fits (a pipeline that can't run, for want of
-    blocks or of micro-batches, is not a candidate then)."""
+    blocks or of micro-batches, is not a candidate then); with hand strategies, Megatron
+    3D among them (`_with_megatron_3d`)."""
     request = pipeline_request(mesh, pipeline)
+    budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
     if request is None:
-        return _plan_steps(model, gm, example_inputs, mesh, microbatches=microbatches,
-                           memory_budget=memory_budget, **options)
+        plain = _plan_steps(model, gm, example_inputs, mesh, microbatches=microbatches,
+                            memory_budget=memory_budget, **options)
+        return _with_megatron_3d(plain, model, gm, example_inputs, mesh, budget, options,
+                                 adopt=pipeline is not False)
     if request.microbatches is None and isinstance(microbatches, int) \
             and not isinstance(microbatches, bool):
         request = dataclasses.replace(request, microbatches=microbatches)
-    budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
     loss_output(gm)
     stage_options = {k: v for k, v in options.items() if k not in ("hand_strategies",
                                                                    "constraints")}
@@ -246,6 +249,41 @@ def _plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, me
                                 got=", ".join(options["constraints"]),
                                 fix="drop constraints=, or plan with pipeline=False")
         return pipelined()
+    return _with_megatron_3d(_faster_of(model, gm, example_inputs, mesh, pipelined,
+                                        microbatches=microbatches,
+                                        memory_budget=memory_budget, **options),
+                             model, gm, example_inputs, mesh, budget, options, adopt=True)
+
+
+def _with_megatron_3d(chosen: Plan, model: nn.Module, gm: fx.GraphModule,
+                      example_inputs: tuple, mesh: Mesh, budget: float, options: dict, *,
+                      adopt: bool) -> Plan:
+    """`chosen` with the Megatron 3D hand strategy among its records when hand strategies
+    are asked for, and with `adopt` replaced by its plan when that fits and is faster (a
+    restriction of the same search, as for the other hand strategies)."""
+    if not options.get("hand_strategies") or mesh.ndim < 2:
+        return chosen
+    from autopar.hand_pipeline import megatron_3d  # it plans with plan_table
+
+    state = optimizer_state(options.get("optimizer"))
+    record, plan = megatron_3d(model, gm, example_inputs, mesh, memory_budget=budget,
+                               time_limit=options.get("time_limit", 30.0),
+                               fold_layers=options.get("fold_layers", True),
+                               seed=options.get("seed", 0), optimizer=state,
+                               progress=options.get("progress"))
+    records = list(chosen.hand_strategies)
+    records.insert(max(0, len(records) - 1), record)  # before the single-device reference
+    if adopt and plan is not None and not options.get("constraints") \
+            and plan.step_time_s < chosen.step_time_s:
+        chosen = dataclasses.replace(plan, model=chosen.model, warnings=chosen.warnings)
+    return dataclasses.replace(chosen, hand_strategies=tuple(records))
+
+
+def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh,
+               pipelined: Callable[[], Plan], *, microbatches: int | str,
+               memory_budget: float | None, **options) -> Plan:
+    """The faster fitting of the plan without a pipeline and the pipelined one (a pipeline
+    that can't run, for want of blocks or micro-batches, or doesn't fit is no candidate)."""
     plain: Plan | None = None
     failure: InfeasiblePlanError | None = None
     try:

@@ -216,3 +216,77 @@ def in_flight(schedule: Schedule, microbatches: int, ranks: int, rank: int,
         return min(m, ranks - rank)
     forwards = min(virtual * m, (virtual - 1) * ranks + 2 * (ranks - 1 - rank) + 1)
     return math.ceil(forwards / virtual)
+
+
+# Forward : backward work of a stage (the backward computes two matmuls per forward one).
+FORWARD_SHARE = 1 / 3
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One piece of a step's timeline: `kind` "F" or "B" of `microbatch` on `stage`, run by
+    pipeline rank `rank` from `start` to `end` seconds."""
+
+    rank: int
+    stage: int
+    microbatch: int
+    kind: str
+    start: float
+    end: float
+
+
+def timeline(stage_times: Sequence[float], microbatches: int, ranks: int,
+             schedule: Schedule) -> tuple[Slot, ...]:
+    """The step as the cost model sees it: each stage's forward (a third of its time) and
+    backward of each micro-batch, on the rank that runs it, as early as its inputs allow.
+
+    A rank runs one piece at a time, in the schedule's order: GPipe every forward before
+    any backward; 1F1B and Interleaved1F1B a backward as soon as one is ready once the
+    rank holds its `in_flight` micro-batches, else the next forward (lowest micro-batch,
+    then lowest stage). A forward of stage k needs stage k-1's; a backward needs the stage's
+    forward and stage k+1's backward (the last stage's, its own forward). The makespan is
+    about `step_time` (which the planner uses; this only draws it)."""
+    stages, m = len(stage_times), microbatches
+    virtual = stages // ranks
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * ranks
+    held = [0] * ranks
+    limit = [virtual * in_flight(schedule, m, ranks, r, virtual) for r in range(ranks)]
+    pending = {r: [(kind, k, j) for j in range(m) for k in range(r, stages, ranks)
+                   for kind in "FB"] for r in range(ranks)}
+    slots: list[Slot] = []
+
+    def ready(kind: str, k: int, j: int) -> float | None:
+        needs = ([("F", k - 1, j)] if k else []) if kind == "F" else \
+            [("F", k, j)] + ([("B", k + 1, j)] if k + 1 < stages else [])
+        times = [done.get(need) for need in needs]
+        return None if any(t is None for t in times) else max(times, default=0.0)
+
+    while any(pending.values()):
+        best = None
+        for r, work in pending.items():
+            options = [(ready(*w), w) for w in work]
+            options = [(t, w) for t, w in options if t is not None]
+            if not options:
+                continue
+            backward = [o for o in options if o[1][0] == "B"]
+            forward = sorted((o for o in options if o[1][0] == "F"),
+                             key=lambda o: (o[1][2], o[1][1]))
+            if schedule.name == "GPipe":
+                pick = forward[0] if forward else min(backward, key=lambda o: (o[1][2], -o[1][1]))
+            elif backward and (held[r] >= limit[r] or not forward):
+                pick = min(backward, key=lambda o: (o[0], o[1][2]))
+            else:
+                pick = forward[0] if forward else min(backward, key=lambda o: o[0])
+            start = max(free[r], pick[0])
+            if best is None or start < best[0]:
+                best = (start, r, pick[1])
+        assert best is not None, "a schedule whose work never becomes ready"
+        start, r, (kind, k, j) = best
+        share = FORWARD_SHARE if kind == "F" else 1 - FORWARD_SHARE
+        end = start + share * stage_times[k]
+        done[(kind, k, j)] = free[r] = end
+        held[r] += 1 if kind == "F" else -1
+        pending[r].remove((kind, k, j))
+        slots.append(Slot(r, k, j, kind, start, end))
+    return tuple(slots)

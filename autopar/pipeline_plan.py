@@ -82,13 +82,14 @@ def pipeline_axis(mesh: Mesh, pipeline: Pipeline) -> int:
 
 def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh,
                   pipeline: Pipeline, *, plan_stage: Callable[..., Plan],
-                  memory_budget: float, micro_graph: Callable,
+                  memory_budget: float | None, micro_graph: Callable,
                   progress: Callable[[str], None] | None = None) -> Plan:
     """The fastest fitting pipelined plan of `gm` (`model` captured at `example_inputs`)
     on `mesh` as `pipeline` asks (module docstring). `plan_stage(graph, mesh, *,
     memory_budget, microbatches, in_flight, constraints)` plans one stage (`api.plan_graph`
     with the caller's options); `micro_graph(model, inputs, split)` captures one
-    micro-batch. Raises `PipelineError` for a request that can't run, `MicrobatchError`
+    micro-batch. `memory_budget` None plans without a memory limit. Raises
+    `PipelineError` for a request that can't run, `MicrobatchError`
     when the step can't be cut into micro-batches, `InfeasiblePlanError` when no candidate
     fits."""
     say = progress or (lambda message: None)
@@ -96,8 +97,9 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
     ranks, inner = mesh.shape[axis], sub_mesh(mesh, axis)
     batch = batch_size(gm)
     check_request(pipeline, ranks, find_units(gm).count, batch)
+    # Fewer micro-batches than ranks leave most of every rank idle: not worth a solve.
     counts = (pipeline.microbatches,) if pipeline.microbatches else tuple(
-        m for m in divisors(batch or 1) if m <= MAX_MICROBATCHES_PER_RANK * ranks)
+        m for m in divisors(batch or 1) if ranks <= m <= MAX_MICROBATCHES_PER_RANK * ranks)
     cache: dict[tuple, Plan] = {}
     best: Plan | None = None
     failure: Exception | None = None
@@ -134,7 +136,7 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
 
 def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Schedule,
                microbatches: int, ranks: int, mesh: Mesh, axis: int, inner: Mesh,
-               memory_budget: float, plan_stage: Callable[..., Plan],
+               memory_budget: float | None, plan_stage: Callable[..., Plan],
                cache: dict[tuple, Plan]) -> Plan:
     virtual = len(stages) // ranks
     link = mesh.axis_links[axis]
@@ -147,7 +149,8 @@ def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Sch
         wanted = {name: pinned[name] for name in stage.shared if name in pinned}
         key = (microbatches, len(stages), stage.index, held, tuple(sorted(wanted.items())))
         if key not in cache:
-            cache[key] = plan_stage(stage.module, inner, memory_budget=memory_budget / virtual,
+            share = None if memory_budget is None else memory_budget / virtual
+            cache[key] = plan_stage(stage.module, inner, memory_budget=share,
                                     microbatches=microbatches, in_flight=held,
                                     constraints=wanted or None)
         plan = _with_sends(cache[key], stage, microbatches, axis_name, link)
@@ -237,7 +240,7 @@ def _split_time(plan: Plan, microbatches: int) -> tuple[float, float]:
 
 
 def _combined(plans: list[Plan], record: PipelineRecord, mesh: Mesh, axis: int,
-              peak: float, budget: float) -> Plan:
+              peak: float, budget: float | None) -> Plan:
     """One plan of the whole mesh from the stages' plans (see `Plan`)."""
     nodes = tuple(dataclasses.replace(
         n, stage=k, inputs=tuple(insert_axis(p, axis) for p in n.inputs),
@@ -255,7 +258,8 @@ def _combined(plans: list[Plan], record: PipelineRecord, mesh: Mesh, axis: int,
     warnings = tuple(dict.fromkeys(w for p in plans for w in p.warnings))
     first = plans[0]
     return Plan(model=first.model, mesh=mesh, nodes=nodes, solver=solver,
-                memory_limit_bytes=budget, peak_memory_bytes=peak, warnings=warnings,
+                memory_limit_bytes=float("inf") if budget is None else budget,
+                peak_memory_bytes=peak, warnings=warnings,
                 optimizer=first.optimizer, model_flops=sum(p.model_flops for p in plans),
                 microbatches=record.microbatches, pipeline=record)
 

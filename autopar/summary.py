@@ -1,7 +1,7 @@
 """Text rendering of a `Plan`: per op group placements and costs (groups in the order the
 model runs them, long module paths shortened to distinct labels, a legend under the table),
 the totals, the bytes moved, and, when the plan carries them, the hand strategies it is
-compared with; then the plan's warnings, each once.
+compared with, and for a pipeline its stages; then the plan's warnings, each once.
 
 Scaling efficiency is the compute-only lower bound of the step time (the step's compute on
 one device divided by the number of devices: perfect splitting, nothing moved) over a
@@ -176,8 +176,32 @@ def _storage(plan: Plan) -> str:
     return ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items())) or "none"
 
 
+def _pipeline_table(plan: Plan) -> Table:
+    """The stages of a pipelined plan: where they run, their blocks, time per micro-batch,
+    micro-batches held and memory, under the schedule, micro-batches and bubble."""
+    record = plan.pipeline
+    assert record is not None
+    table = Table(title=f"Pipeline over {record.axis}: {record.schedule}, "
+                        f"{record.microbatches} micro-batches, {len(record.stages)} stages "
+                        f"({record.virtual} per rank), bubble {record.bubble:.1%}",
+                  title_justify="left")
+    for name in ("stage", "rank", "blocks", "ms per micro-batch", "in flight", "memory"):
+        table.add_column(name, justify="left" if name == "blocks" else "right")
+    for stage in record.stages:
+        blocks = stage.blocks[0] if stage.blocks[0] == stage.blocks[1] else \
+            f"{stage.blocks[0]} .. {stage.blocks[1]}"
+        table.add_row(str(stage.index), str(stage.rank), blocks, _ms(stage.time_s),
+                      str(stage.in_flight), _size(stage.memory_bytes))
+    table.caption = ("ms: forward and backward of one micro-batch with the stage's sends; "
+                     "in flight: micro-batches whose activations the stage holds at its peak; "
+                     "memory per device. The rows above sum every stage.")
+    return table
+
+
 def _comm_table(plan: Plan) -> Table:
-    table = Table(title="Bytes moved per device", title_justify="left")
+    title = "Bytes moved per device" + (
+        ", summed over the pipeline ranks" if plan.pipeline is not None else "")
+    table = Table(title=title, title_justify="left")
     for name in ("collective", "axis", "direction", "bytes"):
         table.add_column(name, justify="right" if name == "bytes" else "left")
     for (kind, axis, direction), nbytes in plan.comm_bytes().items():
@@ -242,6 +266,8 @@ def render_summary(plan: Plan, *, width: int = 120) -> str:
     console = Console(file=buffer, width=width, no_color=True, color_system=None)
     for table in (_group_table(plan, width), _totals_table(plan), _comm_table(plan)):
         console.print(table)
+    if plan.pipeline is not None:
+        console.print(_pipeline_table(plan))
     if plan.hand_strategies:
         console.print(_hand_table(plan))
         for note in _hand_notes(plan):

@@ -9,6 +9,7 @@ from autopar.hand_strategies import SINGLE_DEVICE, scaling_efficiency
 from autopar.plan_types import Plan
 from examples import gpt, mlp
 
+MEGATRON_3D = "Megatron 3D"
 NAMES = ("data parallel", "fully sharded (ZeRO-3)", "Megatron tensor parallel",
          "FSDP + full recompute", "Megatron TP + selective recompute + distributed optimizer",
          "data x tensor parallel")
@@ -23,7 +24,9 @@ def small_plan():
 
 def test_every_standard_strategy_is_costed_no_better_than_the_solver(small_plan):
     records = {r.name: r for r in small_plan.hand_strategies}
-    assert set(records) == {*NAMES, SINGLE_DEVICE}
+    assert set(records) == {*NAMES, MEGATRON_3D, SINGLE_DEVICE}
+    # Both axes of the mesh are inside one node, and none is named pp: no pipeline axis.
+    assert records[MEGATRON_3D].step_time_s is None and "pp" in records[MEGATRON_3D].note
     for name in NAMES:
         record = records[name]
         assert record.step_time_s is not None, record.note

@@ -192,3 +192,29 @@ def test_cli_report_writes_the_page_and_rejects_bad_files(plan, tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     result = CliRunner().invoke(main, ["report", str(tmp_path / "bad.json")])
     assert result.exit_code == 1 and "expected" in result.output
+
+
+def test_a_pipelined_plan_shows_its_timeline_and_stages_in_chromium(tmp_path):
+    """Every stage's forward and backward of every micro-batch is one box on its rank's row,
+    and each lane of the graph names the stages it runs in."""
+    from selenium.webdriver.common.by import By
+
+    model, inputs = gpt.build(hidden=64, layers=4, batch=8)
+    pipelined = autopar.plan(model, autopar.Mesh((2, 2), ("pp", "tp"), hardware="cpu"), inputs,
+                             time_limit=2,
+                             pipeline=autopar.Pipeline(schedule="1F1B", microbatches=4))
+    page = pipelined.report(tmp_path / "pipeline.html")
+    browser = _browser()
+    try:
+        browser.get(page.resolve().as_uri())
+        boxes = browser.find_elements(By.CSS_SELECTOR, "#pipeline-timeline .pp-op")
+        assert len(boxes) == 2 * len(pipelined.pipeline.stages) * 4
+        kinds = {(b.get_attribute("data-kind"), b.get_attribute("data-stage")) for b in boxes}
+        assert kinds == {(k, s) for k in "FB" for s in ("0", "1")}
+        rows = browser.find_elements(By.CSS_SELECTOR, "#pipeline-stages tbody tr")
+        assert len(rows) == 2
+        lanes = browser.find_elements(By.CSS_SELECTOR, '#graph details.lane[data-layer="layers.3"]')
+        assert lanes and lanes[0].get_attribute("data-stages") == "1"
+        assert browser.execute_script("return window.__autoparErrors") == []
+    finally:
+        browser.quit()

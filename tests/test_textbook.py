@@ -165,3 +165,34 @@ def test_a_small_model_with_ample_memory_recomputes_nothing():
     model, inputs = _long_sequence_gpt()
     plan = autopar.plan(model, autopar.Mesh((4,), ("dp",), hardware="h100-sxm"), inputs)
     assert not any(n.recompute for n in plan.nodes)
+
+
+def test_a_slow_link_between_nodes_is_pipelined_across():
+    """A 1.7 B-parameter GPT (hidden 4096, 8 layers) on 2 nodes of 8 H100s joined by 100 Gb/s
+    Ethernet (12.5 GB/s per GPU, `h100-ethernet`). Tensor parallel inside a node, each GPU
+    holds an eighth of the weights: 1.7e9 x 4 B / 8 = 0.85 GB of gradients, whose
+    all-reduce across the nodes takes 2 x 0.85 GB / 2 / 12.5 GB/s = 68 ms against about
+    20 ms of compute for the step (6 x 1.7e9 x 8 x 1024 FLOPs over 16 GPUs at 70% of
+    989 TFLOP/s). A pipeline over the nodes moves only the boundary activations (8 x 1024 x
+    4096 x 4 B = 134 MB forward and as much backward, 21 ms) and keeps each stage's weight
+    gradients inside its node, so the planner pipelines."""
+    model, inputs = gpt.build(vocab=32000, seq=1024, hidden=4096, heads=32, layers=8, batch=8,
+                              device="meta")
+    mesh = autopar.Mesh((2, 8), ("pp", "tp"), hardware="h100-ethernet")
+    plan = autopar.plan(model, mesh, inputs, time_limit=5)
+    assert plan.pipeline is not None
+    assert plan.pipeline.ranks == 2 and plan.pipeline.microbatches >= 2
+    assert not any(axis == "pp" for kind, axis, _ in plan.comm_bytes()
+                   if kind not in ("send", "broadcast", "all_reduce"))
+
+
+def test_a_model_that_fits_data_parallel_on_infiniband_is_not_pipelined():
+    """A 13 M-parameter GPT (hidden 512, 4 layers) with 64 sequences of 512 tokens on 2 nodes
+    of 8 H100s on InfiniBand (50 GB/s per GPU): data parallelism across the nodes all-reduces
+    0.05 GB of gradients (2 ms) behind ~10 ms of compute, while a pipeline over the two nodes
+    leaves each stage idle for a share (p - 1) / (m + p - 1) of the step: not worth it."""
+    model, inputs = gpt.build(vocab=32000, seq=512, hidden=512, heads=8, layers=4, batch=64,
+                              device="meta")
+    mesh = autopar.Mesh((2, 8), ("pp", "tp"), hardware="h100-sxm")
+    plan = autopar.plan(model, mesh, inputs, time_limit=5)
+    assert plan.pipeline is None

@@ -118,9 +118,14 @@ def _lane(plan: Plan, layer: Layer, open_: bool) -> str:
     compute = sum(n.compute_s for n in nodes)
     comm = sum(n.comm_s for n in nodes)
     memory = sum(n.memory_bytes for n in nodes)
+    stages = sorted({n.stage for n in nodes}) if plan.pipeline is not None else []
+    where_run = (f" · stage{'s' if len(stages) > 1 else ''} "
+                 f"{', '.join(map(str, stages))}") if stages else ""
     summary = (f'<b>{esc(layer.name)}</b> <span class="dim">{len(nodes)} nodes · compute '
-               f'{ms(compute)} · comm {ms(comm)} · memory {size(memory)}</span>')
-    return (f'<details class="lane" data-layer="{esc(layer.name)}"{" open" if open_ else ""}>'
+               f'{ms(compute)} · comm {ms(comm)} · memory {size(memory)}{where_run}</span>')
+    stage_attribute = f' data-stages="{" ".join(map(str, stages))}"' if stages else ""
+    return (f'<details class="lane" data-layer="{esc(layer.name)}"{stage_attribute}'
+            f'{" open" if open_ else ""}>'
             f'<summary>{summary}</summary>'
             f'<svg class="lane-svg" width="{num(width)}" height="{num(height)}" '
             f'viewBox="0 0 {num(width)} {num(height)}" role="img" '

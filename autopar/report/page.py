@@ -18,6 +18,7 @@ from autopar.report.layers import group_layers
 from autopar.report.memory import memory_section
 from autopar.report.overview import overview_section
 from autopar.report.palette import placement_colour, split_axes
+from autopar.report.pipeline import pipeline_section
 from autopar.report.units import esc
 
 
@@ -49,8 +50,8 @@ def _data(plan: Plan) -> str:
 def render_html(plan: Plan) -> str:
     """The whole report page as a string (see `write_report`)."""
     body = "".join(section(plan) for section in (
-        overview_section, graph_section, memory_section, cost_section, comm_section,
-        hand_section))
+        overview_section, pipeline_section, graph_section, memory_section, cost_section,
+        comm_section, hand_section))
     page = _asset("page.html")
     # Substituted last-to-first so that no inserted text is scanned for the later markers.
     for marker, value in (("{{data}}", _data(plan)), ("{{script}}", _asset("script.js")),

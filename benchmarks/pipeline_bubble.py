@@ -1,0 +1,93 @@
+"""The pipeline bubble, measured: step time against micro-batches on a pp=2 gloo pipeline.
+
+For each schedule and each count of micro-batches m, the GPT example is planned as a
+pipeline of two stages over two CPU processes (`autopar.Pipeline(schedule=..., microbatches=m)`,
+the `cpu` hardware profile) and trained: a few warm-up steps, then the median step time of
+`--steps` steps, measured side by side in one run. The table sets it against the plan's
+prediction (`plan.step_time_s`: the schedule's formula over the stages' modelled times) and,
+since the `cpu` profile is a datasheet guess rather than a measurement of this machine,
+also compares the shapes: each time over the time at the fewest micro-batches, measured and
+predicted, and the predicted bubble (1 - m max_r tau_r / T).
+
+Usage: python benchmarks/pipeline_bubble.py [--microbatches 2,4,8] [--schedules GPipe,1F1B]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import click
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import autopar  # noqa: E402
+from autopar.runtime.launch import launch  # noqa: E402
+from examples import gpt  # noqa: E402
+
+CONFIG = {"hidden": 256, "heads": 4, "layers": 8, "batch": 16, "seq": 128, "vocab": 1024}
+MESH = ((2,), ("pp",))
+
+
+def _plan(schedule: str, microbatches: int) -> dict:
+    model, inputs = gpt.build(**CONFIG)
+    pipeline = autopar.Pipeline(schedule=schedule, microbatches=microbatches)
+    return autopar.plan(model, autopar.Mesh(*MESH, hardware="cpu"), inputs, time_limit=5.0,
+                        pipeline=pipeline).to_dict()
+
+
+def _measure(rank: int, plans: list[dict], steps: int, warmup: int) -> list[float]:
+    import torch
+
+    medians = []
+    for plan in plans:
+        torch.manual_seed(0)
+        model, inputs = gpt.build(**CONFIG)
+        pm = autopar.compile(model, autopar.Mesh(*MESH, hardware="cpu"), inputs,
+                             plan=autopar.Plan.from_dict(plan))
+        optimizer = torch.optim.AdamW(pm.parameters(), lr=1e-4)
+        times = []
+        for step in range(warmup + steps):
+            torch.distributed.barrier()
+            start = time.perf_counter()
+            pm(*inputs).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step >= warmup:
+                times.append(time.perf_counter() - start)
+        medians.append(statistics.median(times))
+    return medians
+
+
+@click.command()
+@click.option("--microbatches", default="2,4,8", help="comma-separated counts")
+@click.option("--schedules", default="GPipe,1F1B", help="comma-separated schedule names")
+@click.option("--steps", default=8, show_default=True)
+@click.option("--warmup", default=2, show_default=True)
+def main(microbatches: str, schedules: str, steps: int, warmup: int) -> None:
+    counts = [int(m) for m in microbatches.split(",")]
+    names = schedules.split(",")
+    cases = [(name, m) for name in names for m in counts]
+    plans = [_plan(name, m) for name, m in cases]
+    measured = launch(_measure, 2, plans, steps, warmup, timeout=1800.0)
+    slowest = [max(per_rank[i] for per_rank in measured) for i in range(len(cases))]
+    print(f"GPT {CONFIG} on pp=2 gloo processes; median of {steps} steps after {warmup}")
+    header = (f"{'schedule':16s} {'m':>3s} {'predicted ms':>13s} {'measured ms':>12s} "
+              f"{'meas/pred':>10s} {'pred T/T0':>10s} {'meas T/T0':>10s} {'pred bubble':>12s}")
+    print(header)
+    for name in names:
+        rows = [(m, autopar.Plan.from_dict(plan), time_s)
+                for (n, m), plan, time_s in zip(cases, plans, slowest) if n == name]
+        base_pred, base_meas = rows[0][1].step_time_s, rows[0][2]
+        for m, plan, time_s in rows:
+            predicted = plan.step_time_s
+            print(f"{name:16s} {m:3d} {predicted * 1e3:13.2f} {time_s * 1e3:12.2f} "
+                  f"{time_s / predicted:10.3f} {predicted / base_pred:10.3f} "
+                  f"{time_s / base_meas:10.3f} {plan.pipeline.bubble:12.1%}")
+
+
+if __name__ == "__main__":
+    main()
