@@ -27,8 +27,9 @@ the intra-op plans then refine each stage's time (`autopar.pipeline_plan`).
 
 **A stage's graph** takes the state it reads, its boundary inputs (role "input", `BOUNDARY`
 set, in the previous stage's output order), then the user inputs it reads, as the original
-placeholders (so its rank program takes state, received tensors, user inputs); it returns its crossing outputs, or for the last stage the original outputs.
-Node names and meta are the original's, so a stage's plan names the model's nodes.
+placeholders (so its rank program takes state, received tensors, user inputs); it returns
+its crossing outputs, or for the last stage the original outputs. Node names and meta are
+the original's, so a stage's plan names the model's nodes.
 """
 
 from __future__ import annotations
