@@ -251,6 +251,13 @@ class Plan:
             totals[(t.kind, t.axis, "backward" if t.backward else "forward")] += t.nbytes
         return dict(sorted(totals.items()))
 
+    def rank_comm_bytes(self, coordinate: tuple[int, ...]) -> dict[tuple[str, str, str], float]:
+        """`comm_bytes` of the rank at mesh `coordinate`: its pipeline rank's, for a
+        pipeline (the other axes' ranks of a stage move the same bytes)."""
+        if self.pipeline is None:
+            return self.comm_bytes()
+        return self.comm_bytes(coordinate[self.mesh.axis_index(self.pipeline.axis)])
+
     def stage_plan(self, index: int) -> Plan:
         """Stage `index`'s own plan, on the pipeline's other axes (`sub_mesh`)."""
         pipeline = self.pipeline

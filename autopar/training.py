@@ -91,7 +91,7 @@ class TrainingRun:
     `seed` seeds torch before the build (so builds drawing from torch's global generator
     give every rank the same weights) and the solver. `plan` is a `Plan.to_dict()`, or None
     to let rank 0 plan under `memory_budget` within `time_limit` seconds, with
-    `microbatches` (`autopar.plan`'s)."""
+    `microbatches` and `pipeline` (`autopar.plan`'s)."""
 
     model_file: str
     mesh: tuple[int, ...]
@@ -107,6 +107,7 @@ class TrainingRun:
     verify: bool = False
     precision: str = "fp32"
     microbatches: int | str = "auto"
+    pipeline: object = "auto"
     tolerance: Tolerance | None = None
 
     def __post_init__(self) -> None:
@@ -208,7 +209,7 @@ def plan_run(run: TrainingRun, progress: Callable[[str], None] | None = None) ->
     return make_plan(model, run.build_mesh(), inputs, memory_budget=run.memory_budget,
                      time_limit=run.time_limit, seed=run.seed,
                      master_weights=run.master_weights, microbatches=run.microbatches,
-                     progress=progress)
+                     pipeline=run.pipeline, progress=progress)
 
 
 def _differences(full: dict, reference: nn.Module):
@@ -257,7 +258,7 @@ def train_rank(rank: int, run: TrainingRun, *,
     pm = compile_model(model, run.build_mesh(), inputs, plan=plan,
                        memory_budget=run.memory_budget, time_limit=run.time_limit,
                        seed=run.seed, master_weights=run.master_weights,
-                       microbatches=run.microbatches)
+                       microbatches=run.microbatches, pipeline=run.pipeline)
     if on_compiled is not None:
         on_compiled(pm.plan)
     optimizer = run.optimizer(pm)
@@ -283,7 +284,8 @@ def train_rank(rank: int, run: TrainingRun, *,
         records.append(record)
         if on_step is not None:
             on_step(record)
-    return RankReport(rank, tuple(records), dict(pm.counter.totals()), pm.plan.comm_bytes(),
+    return RankReport(rank, tuple(records), dict(pm.counter.totals()),
+                      pm.plan.rank_comm_bytes(pm.coordinate),
                       pm.plan.step_time_s)
 
 

@@ -45,3 +45,19 @@ def microbatches(text: str) -> int | str:
     if count < 1:
         raise click.BadParameter(f"{text!r}: expected a count of at least 1")
     return count
+
+
+def pipeline(text: str):
+    """`"auto"`, `"off"` (False), or `SCHEDULE[:MICROBATCHES]` as an `autopar.Pipeline` over
+    the axis named pp (e.g. `1F1B:8`, `Interleaved1F1B`)."""
+    from autopar.errors import PipelineError
+    from autopar.pipeline import Pipeline
+
+    if text in ("auto", "off"):
+        return text == "auto" and "auto"
+    name, _, count = text.partition(":")
+    try:
+        return Pipeline(schedule=name, microbatches=int(count) if count else None)
+    except (PipelineError, ValueError) as exc:
+        raise click.BadParameter(f"{text!r}: expected auto, off or SCHEDULE[:MICROBATCHES], "
+                                 f"e.g. 1F1B:8 ({exc})") from exc

@@ -19,7 +19,7 @@ import click
 from rich.console import Console
 
 from autopar.cli.options import axis_names as parse_axis_names
-from autopar.cli.options import config, mesh_shape, microbatches
+from autopar.cli.options import config, mesh_shape, microbatches, pipeline
 from autopar.errors import AutoparError
 
 
@@ -52,17 +52,22 @@ def progress_lines() -> Iterator[Callable[[str], None]]:
               help="also cost data parallel, ZeRO-3, Megatron and data x tensor parallel")
 @click.option("--microbatches", "microbatch_text", default="auto", show_default=True,
               help="micro-batches per step (gradient accumulation), or auto")
+@click.option("--pipeline", "pipeline_text", default="auto", show_default=True,
+              help="pipeline over the axis named pp: auto, off, or SCHEDULE[:MICROBATCHES] "
+                   "(GPipe, 1F1B, Interleaved1F1B), e.g. 1F1B:8")
 @click.option("--out", type=click.Path(), default=None, help="write the plan as JSON")
 @click.option("--report", "report_out", type=click.Path(), default=None,
               help="write the plan's HTML report (see `autopar report`)")
 def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, time_limit,
-                 settings, hand_strategies, microbatch_text, out, report_out) -> None:
+                 settings, hand_strategies, microbatch_text, pipeline_text, out,
+                 report_out) -> None:
     """Plan MODEL_FILE (a .py file with build() -> (model, example_inputs))."""
     from autopar.api import plan
     from autopar.mesh import Mesh
     from autopar.model_file import load_model_file
 
     shape, count = mesh_shape(mesh_text), microbatches(microbatch_text)
+    layout = pipeline(pipeline_text)
     caught: list[warnings.WarningMessage] = []
     try:
         mesh = Mesh(shape, parse_axis_names(axis_names, len(shape)), hardware)
@@ -71,7 +76,7 @@ def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, tim
             warnings.simplefilter("always")
             result = plan(model, mesh, inputs, memory_budget=memory_budget,
                           time_limit=time_limit, hand_strategies=hand_strategies,
-                          microbatches=count, progress=progress)
+                          microbatches=count, pipeline=layout, progress=progress)
     except AutoparError as exc:
         for message in dict.fromkeys(str(w.message) for w in caught):
             click.echo(f"warning: {message}", err=True)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import click
 
 from autopar.cli.options import axis_names as parse_axis_names
-from autopar.cli.options import config, mesh_shape, microbatches
+from autopar.cli.options import config, mesh_shape, microbatches, pipeline
 from autopar.errors import AutoparError
 from autopar.training import (
     ABSOLUTE_TOLERANCE,
@@ -145,9 +145,12 @@ def _train(run: TrainingRun, nproc: int) -> RankReport:
                    "AdamW states (autopar.master_weights), planned with their memory")
 @click.option("--microbatches", "microbatch_text", default="auto", show_default=True,
               help="micro-batches per step (gradient accumulation), or auto")
+@click.option("--pipeline", "pipeline_text", default="auto", show_default=True,
+              help="pipeline over the axis named pp: auto, off, or SCHEDULE[:MICROBATCHES] "
+                   "(GPipe, 1F1B, Interleaved1F1B), e.g. 1F1B:4")
 def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, seed,
                 memory_budget, time_limit, plan_file, settings, verify, tolerance, atol,
-                precision, microbatch_text) -> None:
+                precision, microbatch_text, pipeline_text) -> None:
     """Train MODEL_FILE (a .py file with build() -> (model, example_inputs)) on --nproc
     local CPU processes: the loss per step, then the bytes each collective moved against
     the plan's prediction."""
@@ -175,7 +178,8 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
                           config=tuple(config(settings).items()), hardware=hardware,
                           steps=steps, lr=lr, seed=seed, time_limit=time_limit,
                           memory_budget=memory_budget, verify=verify, precision=precision,
-                          microbatches=microbatches(microbatch_text), tolerance=accepted,
+                          microbatches=microbatches(microbatch_text),
+                          pipeline=pipeline(pipeline_text), tolerance=accepted,
                           plan=Plan.load(plan_file).to_dict() if plan_file else None)
         mesh = run.build_mesh()
         plan = plan_run(run, progress=lambda message: click.echo(f"... {message}", err=True))
@@ -183,7 +187,9 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
                    f"{units.ms(plan.step_time_s)}, peak memory "
                    f"{units.size(plan.peak_memory_bytes)} per device"
                    + (f", {plan.microbatches} micro-batches per step"
-                      if plan.microbatches > 1 else ""))
+                      if plan.microbatches > 1 else "")
+                   + (f", pipelined in {len(plan.pipeline.stages)} stages "
+                      f"({plan.pipeline.schedule})" if plan.pipeline is not None else ""))
         recipe = ", fp32 master weights, bf16 model" if precision == "bf16-master" else ""
         click.echo(f"training {steps} steps (AdamW{recipe}, lr {lr:g}) on {nproc} "
                    + ("process" if nproc == 1 else "processes")
