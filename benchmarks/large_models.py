@@ -4,6 +4,7 @@ recomputes and how it stores the parameters.
 
     python benchmarks/large_models.py              # 70B on 8x8 H100, 8B on 8x8 H100
     python benchmarks/large_models.py --case 8b    # one case
+    python benchmarks/large_models.py --case 70b-3d --case 405b-3d   # pipelined, 3D meshes
 
 Models are built on the meta device in bfloat16 (nothing is allocated) and trained, in the
 cost model, by AdamW with fp32 master weights and states (the Megatron recipe). The MFU is
@@ -42,11 +43,16 @@ class Case:
     batch: int
     seq: int
     mesh: tuple[int, ...] = (8, 8)
+    axes: tuple[str, ...] = ("dp", "tp")
 
 
 CASES = {
     "70b": Case("Llama-3-70B shape", 80, 8192, 64, 8, 28672, 128256, 64, 4096),
     "8b": Case("Llama-3-8B shape", 32, 4096, 32, 8, 14336, 128256, 64, 8192),
+    "70b-3d": Case("Llama-3-70B shape", 80, 8192, 64, 8, 28672, 128256, 512, 4096,
+                   (2, 8, 8), ("pp", "dp", "tp")),
+    "405b-3d": Case("Llama-3-405B shape", 126, 16384, 128, 8, 53248, 128256, 1024, 4096,
+                    (8, 8, 8), ("pp", "dp", "tp")),
 }
 
 
@@ -68,7 +74,7 @@ def build(case: Case) -> tuple[nn.Module, tuple]:
 def report(case: Case, time_limit: float) -> None:
     model, inputs = build(case)
     params = sum(p.numel() for p in model.parameters())
-    mesh = autopar.Mesh(case.mesh, ("dp", "tp"), hardware="h100-sxm")
+    mesh = autopar.Mesh(case.mesh, case.axes, hardware="h100-sxm")
     start = time.monotonic()
     plan = autopar.plan(model, mesh, inputs, optimizer=torch.optim.AdamW,
                         master_weights=torch.float32, time_limit=time_limit)
@@ -101,7 +107,40 @@ def report(case: Case, time_limit: float) -> None:
     print(f"layer 0 keeps: {dict(kept)}")
     print("layer 0 parameters (stored, kept gathered):",
           {f"{out} / {gathered or '-'}": count for (out, gathered), count in storage.items()})
+    if plan.pipeline is not None:
+        record = plan.pipeline
+        print(f"pipeline over {record.axis}: {record.schedule}, {record.microbatches} "
+              f"micro-batches, {len(record.stages)} stages of "
+              f"{sorted({s.units[1] - s.units[0] + 1 for s in record.stages})} blocks, "
+              f"bubble {record.bubble:.1%}")
+    if "pp" in case.axes:
+        _compare_megatron_3d(model, inputs, mesh, plan, time_limit)
     print()
+
+
+def _compare_megatron_3d(model, inputs, mesh: autopar.Mesh, plan: autopar.Plan,
+                         time_limit: float) -> None:
+    """The Megatron 3D hand strategy under the same cost model, next to the plan."""
+    from autopar.hand_pipeline import megatron_3d
+    from autopar.optimizer_state import optimizer_state
+    from autopar.passes.annotate import annotate
+    from autopar.passes.capture import capture
+
+    start = time.monotonic()
+    record, _ = megatron_3d(model, annotate(capture(model, inputs)), inputs, mesh,
+                            memory_budget=mesh.hardware.memory_bytes, time_limit=time_limit,
+                            fold_layers=True, seed=0,
+                            optimizer=optimizer_state(torch.optim.AdamW,
+                                                      master_weights=torch.float32))
+    took = time.monotonic() - start
+    if record.step_time_s is None:
+        print(f"Megatron 3D: {record.note}")
+        return
+    mfu = plan.mfu * plan.step_time_s / record.step_time_s if plan.mfu else float("nan")
+    print(f"Megatron 3D ({took:.0f} s): step {record.step_time_s:.3f} s, MFU {mfu:.3f}, "
+          f"peak {record.peak_memory_bytes / 2**30:.2f} GiB, "
+          f"{'fits' if record.fits else 'does not fit'}; {record.note}; solver's plan "
+          f"{plan.step_time_s / record.step_time_s:.3f} x its step")
 
 
 def main() -> None:

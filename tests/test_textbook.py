@@ -5,6 +5,7 @@ arithmetic in its docstring, and asserts the placements of the linear layers.
 """
 
 import pytest
+import torch
 
 import autopar
 from examples import gpt, mlp
@@ -168,22 +169,23 @@ def test_a_small_model_with_ample_memory_recomputes_nothing():
 
 
 def test_a_slow_link_between_nodes_is_pipelined_across():
-    """A 1.7 B-parameter GPT (hidden 4096, 8 layers) on 2 nodes of 8 H100s joined by 100 Gb/s
-    Ethernet (12.5 GB/s per GPU, `h100-ethernet`). Tensor parallel inside a node, each GPU
-    holds an eighth of the weights: 1.7e9 x 4 B / 8 = 0.85 GB of gradients, whose
-    all-reduce across the nodes takes 2 x 0.85 GB / 2 / 12.5 GB/s = 68 ms against about
-    20 ms of compute for the step (6 x 1.7e9 x 8 x 1024 FLOPs over 16 GPUs at 70% of
-    989 TFLOP/s). A pipeline over the nodes moves only the boundary activations (8 x 1024 x
-    4096 x 4 B = 134 MB forward and as much backward, 21 ms) and keeps each stage's weight
-    gradients inside its node, so the planner pipelines."""
-    model, inputs = gpt.build(vocab=32000, seq=1024, hidden=4096, heads=32, layers=8, batch=8,
-                              device="meta")
+    """A 0.47 B-parameter GPT in bfloat16 (hidden 2048, 8 layers, 16 x 512 tokens) on 2 nodes
+    of 8 H100s joined by 100 Gb/s Ethernet (12.5 GB/s per GPU, `h100-ethernet`), within
+    0.35 GiB per GPU: one node can't hold the model and its AdamW state (0.47e9 x 8 B / 8 =
+    0.47 GB per GPU), so a plan without a pipeline must use the other node for storage or
+    work, and every way to do it moves weights or gradients over Ethernet each step (ZeRO's
+    gathers and reductions of ~0.1-0.2 GB per GPU, 10-20 ms) or activations at every layer.
+    A pipeline over the nodes keeps each stage's weights, gradients and state inside its
+    node and sends only the boundary activations (16 x 512 x 2048 x 2 B = 34 MB forward and
+    as much backward, about 5 ms over the step): the planner pipelines."""
+    model, inputs = gpt.build(vocab=32000, seq=512, hidden=2048, heads=16, layers=8, batch=16,
+                              device="meta", dtype=torch.bfloat16)
     mesh = autopar.Mesh((2, 8), ("pp", "tp"), hardware="h100-ethernet")
-    plan = autopar.plan(model, mesh, inputs, time_limit=5)
+    plan = autopar.plan(model, mesh, inputs, time_limit=5, memory_budget=0.35 * 2**30)
     assert plan.pipeline is not None
     assert plan.pipeline.ranks == 2 and plan.pipeline.microbatches >= 2
-    assert not any(axis == "pp" for kind, axis, _ in plan.comm_bytes()
-                   if kind not in ("send", "broadcast", "all_reduce"))
+    pipeline_traffic = {kind for kind, axis, _ in plan.comm_bytes() if axis == "pp"}
+    assert pipeline_traffic <= {"send", "broadcast", "all_reduce"}
 
 
 def test_a_model_that_fits_data_parallel_on_infiniband_is_not_pipelined():

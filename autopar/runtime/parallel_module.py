@@ -66,6 +66,56 @@ def describe_value(value) -> str:
     return repr(value)
 
 
+def register_pieces(module: nn.Module, slots: tuple[StateSlot, ...],
+                    pieces: dict[str, torch.Tensor], persistent: set[str]
+                    ) -> dict[str, torch.Tensor]:
+    """Register each slot's piece on `module` under every name of the slot (parameters as
+    Parameters, buffers persistent when `persistent` names them; tied names share the
+    piece); return the constants, which are not registered, by name."""
+    constants: dict[str, torch.Tensor] = {}
+    for slot in slots:
+        piece = pieces[slot.names[0]]
+        if slot.role == "parameter":
+            piece = nn.Parameter(piece, requires_grad=slot.requires_grad)
+        for name in slot.names:
+            if slot.role == "constant":
+                constants[name] = piece
+                continue
+            owner, leaf = owner_of(module, name)
+            if slot.role == "parameter":
+                owner.register_parameter(leaf, piece)
+            else:
+                owner.register_buffer(leaf, piece, persistent=name in persistent)
+    return constants
+
+
+def flatten_inputs(args: tuple, kwargs: dict, in_spec) -> list:
+    """The call's flat input leaves; `InputMismatchError` when they are structured
+    otherwise than the example inputs (`in_spec`, export's pytree spec)."""
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    if spec != in_spec:
+        raise InputMismatchError(
+            "the inputs are structured differently from the example inputs",
+            expected=str(in_spec), got=str(spec),
+            fix="call the model with the arguments it was compiled with")
+    return flat
+
+
+def check_inputs(flat: list, examples: tuple) -> None:
+    """`InputMismatchError` naming the first flat input whose shape, dtype or value is not
+    its example's (a `TensorSpec`, or the value a non-tensor leaf was specialised to)."""
+    for i, (value, example) in enumerate(zip(flat, examples)):
+        same = (isinstance(value, torch.Tensor) and tuple(value.shape) == example.shape
+                and value.dtype == example.dtype) if isinstance(example, TensorSpec) \
+            else not isinstance(value, torch.Tensor) and value == example
+        if not same:
+            raise InputMismatchError(
+                f"input {i} differs from the example input the model was compiled for",
+                expected=describe_value(example), got=describe_value(value),
+                fix="compile again (on every rank) with example inputs of these shapes, "
+                    "or pad the inputs to the compiled shapes")
+
+
 class ParallelModule(nn.Module):
     """This rank's part of a model compiled for a mesh (see the module docstring).
 
@@ -98,20 +148,7 @@ class ParallelModule(nn.Module):
         self._program: fx.GraphModule = program.module
         self._collectives = program.collectives
         self._slots = slots
-        self._constants: dict[str, torch.Tensor] = {}
-        for slot in slots:
-            piece = pieces[slot.names[0]]
-            if slot.role == "parameter":
-                piece = nn.Parameter(piece, requires_grad=slot.requires_grad)
-            for name in slot.names:
-                if slot.role == "constant":
-                    self._constants[name] = piece
-                    continue
-                owner, leaf = owner_of(self, name)
-                if slot.role == "parameter":
-                    owner.register_parameter(leaf, piece)
-                else:
-                    owner.register_buffer(leaf, piece, persistent=name in persistent)
+        self._constants = register_pieces(self, slots, pieces, persistent)
         self._arguments = slots[:len(program.state)]
         self._mutated = tuple(next(s for s in slots if name in s.names) for name in mutated)
         # Where each slot's tensor lives, resolved once: forward reads them on every call.
@@ -179,24 +216,10 @@ class ParallelModule(nn.Module):
 
     def _flat_inputs(self, args: tuple, kwargs: dict) -> list:
         if kwargs or len(args) != self._positional_arity:
-            flat, spec = pytree.tree_flatten((args, kwargs))
-            if spec != self._in_spec:
-                raise InputMismatchError(
-                    "the inputs are structured differently from the example inputs",
-                    expected=str(self._in_spec), got=str(spec),
-                    fix="call the model with the arguments it was compiled with")
+            flat = flatten_inputs(args, kwargs, self._in_spec)
         else:
             flat = list(args)  # as many as the example's leaves; each is checked below
-        for i, (value, example) in enumerate(zip(flat, self._inputs)):
-            same = (isinstance(value, torch.Tensor) and tuple(value.shape) == example.shape
-                    and value.dtype == example.dtype) if isinstance(example, TensorSpec) \
-                else not isinstance(value, torch.Tensor) and value == example
-            if not same:
-                raise InputMismatchError(
-                    f"input {i} differs from the example input the model was compiled for",
-                    expected=describe_value(example), got=describe_value(value),
-                    fix="compile again (on every rank) with example inputs of these shapes, "
-                        "or pad the inputs to the compiled shapes")
+        check_inputs(flat, self._inputs)
         return flat
 
     def forward(self, *args, **kwargs):

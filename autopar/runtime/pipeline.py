@@ -34,19 +34,22 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.microbatch import TensorChunkSpec, _Replicate
 from torch.distributed.pipelining.schedules import get_schedule_class
-from torch.utils import _pytree as pytree
 
-from autopar.errors import InputMismatchError
 from autopar.passes.lower import RankProgram, StateSlot
 from autopar.passes.split_batch import BatchSplit, micro_inputs
 from autopar.plan_types import Plan
 from autopar.runtime.collectives import RankContext
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.microbatch import hand_over
-from autopar.runtime.parallel_module import describe_value, owner_of
+from autopar.runtime.parallel_module import (
+    check_inputs,
+    flatten_inputs,
+    owner_of,
+    register_pieces,
+)
 from autopar.runtime.pending import PendingSum
 from autopar.runtime.shards import gather_full
-from autopar.specs import BOUNDARY, ROLE, TENSOR, TensorSpec
+from autopar.specs import BOUNDARY, ROLE, TENSOR
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -171,20 +174,7 @@ class PipelinedModule(nn.Module):
         self._in_spec, self._out_spec = call_spec
         self._shared = shared
         self._slots, self._persistent = slots, persistent
-        self._constants: dict[str, torch.Tensor] = {}
-        for slot in slots:
-            piece = pieces[slot.names[0]]
-            if slot.role == "parameter":
-                piece = nn.Parameter(piece, requires_grad=slot.requires_grad)
-            for name in slot.names:
-                if slot.role == "constant":
-                    self._constants[name] = piece
-                    continue
-                owner, leaf = owner_of(self, name)
-                if slot.role == "parameter":
-                    owner.register_parameter(leaf, piece)
-                else:
-                    owner.register_buffer(leaf, piece, persistent=name in persistent)
+        self._constants = register_pieces(self, slots, pieces, persistent)
         by_name = {slot.names[0]: slot for slot in slots}
         self.regathers = any(r.regather and any(s.kind == "all_gather" for s in r.forward_steps)
                              for _, program, _ in stages for _, r in program.collectives)
@@ -229,21 +219,8 @@ class PipelinedModule(nn.Module):
         self._counter.record("send", self.axis_name, "backward", _nbytes(grad))
 
     def _flat_inputs(self, args: tuple, kwargs: dict) -> list:
-        flat, spec = pytree.tree_flatten((args, kwargs))
-        if spec != self._in_spec:
-            raise InputMismatchError(
-                "the inputs are structured differently from the example inputs",
-                expected=str(self._in_spec), got=str(spec),
-                fix="call the model with the arguments it was compiled with")
-        for i, (value, example) in enumerate(zip(flat, self._inputs)):
-            same = (isinstance(value, torch.Tensor) and tuple(value.shape) == example.shape
-                    and value.dtype == example.dtype) if isinstance(example, TensorSpec) \
-                else not isinstance(value, torch.Tensor) and value == example
-            if not same:
-                raise InputMismatchError(
-                    f"input {i} differs from the example input the model was compiled for",
-                    expected=describe_value(example), got=describe_value(value),
-                    fix="compile again (on every rank) with example inputs of these shapes")
+        flat = flatten_inputs(args, kwargs, self._in_spec)
+        check_inputs(flat, self._inputs)
         return flat
 
     def forward(self, *args, **kwargs) -> torch.Tensor:
