@@ -58,7 +58,7 @@ from autopar.specs import BOUNDARY, NAMES, TENSOR, TensorSpec
 
 # With microbatches=None, the counts tried: divisors of the batch up to this many per
 # pipeline rank (more shrink the bubble less than they cost in per-micro-batch overhead).
-MAX_MICROBATCHES_PER_RANK = 8
+MAX_MICROBATCHES_PER_RANK = 4
 
 
 def sub_mesh(mesh: Mesh, axis: int) -> Mesh:

@@ -211,7 +211,8 @@ def _comm_table(plan: Plan) -> Table:
     return table
 
 
-_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A"}
+_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A",
+          "send": "P2P", "broadcast": "BC"}
 
 
 def _by_kind_and_axis(rows) -> str:
@@ -255,8 +256,10 @@ def _hand_notes(plan: Plan) -> list[str]:
     notes = [f"{r.name}: {r.note}" for r in plan.hand_strategies if r.note]
     return [*notes, "scaling eff. = (one device's compute / devices) / step time. bytes moved "
                     "per device, forward + backward: AR all-reduce, AG all-gather, RS "
-                    "reduce-scatter, A2A all-to-all. Hand strategies are the cheapest plans "
-                    "within their roles, solved with no memory limit."]
+                    "reduce-scatter, A2A all-to-all, P2P sends between pipeline stages, BC "
+                    "broadcast (summed over a pipeline's ranks). Hand strategies are the "
+                    "cheapest plans within their roles, solved with no memory limit (Megatron "
+                    "3D within it when some choice of micro-batches fits)."]
 
 
 def render_summary(plan: Plan, *, width: int = 120) -> str:
