@@ -51,10 +51,13 @@ class GoldenCase:
     mesh: tuple[int, ...]
     axis_names: tuple[str, ...]
     hardware: str
+    pipeline: autopar.Pipeline | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.example}-{'x'.join(map(str, self.mesh))}-{self.hardware}"
+        suffix = "" if self.pipeline is None else (
+            f"-pp-{self.pipeline.schedule or 'any'}-m{self.pipeline.microbatches}")
+        return f"{self.example}-{'x'.join(map(str, self.mesh))}-{self.hardware}{suffix}"
 
     @property
     def config(self) -> dict[str, object]:
@@ -83,6 +86,13 @@ CASES: tuple[GoldenCase, ...] = tuple(
     for shape, names in MESHES for hardware in HARDWARE)
 
 
+# Pipelined cases: the example over a pp axis of 2 with tensor parallelism inside the
+# stages, the schedule chosen among those the runtime runs, 4 micro-batches.
+PIPELINED_CASES: tuple[GoldenCase, ...] = tuple(
+    GoldenCase(example, (2, 4), ("pp", "tp"), "h100-sxm", autopar.Pipeline(microbatches=4))
+    for example in ("gpt", "llama") if _available(example))
+
+
 def _placements(node: NodePlan) -> str:
     inputs = " ".join(f"[{p}]" for p in node.inputs)
     return f"{inputs} -> [{node.output}]" if inputs else f"[{node.output}]"
@@ -102,7 +112,12 @@ def record(case: GoldenCase, plan: Plan) -> dict:
         "comm_s": plan.comm_s,
         "peak_memory_bytes": plan.peak_memory_bytes,
         "comm_bytes": {"/".join(key): value for key, value in plan.comm_bytes().items()},
-        "placements": {node.name: _placements(node) for node in plan.nodes},
+        # A pipeline's stages may share names (a received tensor, a tied weight): by stage.
+        "placements": {(node.name if plan.pipeline is None else f"{node.stage}:{node.name}"):
+                       _placements(node) for node in plan.nodes},
+        **({} if plan.pipeline is None else {"pipeline": {
+            "schedule": plan.pipeline.schedule, "microbatches": plan.pipeline.microbatches,
+            "stages": [list(s.blocks) for s in plan.pipeline.stages]}}),
     }
 
 
@@ -121,6 +136,8 @@ def differences(golden: dict, current: dict) -> list[str]:
         lines.append(f"node {name} is new: {new[name]}")
     lines += [f"node {name}: {old[name]}  now  {new[name]}"
               for name in old if name in new and old[name] != new[name]]
+    if golden.get("pipeline") != current.get("pipeline"):
+        lines.append(f"pipeline {golden.get('pipeline')}  now  {current.get('pipeline')}")
     for key in ("step_time_s", "compute_s", "comm_s", "peak_memory_bytes"):
         if _relative(current[key], golden[key]) > COST_TOLERANCE:
             change = (current[key] - golden[key]) / max(abs(golden[key]), 1e-30)

@@ -1,6 +1,7 @@
 """Golden plans: every example x mesh x hardware of `golden_cases.CASES` plans exactly as
 its committed record in `tests/golden/plans/` says (placements equal, predicted costs within
-0.1%). A failure prints what changed. When a change is intended, regenerate the records on
+0.1%), and the pipelined cases (`PIPELINED_CASES`) their stages and schedule too. A failure
+prints what changed. When a change is intended, regenerate the records on
 purpose and commit them with the change:
 
     python -m pytest tests/golden --regen-golden
@@ -13,8 +14,9 @@ import json
 from pathlib import Path
 
 import pytest
-from golden_cases import CASES, TIME_LIMIT, GoldenCase, differences, record
+from golden_cases import CASES, PIPELINED_CASES, TIME_LIMIT, GoldenCase, differences, record
 
+import autopar
 from autopar.api import plan_graph
 from autopar.passes.annotate import annotate
 from autopar.passes.capture import capture
@@ -31,12 +33,16 @@ def _graph(example: str):
 
 
 def current_record(case: GoldenCase) -> dict:
+    if case.pipeline is not None:  # a pipeline captures the model at one micro-batch
+        model, inputs = case.build()
+        return record(case, autopar.plan(model, case.mesh_value(), inputs,
+                                         time_limit=TIME_LIMIT, pipeline=case.pipeline))
     gm, model_name = _graph(case.example)
     plan = plan_graph(gm, case.mesh_value(), model_name=model_name, time_limit=TIME_LIMIT)
     return record(case, plan)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES + PIPELINED_CASES, ids=lambda c: c.name)
 def test_plan_matches_its_golden_record(case: GoldenCase, request) -> None:
     path = PLANS / f"{case.name}.json"
     current = current_record(case)
@@ -55,6 +61,6 @@ def test_plan_matches_its_golden_record(case: GoldenCase, request) -> None:
 
 def test_every_golden_record_has_a_case() -> None:
     # A record left behind by a removed case would never be checked again.
-    names = {case.name for case in CASES}
+    names = {case.name for case in CASES + PIPELINED_CASES}
     stale = sorted(p.stem for p in PLANS.glob("*.json") if p.stem not in names)
     assert not stale, f"golden records without a case: {stale}; delete them"
