@@ -25,7 +25,7 @@ from autopar.errors import (
 )
 from autopar.mesh import Mesh
 from autopar.passes.annotate import annotate
-from autopar.passes.capture import CALL_SPEC, CONSTANTS, MUTATED, capture
+from autopar.passes.capture import CALL_SPEC, CONSTANTS, LOSS, MUTATED, capture
 from autopar.passes.find_strategies import is_decision
 from autopar.passes.lower import lower
 from autopar.passes.split_batch import loss_weights, split_batch
@@ -241,7 +241,7 @@ def assemble_pipeline(model: nn.Module, gm: fx.GraphModule, plan: Plan,
                            persistent=set(model.state_dict(keep_vars=True)), device=device,
                            inner=inner, context=context, here=here, inputs=tuple(whole),
                            call_spec=gm.meta[CALL_SPEC], split=split, weights=weights,
-                           shared=shared)
+                           shared=shared, loss_index=micro.meta[LOSS])
 
 
 def _batch_inputs(gm: fx.GraphModule) -> list:

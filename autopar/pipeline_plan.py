@@ -59,6 +59,7 @@ from autopar.specs import BOUNDARY, NAMES, TENSOR, TensorSpec
 # With microbatches=None, the counts tried: divisors of the batch up to this many per
 # pipeline rank (more shrink the bubble less than they cost in per-micro-batch overhead).
 MAX_MICROBATCHES_PER_RANK = 4
+LOSS_BYTES = 4
 
 
 def sub_mesh(mesh: Mesh, axis: int) -> Mesh:
@@ -170,9 +171,9 @@ def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Sch
         "all_reduce", axis_name, float(nbytes), True, name,
         float(cost.collective_time("all_reduce", nbytes, ranks, link.bandwidth, link.latency)))
         for name, nbytes in sorted(shared_bytes.items()))
-    loss = _loss_spec(stages[-1].module)
-    transfers += (TransferRecord("broadcast", axis_name, float(loss.nbytes), False, "loss",
-                                 float(cost.collective_time("broadcast", loss.nbytes, ranks,
+    # The loss reaches every pipeline rank as one float32 scalar (the sum of its parts).
+    transfers += (TransferRecord("broadcast", axis_name, float(LOSS_BYTES), False, "loss",
+                                 float(cost.collective_time("broadcast", LOSS_BYTES, ranks,
                                                             link.bandwidth, link.latency))),)
     times = [r.time_s for r in records]
     total = (step_time(times, microbatches, ranks, schedule) + max(r.once_s for r in records)
@@ -187,12 +188,6 @@ def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Sch
 def _state_node(module: fx.GraphModule, name: str) -> fx.Node:
     return next(n for n in module.graph.nodes if n.op == "placeholder"
                 and name in n.meta.get(NAMES, ()))
-
-
-def _loss_spec(module: fx.GraphModule) -> TensorSpec:
-    output = next(n for n in module.graph.nodes if n.op == "output")
-    loss = next(v for v in output.args[0] if isinstance(v, fx.Node))
-    return loss.meta[TENSOR]
 
 
 def _with_sends(plan: Plan, stage: Stage, microbatches: int, axis: str, link) -> Plan:

@@ -16,8 +16,9 @@ read after it, once however many later ops read it. A value read two stages late
 through the stage between, as one of its inputs and outputs. State (parameters, buffers,
 constants) is not moved: each stage holds what it reads, so a weight two stages read (an
 embedding tied to the head) is held by both and its gradient summed over them
-(`Stage.shared`). User inputs are not moved either: every rank has them, and each stage
-reads the ones it uses.
+(`Stage.shared`); a buffer two stages read is held by both, unchanged (a step that
+mutates buffers can't be cut into micro-batches, so it is never pipelined). User inputs
+are not moved either: every rank has them, and each stage reads the ones it uses.
 
 **Balance.** `balanced_cuts` chooses the cuts minimising the slowest stage's estimated
 time, by dynamic programming over units: best[j][k] = the least max over k stages of units
@@ -68,7 +69,8 @@ class Units:
 class Stage:
     """One stage: its graph, the units it runs (`first`..`last`, inclusive), the names of
     its boundary inputs (from the previous stage) and outputs (to the next), and the
-    canonical names of the state tensors other stages hold too (`shared`)."""
+    canonical names of the parameters other stages hold too (`shared`: their gradients
+    are summed over the stages; shared buffers and constants are only read)."""
 
     index: int
     module: fx.GraphModule
@@ -182,7 +184,7 @@ def split_stages(gm: fx.GraphModule, units: Units, cuts: tuple[int, ...]) -> tup
         sends = sent[k] if k < len(cuts) else None
         module = _stage_graph(gm, k, stage_of, receives, sends, placeholders, readers)
         shared = tuple(n.meta[NAMES][0] for n in placeholders
-                       if n.meta.get(ROLE) != "input" and k in readers[n.name]
+                       if n.meta.get(ROLE) == "parameter" and k in readers[n.name]
                        and len(readers[n.name]) > 1)
         stages.append(Stage(k, module, bounds[k], bounds[k + 1] - 1, receives,
                             sends or (), shared))

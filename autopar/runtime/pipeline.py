@@ -34,6 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.microbatch import TensorChunkSpec, _Replicate
 from torch.distributed.pipelining.schedules import get_schedule_class
+from torch.utils import _pytree as pytree
 
 from autopar.passes.lower import RankProgram, StateSlot
 from autopar.passes.split_batch import BatchSplit, micro_inputs
@@ -152,14 +153,16 @@ class PipelinedModule(nn.Module):
                  context: RankContext | None, here: torch.device, inputs: tuple,
                  call_spec: tuple, split: BatchSplit,
                  weights: Callable[[list[list]], list[float]],
-                 shared: tuple[tuple[str, int, torch.dtype], ...]) -> None:
+                 shared: tuple[tuple[str, int, torch.dtype], ...], loss_index: int = 0) -> None:
         """`stages`: this rank's (stage index, lowered program, the flat user-input keys
         it reads); `examples` per stage empty tensors shaped as what it receives and sends
         (`boundary_examples`); `slots`/`pieces` the state of all of them (by canonical name);
         `inputs` the whole batch's flat input specs; `shared` the weights summed over the
         pipeline axis (canonical name, local elements, dtype), in the same order on every
-        rank."""
+        rank; `loss_index` is the loss's position among the model's flat outputs (the
+        others, which `split_batch` checked are None, are returned as None)."""
         super().__init__()
+        self._loss_index = loss_index
         record = plan.pipeline
         assert record is not None
         self.plan, self.microbatches = plan, record.microbatches
@@ -223,7 +226,15 @@ class PipelinedModule(nn.Module):
         check_inputs(flat, self._inputs)
         return flat
 
-    def forward(self, *args, **kwargs) -> torch.Tensor:
+    def forward(self, *args, **kwargs):
+        loss = self._step(args, kwargs)
+        if self._out_spec.is_leaf():
+            return loss
+        leaves = [None] * self._out_spec.num_leaves
+        leaves[self._loss_index] = loss
+        return pytree.tree_unflatten(leaves, self._out_spec)
+
+    def _step(self, args: tuple, kwargs: dict) -> torch.Tensor:
         flat = self._flat_inputs(args, kwargs)
         weights = self._weights(micro_inputs(flat, self._split))
         users = {key: flat[int(key[2:])] for key in self._keys}
@@ -237,8 +248,9 @@ class PipelinedModule(nn.Module):
                 module.backwards = 0
             run = self._schedule.step if train else self._schedule.eval
             try:
+                # The last stage's outputs are the losses, kept in `losses`, not merged.
                 run(target=target, losses=losses if self._last else None,
-                    **({"return_outputs": False} if train else {}), **users)
+                    return_outputs=False, **users)
             finally:
                 if self.context is not None:
                     self.context.reducer.end_step()
@@ -273,12 +285,10 @@ class PipelinedModule(nn.Module):
     def _broadcast_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
         """The weighted sum of the micro-batches' losses, from the last stage to every
         pipeline rank."""
-        spec = self.plan.pipeline.transfers[-1]
         total = torch.zeros((), dtype=torch.float32, device=self._device())
         if self._last:
-            total = sum(loss.detach().float() for loss in losses)
-        total = total.reshape(()).clone()
-        self._counter.record("broadcast", self.axis_name, "forward", int(spec.nbytes))
+            total = sum(loss.detach().float() for loss in losses).reshape(()).clone()
+        self._counter.record("broadcast", self.axis_name, "forward", _nbytes(total))
         dist.broadcast(total, group=self._group, group_src=self._ranks - 1)
         return total
 

@@ -50,6 +50,8 @@ class Trained:
     grad_excess: tuple[float, ...]  # the worst gradient over the tolerance, per step
     measured: dict
     predicted: dict
+    evaluated: tuple[float, float]  # (compiled, plain) loss under torch.no_grad()
+    scaled_excess: float  # worst gradient of (2 * loss).backward() over the tolerance
 
 
 def train(rank: int, case: Case, plan: dict) -> Trained:
@@ -73,8 +75,14 @@ def train(rank: int, case: Case, plan: dict) -> Trained:
             opt.step()
             opt.zero_grad()
     pipeline_rank = pm.coordinate[mesh.axis_index("pp")]
-    return Trained(tuple(losses), tuple(excess), dict(pm.counter.totals()),
-                   pm.plan.comm_bytes(pipeline_rank))
+    measured, predicted = dict(pm.counter.totals()), pm.plan.comm_bytes(pipeline_rank)
+    with torch.no_grad():  # the schedule's forwards only
+        evaluated = (float(pm(*inputs)), float(reference(*inputs)))
+    (2 * pm(*inputs)).backward()  # the backward honours the gradient it receives
+    grads = pm.full_grads()
+    (2 * reference(*inputs)).backward()
+    scaled = worst_gradient(grads, reference, Tolerance())[3]
+    return Trained(tuple(losses), tuple(excess), measured, predicted, evaluated, scaled)
 
 
 def train_all(rank: int, cases: tuple[Case, ...], plans: tuple[dict, ...]) -> list[Trained]:

@@ -77,3 +77,13 @@ def test_the_tensor_parallel_stages_shard(outcomes):
     for case, per_rank in outcomes.items():
         if "tp" in case.axes:
             assert any(axis == "tp" for run in per_rank for _, axis, _ in run.measured), case
+
+
+def test_no_grad_runs_the_forwards_and_a_scaled_loss_scales_the_gradients(outcomes):
+    """Under torch.no_grad() a call runs the schedule's forwards only and returns the same
+    loss; (2 * loss).backward() leaves twice the gradients, as on the plain model."""
+    for case, per_rank in outcomes.items():
+        for run in per_rank:
+            loss, expected = run.evaluated
+            assert Tolerance().excess(abs(loss - expected), abs(expected)) <= 1, case
+            assert run.scaled_excess <= 1, case
