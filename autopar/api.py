@@ -116,6 +116,21 @@ def micro_graph(model: nn.Module, example_inputs: tuple, split: BatchSplit) -> f
     return annotate(capture(model, tuple(args)))
 
 
+def memoized_micro_graph() -> Callable[[nn.Module, tuple, BatchSplit], fx.GraphModule]:
+    """`micro_graph` capturing each micro-batch once: the plain plan's micro-batch counts,
+    the pipeline's and Megatron 3D's share their captures within one planning call (no
+    pass mutates its input graph)."""
+    captured: dict[BatchSplit, fx.GraphModule] = {}
+
+    def capture_once(model: nn.Module, example_inputs: tuple,
+                     split: BatchSplit) -> fx.GraphModule:
+        if split not in captured:
+            captured[split] = micro_graph(model, example_inputs, split)
+        return captured[split]
+
+    return capture_once
+
+
 def input_signature(example_inputs: tuple) -> tuple[str, ...]:
     """Each flat input leaf as `dtype[shape]` (tensors) or its repr: what a plan is for."""
     def describe(value: object) -> str:
@@ -222,6 +237,7 @@ def _plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, me
     3D among them (`_with_megatron_3d`)."""
     request = pipeline_request(mesh, pipeline)
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
+    options = {**options, "micro": memoized_micro_graph()}
     if request is None:
         plain = _plan_steps(model, gm, example_inputs, mesh, microbatches=microbatches,
                             memory_budget=memory_budget, **options)
@@ -232,14 +248,14 @@ def _plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, me
         request = dataclasses.replace(request, microbatches=microbatches)
     loss_output(gm)
     stage_options = {k: v for k, v in options.items() if k not in ("hand_strategies",
-                                                                   "constraints")}
+                                                                   "constraints", "micro")}
 
     def plan_stage(graph: fx.GraphModule, inner: Mesh, **solve) -> Plan:
         return plan_graph(graph, inner, **stage_options, **solve)
 
     def pipelined() -> Plan:
         return plan_pipeline(model, gm, example_inputs, mesh, request, plan_stage=plan_stage,
-                             memory_budget=budget, micro_graph=micro_graph,
+                             memory_budget=budget, micro_graph=options["micro"],
                              progress=options.get("progress"))
 
     if pipeline != "auto":
@@ -270,7 +286,7 @@ def _with_megatron_3d(chosen: Plan, model: nn.Module, gm: fx.GraphModule,
                                time_limit=options.get("time_limit", 30.0),
                                fold_layers=options.get("fold_layers", True),
                                seed=options.get("seed", 0), optimizer=state,
-                               progress=options.get("progress"))
+                               micro=options["micro"], progress=options.get("progress"))
     records = list(chosen.hand_strategies)
     records.insert(max(0, len(records) - 1), record)  # before the single-device reference
     if adopt and plan is not None and not options.get("constraints") \
@@ -308,7 +324,9 @@ def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
 
 def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
                 microbatches: int | str, memory_budget: float | None = None,
-                progress: Callable[[str], None] | None = None, **options) -> Plan:
+                progress: Callable[[str], None] | None = None,
+                micro: Callable[[nn.Module, tuple, BatchSplit], fx.GraphModule] = micro_graph,
+                **options) -> Plan:
     """`plan_graph` of `gm` (`model` captured and annotated at `example_inputs`), run as
     `microbatches` micro-batches: a count, or "auto". With "auto" the step is first planned
     whole; while the best plan so far does not fit, or holds at least `MEMORY_BINDS` of
@@ -316,13 +334,14 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     `options`' time limit), up to `MAX_MICROBATCHES` or a step time worse than the best:
     micro-batches only trade time for memory. A model whose step can't be cut (its loss or
     an op mixes samples: `split_batch`) is planned whole under "auto", and raises
-    `MicrobatchError` for a count; `LossError` when the forward returns no loss."""
+    `MicrobatchError` for a count; `LossError` when the forward returns no loss. `micro`
+    captures the model at one micro-batch (`micro_graph`, or `memoized_micro_graph()`'s)."""
     say = progress or (lambda message: None)
     loss_output(gm)  # a model that returns no loss can't be trained: say so before solving
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
 
     def planned(count: int, split: BatchSplit | None) -> Plan:
-        graph = gm if split is None else micro_graph(model, example_inputs, split)
+        graph = gm if split is None else micro(model, example_inputs, split)
         if split is not None:
             say(f"{STAGE} plan {split.describe()}")
         return plan_graph(graph, mesh, memory_budget=budget, microbatches=count,

@@ -44,10 +44,11 @@ def pipeline_axis_3d(mesh: Mesh) -> int | None:
 
 def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
                 memory_budget: float, time_limit: float, fold_layers: bool, seed: int,
-                optimizer: OptimizerState,
+                optimizer: OptimizerState, micro: Callable = micro_graph,
                 progress: Callable[[str], None] | None = None
                 ) -> tuple[HandStrategyRecord, Plan | None]:
-    """The Megatron 3D record and its plan (None when it doesn't apply or fit)."""
+    """The Megatron 3D record and its plan (None when it doesn't apply or fit); `micro`
+    captures the model at one micro-batch (`api.micro_graph` or a memoized one)."""
     axis = pipeline_axis_3d(mesh) if mesh.ndim >= 2 else None
     inner_link = mesh.hardware.links[0].name
     if axis is None:
@@ -81,7 +82,7 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
         try:
             plan = plan_pipeline(model, gm, example_inputs, mesh, request,
                                  plan_stage=plan_stage, memory_budget=budget,
-                                 micro_graph=micro_graph, progress=progress)
+                                 micro_graph=micro, progress=progress)
         except InfeasiblePlanError:
             continue
         except (PipelineError, MicrobatchError) as error:

@@ -92,12 +92,12 @@ class _StageModule(nn.Module):
     `forward(*received, **user_inputs)` -> the tensors to send (or the loss)."""
 
     def __init__(self, owner: PipelinedModule, index: int, program: RankProgram,
-                 arguments: tuple[StateSlot, ...], received: int, user_keys: tuple[str, ...],
+                 arguments: tuple[StateSlot, ...], user_keys: tuple[str, ...],
                  is_first: bool, is_last: bool) -> None:
         super().__init__()
         self._owner = [owner]  # not a submodule: the owner holds the parameters
         self.index, self._program, self._arguments = index, program, arguments
-        self._received, self._user_keys = received, user_keys
+        self._user_keys = user_keys
         self._is_first, self._is_last = is_first, is_last
         self.backwards = 0
 
@@ -171,7 +171,6 @@ class PipelinedModule(nn.Module):
         self.context, self._inner = context, inner
         self._group = device.get_group(record.axis)
         self._ranks = record.ranks
-        self._rank = device.get_local_rank(record.axis)
         self._counter = context.counter if context is not None else CommCounter()
         self._split, self._weights, self._inputs = split, weights, inputs
         self._in_spec, self._out_spec = call_spec
@@ -185,8 +184,7 @@ class PipelinedModule(nn.Module):
         self._stages = []
         for index, program, keys in stages:
             arguments = tuple(by_name[slot.names[0]] for slot in program.state)
-            received = len(record.stages[index].receives)
-            self._stages.append(_StageModule(self, index, program, arguments, received, keys,
+            self._stages.append(_StageModule(self, index, program, arguments, keys,
                                              index == 0, index == count - 1))
         # Static metadata: torch would otherwise run each stage once more to infer it, with
         # its collectives.

@@ -87,10 +87,12 @@ CASES: tuple[GoldenCase, ...] = tuple(
 
 
 # Pipelined cases: the example over a pp axis of 2 with tensor parallelism inside the
-# stages, the schedule chosen among those the runtime runs, 4 micro-batches.
+# stages, 4 micro-batches, one schedule each (one stage per rank, and interleaved).
 PIPELINED_CASES: tuple[GoldenCase, ...] = tuple(
-    GoldenCase(example, (2, 4), ("pp", "tp"), "h100-sxm", autopar.Pipeline(microbatches=4))
-    for example in ("gpt", "llama") if _available(example))
+    GoldenCase(example, (2, 4), ("pp", "tp"), "h100-sxm",
+               autopar.Pipeline(schedule=schedule, microbatches=4))
+    for example, schedule in (("gpt", "1F1B"), ("llama", "Interleaved1F1B"))
+    if _available(example))
 
 
 def _placements(node: NodePlan) -> str:
