@@ -7,7 +7,8 @@ def pytest_addoption(parser) -> None:
                           "comparing with it (commit the result with the change that caused it)")
     parser.addoption("--slow", action="store_true", default=False,
                      help="also run the tests marked slow (forced strategies over both axes of "
-                          "a 2x2 mesh: about 2 minutes)")
+                          "a 2x2 mesh, the whole pipeline matrix, pipelining over a slow "
+                          "link, the pipelined Llama golden plan: about 8 minutes)")
     parser.addoption("--corpus", action="store_true", default=False,
                      help="also train the whole model corpus (tests/corpus) on a 2x2 mesh next "
                           "to the single-process models: about 15 minutes on 2 cores")

@@ -168,6 +168,7 @@ def test_a_small_model_with_ample_memory_recomputes_nothing():
     assert not any(n.recompute for n in plan.nodes)
 
 
+@pytest.mark.slow  # about a minute: the plan without a pipeline tries 1-8 micro-batches
 def test_a_slow_link_between_nodes_is_pipelined_across():
     """A 0.47 B-parameter GPT in bfloat16 (hidden 2048, 8 layers, 16 x 512 tokens) on 2 nodes
     of 8 H100s joined by 100 Gb/s Ethernet (12.5 GB/s per GPU, `h100-ethernet`), within
