@@ -236,10 +236,9 @@ def assemble_pipeline(model: nn.Module, gm: fx.GraphModule, plan: Plan,
     trained = dict(model.named_parameters(remove_duplicate=False))
     shared = tuple((t.tensor, int(t.nbytes) // trained[t.tensor].element_size(),
                     trained[t.tensor].dtype) for t in record.transfers if t.kind == "all_reduce")
-    whole = [spec for spec, _ in zip(_batch_inputs(gm), split.split)]
     return PipelinedModule(plan, stages=local, examples=examples, slots=slots, pieces=pieces,
                            persistent=set(model.state_dict(keep_vars=True)), device=device,
-                           inner=inner, context=context, here=here, inputs=tuple(whole),
+                           inner=inner, context=context, here=here, inputs=tuple(_batch_inputs(gm)),
                            call_spec=gm.meta[CALL_SPEC], split=split, weights=weights,
                            shared=shared, loss_index=micro.meta[LOSS])
 

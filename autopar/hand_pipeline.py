@@ -19,7 +19,7 @@ from torch import nn
 
 from autopar.api import micro_graph, plan_table
 from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError
-from autopar.hand_strategies import HandStrategy, _missing, _record
+from autopar.hand_strategies import HandStrategy, missing_record, plan_record
 from autopar.mesh import Mesh
 from autopar.optimizer_state import OptimizerState
 from autopar.passes.find_strategies import find_strategies
@@ -55,7 +55,7 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
         strategy = HandStrategy(NAME, "tensor parallel inside nodes, pipeline across, data "
                                       "parallel over the rest", None,
                                 note="needs an axis named pp or one across nodes, and another")
-        return _missing(strategy, strategy.note), None
+        return missing_record(strategy, strategy.note), None
     others = [i for i in range(mesh.ndim) if i != axis]
     roles = tuple("tp" if mesh.axis_links[i].name == inner_link else "dp" for i in others)
     described = ", ".join(f"{role} over {mesh.axis_names[i]}" for i, role in zip(others, roles))
@@ -86,11 +86,11 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
         except InfeasiblePlanError:
             continue
         except (PipelineError, MicrobatchError) as error:
-            return _missing(strategy, error.what), None
+            return missing_record(strategy, error.what), None
         fits = plan.peak_memory_bytes <= memory_budget
-        record = _record(strategy, plan, memory_budget, _describe(plan))
+        record = plan_record(strategy, plan, memory_budget, _describe(plan))
         return record, plan if fits else None
-    return _missing(strategy, "no plan within this restriction"), None
+    return missing_record(strategy, "no plan within this restriction"), None
 
 
 def _describe(plan: Plan) -> str:

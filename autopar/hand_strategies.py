@@ -169,7 +169,10 @@ def standard_hand_strategies(mesh: Mesh) -> tuple[HandStrategy, ...]:
     return tuple(strategies)
 
 
-def _record(strategy: HandStrategy, plan: Plan, budget: float, note: str) -> HandStrategyRecord:
+def plan_record(strategy: HandStrategy, plan: Plan, budget: float,
+                note: str) -> HandStrategyRecord:
+    """`strategy`'s record from its cheapest `plan`: its figures, and whether it fits in
+    `budget` bytes per device."""
     return HandStrategyRecord(
         name=strategy.name, description=strategy.description, step_time_s=plan.step_time_s,
         compute_s=plan.compute_s, comm_s=plan.comm_s, peak_memory_bytes=plan.peak_memory_bytes,
@@ -178,7 +181,8 @@ def _record(strategy: HandStrategy, plan: Plan, budget: float, note: str) -> Han
         fits=plan.peak_memory_bytes <= budget, note=note, hidden_comm_s=plan.hidden_comm_s)
 
 
-def _missing(strategy: HandStrategy, note: str) -> HandStrategyRecord:
+def missing_record(strategy: HandStrategy, note: str) -> HandStrategyRecord:
+    """The record of a strategy with no plan, `note` saying why."""
     return HandStrategyRecord(strategy.name, strategy.description, None, None, None, None,
                               note=note)
 
@@ -252,8 +256,8 @@ def single_device_record(gm: fx.GraphModule, mesh: Mesh, *, budget: float,
                           fold_layers=True, seed=seed, optimizer=optimizer,
                           microbatches=microbatches)
     if isinstance(result, str):
-        return _missing(reference, result)
-    return _record(reference, result, budget, "")
+        return missing_record(reference, result)
+    return plan_record(reference, result, budget, "")
 
 
 def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: float,
@@ -279,7 +283,7 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
     fastest: Plan | None = None
     for strategy in strategies if strategies is not None else standard_hand_strategies(mesh):
         if strategy.roles is None:
-            records.append(_missing(strategy, strategy.note))
+            records.append(missing_record(strategy, strategy.note))
             continue
         say(f"{STAGE} hand strategy: {strategy.name} ({','.join(strategy.roles)})")
         restricted = restrict(gm, table, mesh, strategy.roles, strategy.recompute)
@@ -293,11 +297,11 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
                               microbatches=microbatches)
         if isinstance(result, str):
             note = "; ".join(filter(None, (result, *notes)))
-            records.append(_missing(strategy, note))
+            records.append(missing_record(strategy, note))
         else:
             if strategy.data_parallel:
                 notes += [_unsplit_axes_note(gm, mesh), _gathers_note(result, unsplit)]
-            records.append(_record(strategy, result, memory_budget,
+            records.append(plan_record(strategy, result, memory_budget,
                                    "; ".join(filter(None, notes))))
             if records[-1].fits and (fastest is None
                                      or result.step_time_s < fastest.step_time_s):
