@@ -89,6 +89,23 @@ def register_pieces(module: nn.Module, slots: tuple[StateSlot, ...],
     return constants
 
 
+def adopt_pieces(module: nn.Module, slots: tuple[StateSlot, ...],
+                 value: Callable[[StateSlot], torch.Tensor],
+                 tensors: dict[str, torch.Tensor]) -> None:
+    """Make each given tensor (by canonical name) hold its slot's piece on `module`
+    (`tensor.data = piece`) and register it under every name of the slot (see
+    `ParallelModule.adopt`); slots without a given tensor keep their own."""
+    for slot in slots:
+        original = tensors.get(slot.names[0])
+        if slot.role == "constant" or original is None:
+            continue
+        original.data = value(slot).data
+        for name in slot.names:
+            owner, leaf = owner_of(module, name)
+            table = owner._parameters if slot.role == "parameter" else owner._buffers
+            table[leaf] = original
+
+
 def flatten_inputs(args: tuple, kwargs: dict, in_spec) -> list:
     """The call's flat input leaves; `InputMismatchError` when they are structured
     otherwise than the example inputs (`in_spec`, export's pytree spec)."""
@@ -172,15 +189,7 @@ class ParallelModule(nn.Module):
         own: each becomes the piece (`tensor.data = piece`) and is registered under every
         name of its slot. Tensors an optimizer already holds then step the pieces. Not
         collective."""
-        for slot in self._slots:
-            original = tensors.get(slot.names[0])
-            if slot.role == "constant" or original is None:
-                continue
-            original.data = self._value(slot).data
-            for name in slot.names:
-                owner, leaf = owner_of(self, name)
-                table = owner._parameters if slot.role == "parameter" else owner._buffers
-                table[leaf] = original
+        adopt_pieces(self, self._slots, self._value, tensors)
 
     @property
     def counter(self) -> CommCounter:

@@ -43,6 +43,7 @@ from autopar.runtime.collectives import RankContext
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.microbatch import hand_over
 from autopar.runtime.parallel_module import (
+    adopt_pieces,
     check_inputs,
     flatten_inputs,
     owner_of,
@@ -177,6 +178,9 @@ class PipelinedModule(nn.Module):
         self._shared = shared
         self._slots, self._persistent = slots, persistent
         self._constants = register_pieces(self, slots, pieces, persistent)
+        # Where each slot's tensor lives, resolved once: every stage forward reads them.
+        self._homes = {slot.names[0]: owner_of(self, slot.names[0]) for slot in slots
+                       if slot.role != "constant"}
         by_name = {slot.names[0]: slot for slot in slots}
         self.regathers = any(r.regather and any(s.kind == "all_gather" for s in r.forward_steps)
                              for _, program, _ in stages for _, r in program.collectives)
@@ -210,10 +214,14 @@ class PipelinedModule(nn.Module):
     def counter(self) -> CommCounter:
         return self._counter
 
+    def adopt(self, tensors: dict[str, torch.Tensor]) -> None:
+        """`ParallelModule.adopt`: this rank's pieces held in the given tensors."""
+        adopt_pieces(self, self._slots, self.value, tensors)
+
     def value(self, slot: StateSlot) -> torch.Tensor:
         if slot.role == "constant":
             return self._constants[slot.names[0]]
-        owner, leaf = owner_of(self, slot.names[0])
+        owner, leaf = self._homes[slot.names[0]]
         return getattr(owner, leaf)
 
     def count_grad_sent(self, grad: torch.Tensor) -> None:
