@@ -48,6 +48,7 @@ from torch import fx, nn
 from torch.export.graph_signature import InputKind, OutputKind
 
 from autopar.errors import CaptureError, LossError
+from autopar.passes.repeat_blocks import capture_repeated
 from autopar.rules import DECOMPOSITIONS
 from autopar.specs import MODULE, NAMES, ROLE
 
@@ -67,10 +68,13 @@ _STATE_ROLES = ("parameter", "buffer", "constant")
 
 
 def capture(model: nn.Module, example_inputs: tuple, *,
-            dynamic_shapes: Any = None) -> fx.GraphModule:
+            dynamic_shapes: Any = None, repeat_blocks: bool = True) -> fx.GraphModule:
     """Trace `model(*example_inputs)` into a GraphModule with autopar meta on every node.
 
     `dynamic_shapes` is passed to torch.export as is (e.g. `({0: Dim("batch")}, ...)`).
+    With `repeat_blocks`, a model whose main ModuleList holds many identical blocks is
+    traced with four of them and the others stamped, the same graph in a fraction of the
+    time (`passes/repeat_blocks.py`; not with `dynamic_shapes`).
     Raises `CaptureError` when torch.export cannot trace the model.
     """
     if not isinstance(example_inputs, tuple):
@@ -78,6 +82,16 @@ def capture(model: nn.Module, example_inputs: tuple, *,
             "example_inputs must be the positional arguments of model.forward",
             expected="a tuple", got=type(example_inputs).__name__,
             fix="wrap them in a tuple, e.g. (x,)")
+    if repeat_blocks and dynamic_shapes is None:
+        stamped = capture_repeated(model, example_inputs, _trace, mutated=MUTATED)
+        if stamped is not None:
+            return stamped
+    return _trace(model, example_inputs, dynamic_shapes)
+
+
+def _trace(model: nn.Module, example_inputs: tuple,
+           dynamic_shapes: Any = None) -> fx.GraphModule:
+    """`capture` of the whole model by torch.export."""
     dropped: list[str] = []
     try:
         with _without_stack_traces(), _exportable_outputs(model, dropped):
