@@ -254,9 +254,12 @@ def _plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, me
         return plan_graph(graph, inner, **stage_options, **solve)
 
     def pipelined() -> Plan:
+        # A pipeline the user asked for accumulates over a model whose ops mix samples
+        # (with a warning); "auto" never changes what a step computes.
         return plan_pipeline(model, gm, example_inputs, mesh, request, plan_stage=plan_stage,
                              memory_budget=budget, micro_graph=options["micro"],
-                             progress=options.get("progress"))
+                             progress=options.get("progress"),
+                             mixing="accumulate" if isinstance(pipeline, Pipeline) else "refuse")
 
     if pipeline != "auto":
         if options.get("constraints"):

@@ -28,7 +28,7 @@ from autopar.passes.annotate import annotate
 from autopar.passes.capture import CALL_SPEC, CONSTANTS, LOSS, MUTATED, capture
 from autopar.passes.find_strategies import is_decision
 from autopar.passes.lower import lower
-from autopar.passes.split_batch import loss_weights, split_batch
+from autopar.passes.split_batch import ACCUMULATE, loss_weights, split_batch
 from autopar.passes.split_stages import find_units, split_stages
 from autopar.pipeline import Pipeline
 from autopar.plan_types import Plan
@@ -154,7 +154,9 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
     `master_weights=torch.float32` through `autopar.master_weights`, which keeps exactly that.
     `microbatches` and `pipeline` are `autopar.plan`'s; a plan of several micro-batches
     runs each call as that many (`autopar.runtime.microbatch`), a pipelined plan runs this
-    rank's stages under torch's schedule (`autopar.runtime.pipeline`).
+    rank's stages under torch's schedule (`autopar.runtime.pipeline`); a forced pipeline
+    of a model whose ops mix samples trains it by gradient accumulation over the
+    micro-batches (`passes/split_batch`'s ACCUMULATED, which the plan's warnings state).
 
     Raises `ProcessGroupError` (no process group, or a world size that is not the mesh's),
     `MeshError`/`PlanFormatError` for a plan of another mesh or model, and the planning
@@ -211,7 +213,9 @@ def assemble_pipeline(model: nn.Module, gm: fx.GraphModule, plan: Plan,
     inner_coordinate = tuple(c for i, c in enumerate(coordinate) if i != axis) or (0,)
     context = RankContext(inner) if inner is not None else None
     here = _rank_device(device)
-    split = split_batch(gm, record.microbatches)
+    # A pipelined plan of a step that mixes samples was asked for (auto pipelines only steps
+    # that split exactly), so it accumulates as planned; an exact step splits as before.
+    split = split_batch(gm, record.microbatches, mixing=ACCUMULATE)
     micro = gm if record.microbatches == 1 else micro_graph(model, example_inputs, split)
     weights = loss_weights(split, micro)
     units = find_units(micro)

@@ -4,7 +4,8 @@ For a pipeline over mesh axis `a` of p ranks, every candidate (micro-batch count
 schedule, stage count s = v p) is planned as follows, and the fastest that fits is kept:
 
 1. the model captured at one micro-batch's shapes (`api.micro_graph`; the step must cut
-   into micro-batches exactly: `split_batch`);
+   into micro-batches exactly, or, for a pipeline the user asked for, accumulate over them:
+   `split_batch`);
 2. cut into s stages of consecutive blocks balancing their estimated time
    (`split_stages.balanced_cuts`, O(U^2 s) over U blocks);
 3. each stage planned by the intra-op solver on the other axes (`sub_mesh`), as a step of m
@@ -33,7 +34,7 @@ from torch import nn
 from autopar import cost
 from autopar.errors import InfeasiblePlanError, PipelineError
 from autopar.mesh import Mesh
-from autopar.passes.split_batch import batch_size, split_batch
+from autopar.passes.split_batch import ACCUMULATED, REFUSE, batch_size, split_batch
 from autopar.passes.split_stages import Stage, balanced_cuts, find_units, split_stages, unit_times
 from autopar.pipeline import (
     Pipeline,
@@ -86,15 +87,18 @@ def pipeline_axis(mesh: Mesh, pipeline: Pipeline) -> int:
 def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh,
                   pipeline: Pipeline, *, plan_stage: Callable[..., Plan],
                   memory_budget: float | None, micro_graph: Callable,
-                  progress: Callable[[str], None] | None = None) -> Plan:
+                  progress: Callable[[str], None] | None = None, mixing: str = REFUSE) -> Plan:
     """The fastest fitting pipelined plan of `gm` (`model` captured at `example_inputs`)
     on `mesh` as `pipeline` asks (module docstring). `plan_stage(graph, mesh, *,
     memory_budget, microbatches, in_flight, constraints)` plans one stage (`api.plan_graph`
     with the caller's options); `micro_graph(model, inputs, split)` captures one
-    micro-batch. `memory_budget` None plans without a memory limit. Raises
-    `PipelineError` for a request that can't run, `MicrobatchError`
-    when the step can't be cut into micro-batches, `InfeasiblePlanError` when no candidate
-    fits."""
+    micro-batch. `memory_budget` None plans without a memory limit. `mixing` is
+    `split_batch`'s: with "accumulate" (a pipeline the user asked for) a model whose ops
+    mix samples is pipelined as gradient accumulation over the micro-batches, and the plan
+    warns so; with "refuse" (what "auto" asks: it must not change what a step computes) it
+    raises `MicrobatchError`. Raises `PipelineError` for a request that can't run,
+    `MicrobatchError` when the step can't be cut into micro-batches, `InfeasiblePlanError`
+    when no candidate fits."""
     say = progress or (lambda message: None)
     axis = pipeline_axis(mesh, pipeline)
     ranks, inner = mesh.shape[axis], sub_mesh(mesh, axis)
@@ -106,11 +110,14 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
     cache: dict[tuple, Plan] = {}
     best: Plan | None = None
     failure: Exception | None = None
+    mixes: dict[int, str] = {}  # micro-batch count -> what mixes samples, when accumulated
     for m in counts:
         runnable = [s for s in pipeline.schedules() if s.check_microbatches(m, ranks) is None]
         if not runnable:
             continue
-        split = split_batch(gm, m) if m > 1 else None
+        split = split_batch(gm, m, mixing=mixing) if m > 1 else None
+        if split is not None and split.weighting == ACCUMULATED:
+            mixes[m] = split.mixes
         micro = gm if split is None else micro_graph(model, example_inputs, split)
         units = find_units(micro)
         times = unit_times(micro, units, mesh.hardware)
@@ -134,6 +141,13 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
         raise PipelineError("no micro-batch count runs the pipeline", expected="a batch "
                             f"that splits into micro-batches for {ranks} pipeline ranks",
                             got=f"batch {batch}", fix="use a larger batch, or fewer ranks")
+    if best.microbatches in mixes:
+        m = best.microbatches
+        best = dataclasses.replace(best, warnings=(*best.warnings, (
+            f"the model mixes the samples of a batch ({mixes[m]}): each of the pipeline's {m} "
+            "micro-batches runs as the model's batch, so a step is gradient accumulation over "
+            f"{m} micro-batches (the mean of their losses and gradients), not the whole "
+            "batch's gradient")))
     return best
 
 

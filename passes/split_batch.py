@@ -24,8 +24,16 @@ backward is linear in the gradient), and `num` and `den` must come out `P`. An o
 is not split. Neither is one that mutates buffers (running statistics would be updated per
 micro-batch).
 
-Reads `autopar_role`, `autopar_tensor`; writes nothing. `split_batch(gm, M)` returns the
-`BatchSplit` or raises `MicrobatchError` saying which op or output prevents it.
+A pipeline needs micro-batches whatever the model. Asked to (`mixing=ACCUMULATE`, what a
+forced pipeline does), a step whose ops or loss mix the samples still runs as micro-batches,
+as gradient accumulation does in Megatron-LM or DeepSpeed: each micro-batch is the model's
+batch for the ops that mix samples (MoE routing gives each micro-batch its own capacity, a
+loss over the batch's means takes the micro-batch's), and the step's loss and gradients are
+the mean of the micro-batches' (ACCUMULATED, w_i = 1/M), not the whole batch's. Mutated
+buffers are refused even then.
+
+Reads `autopar_role`, `autopar_tensor`, `autopar_module`; writes nothing. `split_batch(gm, M)`
+returns the `BatchSplit` or raises `MicrobatchError` saying which op or output prevents it.
 """
 
 from __future__ import annotations
@@ -45,11 +53,16 @@ from autopar.passes.capture import MUTATED
 from autopar.passes.find_strategies import find_strategies, is_decision
 from autopar.passes.gradient_path import gradient_path
 from autopar.placement import Partial, Placements, Replicate, Shard, format_placements
-from autopar.specs import ROLE, TENSOR, TensorSpec
+from autopar.specs import MODULE, ROLE, TENSOR, TensorSpec
 
 aten = torch.ops.aten
 
 SUMMED, SCALED, COUNTED = "summed", "scaled", "counted"
+# The mean of the micro-batches' losses, each micro-batch being the model's batch for the
+# ops that mix samples: gradient accumulation, not the whole batch's gradient.
+ACCUMULATED = "accumulated"
+# What `split_batch` does with a step whose ops or loss mix the samples of the batch.
+REFUSE, ACCUMULATE = "refuse", "accumulate"
 
 
 @dataclass(frozen=True)
@@ -59,13 +72,16 @@ class BatchSplit:
     the micro-batches' losses combine (`weighting`, see the module docstring): SUMMED, a
     sum (w_i = 1); SCALED, a sum over the constant `count` (a mean's number of samples,
     w_i = its micro-batch value / `count`); COUNTED, over a count of the inputs
-    (w_i = den_i / sum_j den_j)."""
+    (w_i = den_i / sum_j den_j); ACCUMULATED, the mean of the micro-batches' losses
+    (w_i = 1 / M) of a step that mixes samples, `mixes` naming the op or loss that does
+    (empty for the other weightings, whose micro-batches give the batch's loss exactly)."""
 
     microbatches: int
     batch: int
     split: tuple[bool, ...]
     weighting: str
     count: float = 1.0
+    mixes: str = ""
 
     def describe(self) -> str:
         return f"{self.microbatches} micro-batches of {self.batch // self.microbatches} samples"
@@ -141,7 +157,9 @@ def _propagate(gm: fx.GraphModule, wanted: list[fx.Node], microbatches: int,
         choice = next((s for s in exact + list(table.strategies[node.name])
                        if _accumulates(refs, have, s, mesh.shape)), None)
         if choice is None:
-            raise MicrobatchError(
+            module = node.meta.get(MODULE)
+            raise _Mixing(
+                f"{node.target} ({node.name}{f', in {module}' if module else ''})",
                 f"{node.target} ({node.name}) mixes the samples of the batch: the step "
                 "cannot run as micro-batches that give the batch's gradients",
                 expected="ops that compute each sample's terms on their own up to the loss",
@@ -167,8 +185,19 @@ def _accumulates(refs, have: list[Placements], strategy, mesh_shape: tuple[int, 
     return True
 
 
-def split_batch(gm: fx.GraphModule, microbatches: int) -> BatchSplit:
-    """How `gm`'s step runs as `microbatches` micro-batches (see the module docstring)."""
+def split_batch(gm: fx.GraphModule, microbatches: int, *, mixing: str = REFUSE
+                ) -> BatchSplit:
+    """How `gm`'s step runs as `microbatches` micro-batches (see the module docstring).
+
+    A step whose ops or loss mix the samples raises `MicrobatchError` naming the op with
+    `mixing=REFUSE` (the default); with `mixing=ACCUMULATE` it gives the ACCUMULATED split
+    instead, every input with the batch's dim 0 cut, and `mixes` naming the op. A count that
+    does not divide the batch, a forward that returns more than the loss or mutates buffers
+    raise `MicrobatchError` in both modes."""
+    if mixing not in (REFUSE, ACCUMULATE):
+        raise MicrobatchError("unknown way of treating a step that mixes samples",
+                              expected=f"{REFUSE!r} or {ACCUMULATE!r}", got=repr(mixing),
+                              fix=f"split_batch(gm, m, mixing={ACCUMULATE!r})")
     batch = batch_size(gm)
     if batch is None or microbatches < 1 or batch % microbatches:
         raise MicrobatchError(
@@ -176,20 +205,35 @@ def split_batch(gm: fx.GraphModule, microbatches: int) -> BatchSplit:
             expected="a count of micro-batches that divides dim 0 of the inputs",
             got=f"{microbatches} for a batch of {batch}",
             fix="pick a divisor of the batch size")
-    loss = _loss(gm)
+    loss = _loss(gm)  # buffers mutated or no scalar loss: refused in both modes
+    try:
+        return _exact_split(gm, microbatches, batch, loss)
+    except _Mixing as error:
+        if mixing == REFUSE:
+            raise
+        split = tuple(_has_batch_dim(n, batch) for n in _user_inputs(gm))
+        return BatchSplit(microbatches, batch, split, ACCUMULATED, mixes=error.mixes)
+
+
+def _exact_split(gm: fx.GraphModule, microbatches: int, batch: int,
+                 loss: fx.Node) -> BatchSplit:
+    """The split whose micro-batches give the batch's loss and gradients exactly, or
+    `_Mixing` naming what mixes the samples."""
     numerator, count = _numerator_and_count(loss)
     wanted = [numerator] + ([count] if isinstance(count, fx.Node) else [])
     placed = _propagate(gm, wanted, microbatches, batch)
     partial = (Partial(),)
     if placed[numerator.name] != partial:
-        raise MicrobatchError(
+        raise _Mixing(
+            f"the loss ({numerator.name}, not a sum over the samples)",
             "the loss is not a sum over the samples (or such a sum over a count)",
             expected="a loss that adds up per-sample terms, as mean and sum losses do",
             got=f"{numerator.name} is {format_placements(placed[numerator.name])} "
                 "on a batch split", fix="plan with microbatches=1")
     if isinstance(count, fx.Node):
         if placed[count.name] != partial or gradient_path(gm)[count.name]:
-            raise MicrobatchError(
+            raise _Mixing(
+                f"the loss's divisor ({count.name}, not a count over the samples)",
                 "the loss divides by a value that is not a count over the samples",
                 expected="a divisor that depends on the inputs only and adds up over them",
                 got=f"{count.name} is {format_placements(placed[count.name])}",
@@ -199,18 +243,26 @@ def split_batch(gm: fx.GraphModule, microbatches: int) -> BatchSplit:
         weighting = SUMMED
     else:
         weighting = SCALED
-    split = tuple(placed.get(n.name) == (Shard(0),) or _cut_unused(n, batch)
+    split = tuple(placed.get(n.name) == (Shard(0),) or (not n.users and _has_batch_dim(n, batch))
                   for n in _user_inputs(gm))
     constant = float(count) if weighting == SCALED else 1.0
     return BatchSplit(microbatches, batch, split, weighting, constant)
 
 
-def _cut_unused(node: fx.Node, batch: int) -> bool:
+class _Mixing(MicrobatchError):
+    """A step whose ops or loss mix the samples of the batch; `mixes` names what does."""
+
+    def __init__(self, mixes: str, what: str, **fields: str) -> None:
+        super().__init__(what, **fields)
+        self.mixes = mixes
+
+
+def _has_batch_dim(node: fx.Node, batch: int) -> bool:
     # Inputs the loss does not read are cut like the others when they have the batch's dim
-    # 0, so that the micro-batch's example inputs keep one shape convention.
+    # 0, so that the micro-batch's example inputs keep one shape convention; so is every
+    # such input of a step that accumulates (nothing says which are the samples there).
     spec = node.meta.get(TENSOR)
-    return (not node.users and isinstance(spec, TensorSpec) and spec.ndim > 0
-            and spec.shape[0] == batch)
+    return isinstance(spec, TensorSpec) and spec.ndim > 0 and spec.shape[0] == batch
 
 
 def micro_inputs(flat_inputs: list, split: BatchSplit) -> list[list]:
@@ -229,6 +281,8 @@ def loss_weights(split: BatchSplit, micro: fx.GraphModule
     count = split.microbatches
     if split.weighting == SUMMED:
         return lambda inputs: [1.0] * count
+    if split.weighting == ACCUMULATED:
+        return lambda inputs: [1.0 / count] * count
     _, divisor = _numerator_and_count(_loss(micro))
     if split.weighting == SCALED:
         weight = float(divisor) / split.count

@@ -11,6 +11,7 @@ from autopar.passes.annotate import annotate
 from autopar.passes.capture import capture
 from autopar.passes.split_stages import balanced_cuts, crossing, dataflow, find_units, split_stages
 from autopar.pipeline import SCHEDULES, Pipeline, bubble, check_request, in_flight, step_time
+from examples import moe
 from examples.gpt import build
 
 CPU = "cpu"
@@ -128,3 +129,30 @@ def test_a_pipelined_plan_records_its_stages_and_survives_json(tmp_path):
     assert plan.stage_plan(1).mesh.axis_names == ("tp",)
     plan.save(tmp_path / "plan.json")
     assert autopar.Plan.load(tmp_path / "plan.json") == plan
+
+
+def test_a_forced_pipeline_accumulates_over_a_model_that_mixes_samples_and_says_so():
+    """MoE routing has a capacity over the batch's tokens: asked for, the pipeline routes
+    each micro-batch on its own and the plan warns, naming the op, that the step is gradient
+    accumulation, not the whole batch's gradient."""
+    model, inputs = moe.build(batch=4, layers=2)
+    plan = autopar.plan(model, autopar.Mesh((2,), ("pp",), hardware=CPU), inputs, time_limit=2,
+                        pipeline=Pipeline(schedule="GPipe", microbatches=2))
+    assert plan.pipeline is not None and plan.pipeline.microbatches == 2
+    warning = next(w for w in plan.warnings if "mixes the samples" in w)
+    assert "layers.0.moe" in warning and "gradient accumulation over 2 micro-batches" in warning
+
+
+def test_auto_does_not_pipeline_a_model_that_mixes_samples():
+    """"auto" never changes what a step computes: the MoE is planned without a pipeline
+    (no pipeline candidate is even planned), and the plain plan's micro-batch count still
+    refuses it with the op named."""
+    model, inputs = moe.build(batch=4, layers=2)
+    mesh = autopar.Mesh((2, 2), ("pp", "tp"), hardware=CPU)
+    said: list[str] = []
+    plan = autopar.plan(model, mesh, inputs, time_limit=2, progress=said.append)
+    assert plan.pipeline is None and plan.microbatches == 1
+    assert not any("pipeline:" in message for message in said)
+    assert not any("mixes the samples" in w for w in plan.warnings)
+    with pytest.raises(autopar.MicrobatchError, match="mixes the samples"):
+        autopar.plan(model, mesh, inputs, time_limit=2, pipeline=False, microbatches=2)

@@ -10,7 +10,8 @@ gradients back.
 `pm(*inputs)` is called on every rank with the whole batch, as for any plan. It runs the
 whole schedule, forwards and backwards, and returns the batch's loss on every rank, the
 micro-batches' losses weighted as `split_batch` says (torch's `loss_fn` multiplies each by
-its weight, which travels as the schedule's `target`); `loss.backward()` then hands the
+its weight, which travels as the schedule's `target`; 1/m each for a model whose ops mix
+samples, which a forced pipeline trains by gradient accumulation); `loss.backward()` then hands the
 accumulated gradients to `.grad`, times the gradient it receives
 (`autopar.runtime.microbatch.hand_over`). Every stage reads the user inputs it needs from
 the call: torch passes them to every stage as keyword arguments, cut like the batch or

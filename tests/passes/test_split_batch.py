@@ -3,7 +3,8 @@
 Each split is checked where it matters, on one process: the compiled model of a mesh of one
 device, run as micro-batches, returns the batch's loss and leaves the batch's gradients,
 for the loss kinds the pass tells apart (a mean with ignored targets, a mean over a fixed
-count, a sum, a sum over a fixed scale).
+count, a sum, a sum over a fixed scale). A step that mixes samples is refused, or, asked
+to accumulate (what a forced pipeline does), split as the mean of its micro-batches.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ from torch import nn
 import autopar
 from autopar.passes.annotate import annotate
 from autopar.passes.capture import capture
-from autopar.passes.split_batch import COUNTED, SCALED, SUMMED, split_batch
+from autopar.passes.split_batch import (
+    ACCUMULATE,
+    ACCUMULATED,
+    COUNTED,
+    SCALED,
+    SUMMED,
+    loss_weights,
+    split_batch,
+)
 from examples import gpt, mlp, moe
 
 
@@ -117,6 +126,30 @@ def test_steps_that_mix_samples_are_refused_with_the_reason():
     net = _BatchNormNet()
     with pytest.raises(autopar.MicrobatchError, match="updates buffers"):
         split_batch(_graph(net, (torch.randn(8, 4),)), 2)
+
+
+def test_asked_to_accumulate_a_step_that_mixes_samples_is_the_mean_of_its_micro_batches():
+    """MoE routing (capacity, cumsum over the tokens) mixes the samples: each micro-batch
+    is then the model's batch, every input with the batch's dim 0 is cut, the losses weigh
+    1 / M each, and the split names the op for the caller's warning."""
+    gm = _graph(*moe.build(batch=4))
+    split = split_batch(gm, 4, mixing=ACCUMULATE)
+    assert (split.weighting, split.split, split.microbatches) == (ACCUMULATED, (True, True), 4)
+    assert split.mixes.startswith("aten.") and "layers.0.moe" in split.mixes
+    assert loss_weights(split, gm)([[]] * 4) == [0.25] * 4
+    squared_mean = split_batch(_graph(*_regression(lambda e: e.mean() ** 2)), 2,
+                               mixing=ACCUMULATE)
+    assert squared_mean.weighting == ACCUMULATED and "pow" in squared_mean.mixes
+
+
+def test_accumulating_still_refuses_buffer_updates_and_keeps_exact_weightings():
+    with pytest.raises(autopar.MicrobatchError, match="updates buffers"):
+        split_batch(_graph(_BatchNormNet(), (torch.randn(8, 4),)), 2, mixing=ACCUMULATE)
+    gm = _graph(*gpt.build(batch=4))
+    assert split_batch(gm, 2, mixing=ACCUMULATE) == split_batch(gm, 2)
+    assert split_batch(gm, 2).weighting == COUNTED
+    with pytest.raises(autopar.MicrobatchError, match="'refuse' or 'accumulate'"):
+        split_batch(gm, 2, mixing="sometimes")
 
 
 def test_counts_that_do_not_divide_the_batch_are_refused_before_planning():

@@ -9,6 +9,11 @@ pipeline axis included, equal to the plan's for its pipeline rank times the step
 cases cover the three schedules the runtime runs, on pp=2 and on the two 2x2 layouts,
 stages split over tp or over dp (under a budget that makes them shard). The rest of the
 matrix (every example, schedule and layout) runs with --slow.
+
+The MoE's routing (a capacity and a cumsum over the batch's tokens) and load-balancing loss
+mix the samples of a batch: a forced pipeline trains it by gradient accumulation, each
+micro-batch routed on its own, so its reference is the plain model accumulating the
+gradients of the same micro-batches (each loss over their count), and its plan says so.
 """
 
 from __future__ import annotations
@@ -20,17 +25,20 @@ from pipeline_workers import Case
 from autopar.runtime.launch import launch
 from autopar.training import Tolerance
 
+# Fractions of the unconstrained pipelined plan's peak that make the stages shard: the
+# MoE's smallest stage plans need 0.7 of it (its expert weights stored split by expert).
+BUDGETS = {"gpt": 0.6, "llama": 0.6, "moe": 0.8}
+SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
 QUICK = {
     2: (Case("llama", (2,), ("pp",), "Interleaved1F1B"),),
-    4: (Case("llama", (2, 2), ("pp", "tp"), "1F1B", budget=0.6),
-        Case("gpt", (2, 2), ("pp", "dp"), "GPipe", budget=0.6)),
+    4: (Case("llama", (2, 2), ("pp", "tp"), "1F1B", budget=BUDGETS["llama"]),
+        Case("gpt", (2, 2), ("pp", "dp"), "GPipe", budget=BUDGETS["gpt"]),
+        Case("moe", (2, 2), ("pp", "tp"), "1F1B", budget=BUDGETS["moe"])),
 }
 SLOW = {
-    2: tuple(Case(e, (2,), ("pp",), s) for e in ("gpt", "llama")
-             for s in ("GPipe", "1F1B", "Interleaved1F1B")),
-    4: tuple(Case(e, (2, 2), ("pp", axis), s, budget=0.6)
-             for e in ("gpt", "llama") for axis in ("tp", "dp")
-             for s in ("GPipe", "1F1B", "Interleaved1F1B")),
+    2: tuple(Case(e, (2,), ("pp",), s) for e in BUDGETS for s in SCHEDULES),
+    4: tuple(Case(e, (2, 2), ("pp", axis), s, budget=BUDGETS[e])
+             for e in BUDGETS for axis in ("tp", "dp") for s in SCHEDULES),
 }
 
 
@@ -55,6 +63,16 @@ def test_loss_and_every_gradient_match_the_single_process_model(outcomes):
             for (loss, expected), excess in zip(run.losses, run.grad_excess):
                 assert Tolerance().excess(abs(loss - expected), abs(expected)) <= 1, case
                 assert excess <= 1, (case, run.grad_excess)
+
+
+def test_a_model_that_mixes_samples_is_planned_as_gradient_accumulation(outcomes):
+    """The plan of a forced pipeline warns, naming the op, exactly where the step is not
+    the whole batch's."""
+    for case, per_rank in outcomes.items():
+        warned = [w for w in per_rank[0].warnings if "mixes the samples" in w]
+        assert bool(warned) == case.accumulates, (case, per_rank[0].warnings)
+        if case.accumulates:
+            assert "layers.0.moe" in warned[0] and "gradient accumulation" in warned[0]
 
 
 def test_every_rank_returns_the_same_loss(outcomes):
