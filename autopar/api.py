@@ -28,7 +28,7 @@ from autopar.passes.offer_recompute import offer_recompute
 from autopar.passes.offer_whole_gradient import offer_whole_gradient
 from autopar.passes.split_batch import BatchSplit, batch_size, split_batch
 from autopar.pipeline import Pipeline
-from autopar.pipeline_plan import plan_pipeline
+from autopar.pipeline_plan import MAX_MICROBATCHES, MEMORY_BINDS, plan_pipeline
 from autopar.plan_types import Plan
 from autopar.solver import Solution, min_peak_usage, solve
 from autopar.specs import TENSOR
@@ -36,12 +36,6 @@ from autopar.specs import TENSOR
 # Solves at most, re-estimating how much of the background collectives stays exposed.
 OVERLAP_ROUNDS = 3
 
-# With microbatches="auto", more micro-batches are tried only when the plan of fewer
-# holds at least this fraction of the memory budget: they trade step time for activation
-# memory, so they can only win where memory binds.
-MEMORY_BINDS = 0.8
-# The most micro-batches "auto" tries.
-MAX_MICROBATCHES = 64
 
 # Prefix of the progress messages that start a pass (benchmarks time the passes by them);
 # the hand strategies' solves are announced the same way.
@@ -251,7 +245,7 @@ def _plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, me
                                                                    "constraints", "micro")}
 
     def plan_stage(graph: fx.GraphModule, inner: Mesh, **solve) -> Plan:
-        return plan_graph(graph, inner, **stage_options, **solve)
+        return plan_graph(graph, inner, **stage_options, least_memory=False, **solve)
 
     def pipelined() -> Plan:
         # A pipeline the user asked for accumulates over a model whose ops mix samples
@@ -389,11 +383,12 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                constraints: Mapping[str, str] | None = None, fold_layers: bool = True,
                seed: int = 0, hand_strategies: bool = False, optimizer: object = None,
                master_weights: torch.dtype | None = None, recompute: bool = True,
-               microbatches: int = 1, in_flight: int = 1,
+               microbatches: int = 1, in_flight: int = 1, least_memory: bool = True,
                progress: Callable[[str], None] | None = None) -> Plan:
     """`plan` from the strategy pass on, for a graph already captured and annotated (with
     `microbatches` > 1, one micro-batch's graph, run that many times a step, holding
-    `in_flight` micro-batches' activations at once: see `build_problem`). The
+    `in_flight` micro-batches' activations at once: see `build_problem`; `least_memory`:
+    see `plan_table`). The
     hand strategies, when asked for, ignore `constraints`: they are the standard ones;
     without constraints, a hand strategy's plan that fits and is faster is the plan."""
     state = optimizer_state(optimizer, master_weights=master_weights)
@@ -410,7 +405,7 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
     result = plan_table(gm, table, mesh, model_name=model_name, memory_budget=budget,
                         time_limit=time_limit, fold_layers=fold_layers, seed=seed,
                         optimizer=state, microbatches=microbatches, in_flight=in_flight,
-                        progress=progress)
+                        least_memory=least_memory, progress=progress)
     if not hand_strategies:
         return result
     from autopar.hand_strategies import evaluate_hand_strategies  # it plans with plan_table
@@ -431,11 +426,13 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
 def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_name: str,
                memory_budget: float | None, time_limit: float, fold_layers: bool, seed: int,
                optimizer: OptimizerState = ADAMW, microbatches: int = 1, in_flight: int = 1,
+               least_memory: bool = True,
                progress: Callable[[str], None] | None = None) -> Plan:
     """The cheapest plan choosing among `table`'s strategies (the problem, solve and
     extract passes), within `memory_budget` bytes per device (None: no limit), for a step
     of `microbatches` runs of `gm`, `in_flight` of them holding activations at once. Raises
-    `InfeasiblePlanError`, with the least memory any plan of the table needs, when none fits.
+    `InfeasiblePlanError` when none fits, with the least memory any plan of the table needs
+    when `least_memory` (a search of its own, which a caller trying many candidates skips).
 
     Gradient reductions the runtime overlaps with the backward cost only what the backward's
     compute does not hide, max(0, G - B), and parameter gathers it starts ahead only what
@@ -465,7 +462,8 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
         if not solution.choices:
             if best is not None:  # the charges change no memory: only time can run out
                 break
-            _infeasible(build, solution, model_name, memory_budget, time_limit)
+            _infeasible(build, solution, model_name, memory_budget,
+                        time_limit if least_memory else None)
         say(f"{STAGE} extract_plan")
         plan = extract_plan(gm, build, solution, model_name=model_name, sizes=sizes,
                             warnings=warnings)
@@ -481,12 +479,19 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
 
 
 def _infeasible(build: ProblemBuild, solution: Solution, model_name: str,
-                memory_budget: float | None, time_limit: float) -> NoReturn:
+                memory_budget: float | None, time_limit: float | None) -> NoReturn:
+    """Raise `InfeasiblePlanError`; with the least memory any plan needs, searched for
+    within `time_limit` seconds, unless that is None."""
     if memory_budget is None:  # only forbidden strategy pairs can leave no plan
         raise InfeasiblePlanError(f"no plan of {model_name} among its allowed strategies",
                                   expected="a strategy table with a compatible choice "
                                   "for every node", got=f"solver status {solution.status}",
                                   fix="allow more strategies (fewer constraints)")
+    if time_limit is None:
+        raise InfeasiblePlanError(
+            f"no plan of {model_name} fits in {_gib(memory_budget)} per device",
+            expected="a plan within the memory budget", got=f"solver status {solution.status}",
+            fix="raise memory_budget, use more devices, or shrink the batch or model")
     least = min_peak_usage(build.problem, time_limit=time_limit)
     raise InfeasiblePlanError(
         f"no plan of {model_name} fits in {_gib(memory_budget)} per device",

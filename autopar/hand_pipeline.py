@@ -75,7 +75,8 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
         return plan_table(graph, restricted, inner, model_name=type(model).__name__,
                           memory_budget=memory_budget, time_limit=time_limit,
                           fold_layers=fold_layers, seed=seed, optimizer=optimizer,
-                          microbatches=microbatches, in_flight=in_flight)
+                          microbatches=microbatches, in_flight=in_flight,
+                          least_memory=False)
 
     request = Pipeline(axis=mesh.axis_names[axis])
     for budget in (memory_budget, None):

@@ -18,14 +18,21 @@ schedule, stage count s = v p) is planned as follows, and the fastest that fits 
    weights' gradient all-reduce and the loss's broadcast.
 
 Stage plans are cached by (m, s, stage, micro-batches in flight), so the schedules that
-hold as many activations reuse them. Complexity: O(|m| x |schedules|) candidates of s stage
-solves each; the sub-mesh is the same for every stage (the other axes), not searched over
-as in Alpa, whose stage DP also chooses a sub-mesh shape per stage.
+hold as many activations reuse them. Candidates are planned in the order of a lower bound
+of their step (`_least_step`: perfect splits, no communication) and the search stops at
+the first whose bound is no better than the best plan found (branch and bound); a
+candidate whose stages hold at least the samples' activations of one that did not fit is
+skipped; while nothing fits, or the best holds `MEMORY_BINDS` of the budget, twice as
+many micro-batches are tried (`_more_microbatches`). Complexity: at most
+O(|m| x |schedules|) candidates of s stage solves each; the sub-mesh is the same for
+every stage (the other axes), not searched over as in Alpa, whose stage DP also chooses a
+sub-mesh shape per stage.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import torch.fx as fx
@@ -61,6 +68,13 @@ from autopar.specs import BOUNDARY, NAMES, TENSOR, TensorSpec
 # pipeline rank. At 4 the bubble of 1F1B is already (p - 1) / (5p - 1) < 20%, and each
 # count costs a capture of the model at its micro-batch.
 MAX_MICROBATCHES_PER_RANK = 4
+# More micro-batches are tried only while the best plan so far holds at least this
+# fraction of the memory budget (or none fits): beyond those in
+# MAX_MICROBATCHES_PER_RANK they only trade step time (smaller matmuls, collectives
+# repeated) for activation memory, so they can only win where memory binds.
+MEMORY_BINDS = 0.8
+# The most micro-batches a step is cut into.
+MAX_MICROBATCHES = 64
 # The loss reaches every pipeline rank as one float32 scalar.
 LOSS_BYTES = 4
 
@@ -105,36 +119,55 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
     batch = batch_size(gm)
     check_request(pipeline, ranks, find_units(gm).count, batch)
     # Fewer micro-batches than ranks leave most of every rank idle: not worth a solve.
-    counts = (pipeline.microbatches,) if pipeline.microbatches else tuple(
-        m for m in divisors(batch or 1) if ranks <= m <= MAX_MICROBATCHES_PER_RANK * ranks)
+    counts = [pipeline.microbatches] if pipeline.microbatches else [
+        m for m in divisors(batch or 1) if ranks <= m <= MAX_MICROBATCHES_PER_RANK * ranks]
     cache: dict[tuple, Plan] = {}
     best: Plan | None = None
     failure: Exception | None = None
     mixes: dict[int, str] = {}  # micro-batch count -> what mixes samples, when accumulated
-    for m in counts:
-        runnable = [s for s in pipeline.schedules() if s.check_microbatches(m, ranks) is None]
-        if not runnable:
-            continue
-        split = split_batch(gm, m, mixing=mixing) if m > 1 else None
-        if split is not None and split.weighting == ACCUMULATED:
-            mixes[m] = split.mixes
-        micro = gm if split is None else micro_graph(model, example_inputs, split)
-        units = find_units(micro)
-        times = unit_times(micro, units, mesh.hardware)
-        for schedule in runnable:
-            for count in pipeline.stage_counts(schedule, ranks):
-                if count > units.count:
-                    continue
-                stages = split_stages(micro, units, balanced_cuts(times, count))
-                say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
-                try:
-                    candidate = _candidate(stages, units.names, schedule, m, ranks, mesh,
-                                           axis, inner, memory_budget, plan_stage, cache)
-                except InfeasiblePlanError as error:
-                    failure = error
-                    continue
-                if best is None or candidate.step_time_s < best.step_time_s:
-                    best = candidate
+    devices = math.prod(inner.shape)
+    # (stage count, samples each stage holds) of the candidates that did not fit: one whose
+    # stages hold as many or more samples' activations does not fit either.
+    overflowing: list[tuple[int, tuple[float, ...]]] = []
+    while counts:
+        candidates = []
+        for m in counts:
+            runnable = [s for s in pipeline.schedules()
+                        if s.check_microbatches(m, ranks) is None]
+            if not runnable:
+                continue
+            split = split_batch(gm, m, mixing=mixing) if m > 1 else None
+            if split is not None and split.weighting == ACCUMULATED:
+                mixes[m] = split.mixes
+            micro = gm if split is None else micro_graph(model, example_inputs, split)
+            units = find_units(micro)
+            times = unit_times(micro, units, mesh.hardware)
+            for schedule in runnable:
+                for count in pipeline.stage_counts(schedule, ranks):
+                    if count <= units.count:
+                        cuts = balanced_cuts(times, count)
+                        bound = _least_step(times, cuts, devices, m, ranks, schedule)
+                        candidates.append((bound, m, schedule, count, micro, units, cuts))
+        for bound, m, schedule, count, micro, units, cuts in sorted(
+                candidates, key=lambda c: c[0]):
+            if best is not None and bound >= best.step_time_s:
+                break  # no later candidate can be faster (they are sorted by bound)
+            held = _held_samples(schedule, m, ranks, count, batch or m)
+            if any(n == count and all(a >= b for a, b in zip(held, least))
+                   for n, least in overflowing):
+                continue
+            stages = split_stages(micro, units, cuts)
+            say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
+            try:
+                candidate = _candidate(stages, units.names, schedule, m, ranks, mesh,
+                                       axis, inner, memory_budget, plan_stage, cache)
+            except InfeasiblePlanError as error:
+                failure = error
+                overflowing.append((count, held))
+                continue
+            if best is None or candidate.step_time_s < best.step_time_s:
+                best = candidate
+        counts = _more_microbatches(counts, best, pipeline, batch, memory_budget)
     if best is None:
         if failure is not None:
             raise failure
@@ -149,6 +182,40 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
             f"{m} micro-batches (the mean of their losses and gradients), not the whole "
             "batch's gradient")))
     return best
+
+
+def _least_step(times: list[float], cuts: tuple[int, ...], devices: int, microbatches: int,
+                ranks: int, schedule: Schedule) -> float:
+    """A lower bound of a candidate's step: the schedule's step time (monotone in each
+    stage's time) of stages whose time per micro-batch is their ops' training compute on
+    one device over the `devices` of the sub-mesh, the least any plan of them can take
+    (perfect splits, no communication, no recomputation)."""
+    bounds = [0, *cuts, len(times)]
+    stage_times = [sum(times[a:b]) / devices for a, b in zip(bounds, bounds[1:])]
+    return step_time(stage_times, microbatches, ranks, schedule)
+
+
+def _held_samples(schedule: Schedule, microbatches: int, ranks: int, count: int,
+                  batch: int) -> tuple[float, ...]:
+    """The samples whose activations each of `count` stages holds at once: micro-batches
+    in flight (`pipeline.in_flight`) times the samples of one."""
+    virtual = count // ranks
+    return tuple(in_flight(schedule, microbatches, ranks, rank_of(k, ranks), virtual)
+                 * batch / microbatches for k in range(count))
+
+
+def _more_microbatches(tried: list[int], best: Plan | None, pipeline: Pipeline,
+                       batch: int | None, memory_budget: float | None) -> list[int]:
+    """The next micro-batch count to try when the counts `tried` left memory binding (no
+    candidate fit, or the best holds `MEMORY_BINDS` of the budget): more micro-batches hold
+    fewer activations per stage. Twice the most tried, while it divides the batch and is
+    at most `MAX_MICROBATCHES`; none when the count was asked for."""
+    if pipeline.microbatches or not tried or batch is None or memory_budget is None:
+        return []
+    if best is not None and best.peak_memory_bytes < MEMORY_BINDS * memory_budget:
+        return []
+    more = 2 * max(tried)
+    return [more] if more <= min(batch, MAX_MICROBATCHES) and batch % more == 0 else []
 
 
 def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Schedule,
