@@ -130,7 +130,7 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
     # stages hold as many or more samples' activations does not fit either.
     overflowing: list[tuple[int, tuple[float, ...]]] = []
     while counts:
-        candidates = []
+        before, candidates = best, []
         for m in counts:
             runnable = [s for s in pipeline.schedules()
                         if s.check_microbatches(m, ranks) is None]
@@ -167,7 +167,9 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
                 continue
             if best is None or candidate.step_time_s < best.step_time_s:
                 best = candidate
-        counts = _more_microbatches(counts, best, pipeline, batch, memory_budget)
+        improved = best is not None and best is not before
+        counts = _more_microbatches(counts, best, pipeline, batch, memory_budget,
+                                    improved=improved or before is None)
     if best is None:
         if failure is not None:
             raise failure
@@ -205,12 +207,15 @@ def _held_samples(schedule: Schedule, microbatches: int, ranks: int, count: int,
 
 
 def _more_microbatches(tried: list[int], best: Plan | None, pipeline: Pipeline,
-                       batch: int | None, memory_budget: float | None) -> list[int]:
+                       batch: int | None, memory_budget: float | None, *,
+                       improved: bool) -> list[int]:
     """The next micro-batch count to try when the counts `tried` left memory binding (no
-    candidate fit, or the best holds `MEMORY_BINDS` of the budget): more micro-batches hold
-    fewer activations per stage. Twice the most tried, while it divides the batch and is
-    at most `MAX_MICROBATCHES`; none when the count was asked for."""
-    if pipeline.microbatches or not tried or batch is None or memory_budget is None:
+    candidate fit, or the best holds `MEMORY_BINDS` of the budget) and did better than
+    those before them (`improved`): more micro-batches hold fewer activations per stage.
+    Twice the most tried, while it divides the batch and is at most `MAX_MICROBATCHES`;
+    none when the count was asked for."""
+    if pipeline.microbatches or not tried or batch is None or memory_budget is None \
+            or not improved:
         return []
     if best is not None and best.peak_memory_bytes < MEMORY_BINDS * memory_budget:
         return []
