@@ -18,7 +18,7 @@ from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError
 from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState, optimizer_state
 from autopar.passes.annotate import DATA_MOVEMENT, FORMULA, annotate, flop_source, size_hints
-from autopar.passes.build_problem import Background, ProblemBuild, build_problem
+from autopar.passes.build_problem import Background, EdgeCache, ProblemBuild, build_problem
 from autopar.passes.capture import capture, loss_output
 from autopar.passes.constrain import constrain
 from autopar.passes.extract_plan import exposed_charges, extract_plan
@@ -447,6 +447,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     sizes = {str(k): v for k, v in hints.items()}
     warnings = _unruled_warnings(gm, table)
     saved = find_saved(gm)  # the same for every round
+    edges = EdgeCache(mesh)  # so are the edges' seconds: only the charges change
     best: Plan | None = None
     charges, limit = Background(), time_limit
     for _ in range(OVERLAP_ROUNDS):
@@ -454,7 +455,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
             f"{charges.reductions:.0%}, parameter gathers at {charges.gathers:.0%})")
         build = build_problem(gm, table, mesh, memory_budget=memory_budget, hints=hints,
                               optimizer=optimizer, fold_layers=fold_layers,
-                              charges=charges, saved=saved,
+                              charges=charges, saved=saved, edge_cache=edges,
                               microbatches=microbatches, in_flight=in_flight)
         say(f"{STAGE} solve ({build.problem.num_nodes} decisions, "
             f"{build.problem.num_edges} edges)")

@@ -27,6 +27,7 @@ are evaluated for the solve and kept symbolic in the plan.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import sympy
@@ -95,10 +96,19 @@ class Transfer:
 
 
 def _local_bytes(nbytes, placements: Placements, mesh_shape: tuple[int, ...]):
+    return _divide(nbytes, _pieces(placements, mesh_shape))
+
+
+def _pieces(placements: Placements, mesh_shape: tuple[int, ...]) -> int:
+    """How many pieces `placements` cut a tensor into: the product of the Shard axes' sizes."""
     pieces = 1
     for placement, size in zip(placements, mesh_shape):
         if isinstance(placement, Shard):
             pieces *= size
+    return pieces
+
+
+def _divide(nbytes, pieces: int):
     if isinstance(nbytes, int) and nbytes % pieces == 0:
         return nbytes // pieces  # keep byte counts exact integers where they divide
     return nbytes / pieces
@@ -128,6 +138,12 @@ def conversion_steps(src: Placements, dst: Placements) -> tuple[Step, ...] | Non
     (a shard moving between axes, an outer axis changing under an inner one) the conversion
     is not a sequence of single-axis collectives and None says so.
     """
+    return _conversion_steps(tuple(src), tuple(dst))
+
+
+# Pure in hashable placements: planning asks for the same pairs again and again.
+@functools.lru_cache(maxsize=1 << 16)
+def _conversion_steps(src: Placements, dst: Placements) -> tuple[Step, ...] | None:
     changed = [axis for axis in range(len(src)) if src[axis] != dst[axis]]
     order = sorted(changed, key=lambda axis: (0, axis) if isinstance(dst[axis], Shard)
                    else (1, -axis))
@@ -142,24 +158,56 @@ def conversion_steps(src: Placements, dst: Placements) -> tuple[Step, ...] | Non
     return tuple(steps)
 
 
-def redistribute(nbytes, src: Placements, dst: Placements, mesh_shape: tuple[int, ...],
-                 *, backward: bool = False) -> tuple[Transfer, ...] | None:
-    """Collectives that turn a tensor of `nbytes` (global) sharded `src` into `dst`, or None
-    when no sequence of single-axis collectives does (see `conversion_steps`)."""
-    steps = conversion_steps(src, dst)
+@dataclass(frozen=True)
+class CollectiveStep:
+    """One collective of a redistribution, whatever the tensor's size: `kind` over mesh
+    `axis`, run while the tensor is cut into `pieces` (the product of its Shard axes'
+    sizes), so that a rank holds 1/pieces of it."""
+
+    kind: str
+    axis: int
+    pieces: int
+
+    def buffer_bytes(self, nbytes, mesh_shape: tuple[int, ...]):
+        """B of the formulas for a tensor of `nbytes` (global): the rank's piece,
+        nbytes / pieces (an exact integer where it divides), times n for an all-gather,
+        whose output is the larger side."""
+        before = _divide(nbytes, self.pieces)
+        return before * mesh_shape[self.axis] if self.kind == "all_gather" else before
+
+
+# Pure in hashable placements and the mesh shape: an edge's cost matrix asks for the same
+# pairs for every tensor size.
+@functools.lru_cache(maxsize=1 << 16)
+def collective_plan(src: Placements, dst: Placements, mesh_shape: tuple[int, ...]
+                    ) -> tuple[CollectiveStep, ...] | None:
+    """The collectives turning a tensor sharded `src` into `dst`, in execution order and
+    independent of its size (`redistribute` sizes them), or None when no sequence of
+    single-axis collectives does (see `conversion_steps`). All three arguments are tuples
+    (it is memoized on them)."""
+    steps = _conversion_steps(src, dst)
     if steps is None:
         return None
     current = list(src)
-    transfers = []
+    plan = []
     for axis, s, d in steps:
         kind = axis_collective(s, d)
         if kind is not None:
-            before = _local_bytes(nbytes, tuple(current), mesh_shape)
-            # B is the larger side: all-gather's output is n times its input.
-            size = before * mesh_shape[axis] if kind == "all_gather" else before
-            transfers.append(Transfer(kind, axis, size, backward))
+            plan.append(CollectiveStep(kind, axis, _pieces(current, mesh_shape)))
         current[axis] = d
-    return tuple(transfers)
+    return tuple(plan)
+
+
+def redistribute(nbytes, src: Placements, dst: Placements, mesh_shape: tuple[int, ...],
+                 *, backward: bool = False) -> tuple[Transfer, ...] | None:
+    """Collectives that turn a tensor of `nbytes` (global) sharded `src` into `dst`, or None
+    when no sequence of single-axis collectives does (`collective_plan`, sized by
+    `CollectiveStep.buffer_bytes`)."""
+    plan = collective_plan(tuple(src), tuple(dst), tuple(mesh_shape))
+    if plan is None:
+        return None
+    return tuple(Transfer(step.kind, step.axis, step.buffer_bytes(nbytes, mesh_shape), backward)
+                 for step in plan)
 
 
 def arriving_grad(input_placements: Placements, consumer_output: Placements) -> Placements:

@@ -12,7 +12,9 @@ map from problem indices back to graph nodes and tensors.
   parameter's gradient reduction that the runtime overlaps with the rest of the backward
   (`background_reductions`), and a parameter's gather it starts one use ahead
   (`background_gathers`), count at the `Background` fractions of their time (the caller's
-  estimate of the part left exposed; see `autopar.api.plan_table`).
+  estimate of the part left exposed; see `autopar.api.plan_table`). An edge's matrix is
+  computed once per distinct signature of its pairs of strategies, and kept, apart from the
+  charges, for the next problem built with the same `EdgeCache` (`EdgeCache`).
 - Memory per device: parameters with their gradient, master copy and optimizer states
   (`autopar.optimizer_state`; the three where the parameter is stored, the parameter
   itself also gathered, once per use that saves it, when kept gathered: ZeRO-2), buffers,
@@ -53,6 +55,7 @@ from autopar.passes.gradient_path import (
     passes_gradient,
     tensor_outputs,
 )
+from autopar.placement import Partial, Replicate, Shard
 from autopar.solver.problem import ShardingProblem
 from autopar.specs import BYTES, FLOPS, MODULE, NAMES, ROLE, TensorSpec
 
@@ -249,16 +252,36 @@ def step_seconds(ref: EdgeRef, src: Strategy, transfers: tuple[cost.Transfer, ..
             for t, n in zip(transfers, step_repeats(ref, src, transfers, microbatches))]
 
 
+def background_seconds(ref: EdgeRef, src: Strategy, transfers: tuple[cost.Transfer, ...],
+                       seconds) -> tuple:
+    """(reductions, gathers): the step seconds of the edge's background reductions and of
+    its background gathers, out of `seconds`, its `transfers`' (`step_seconds`)."""
+    by_transfer = dict(zip(map(id, transfers), seconds))
+    return (sum(by_transfer[id(t)] for t in background_reductions(ref, src, transfers)),
+            sum(by_transfer[id(t)] for t in background_gathers(ref, src, transfers)))
+
+
 def hidden_seconds(ref: EdgeRef, src: Strategy, transfers: tuple[cost.Transfer, ...],
                    microbatches: int, mesh: Mesh, hidden: Background):
     """The part of an edge's step time hidden behind compute: its background reductions'
     at `hidden.reductions`, its background gathers' at `hidden.gathers`."""
-    seconds = dict(zip(map(id, transfers),
-                       step_seconds(ref, src, transfers, microbatches, mesh)))
-    return (hidden.reductions * sum(seconds[id(t)]
-                                    for t in background_reductions(ref, src, transfers))
-            + hidden.gathers * sum(seconds[id(t)]
-                                   for t in background_gathers(ref, src, transfers)))
+    reductions, gathers = background_seconds(
+        ref, src, transfers, step_seconds(ref, src, transfers, microbatches, mesh))
+    return hidden.reductions * reductions + hidden.gathers * gathers
+
+
+def edge_seconds(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes, mesh: Mesh,
+                 microbatches: int) -> tuple | None:
+    """(total, reductions, gathers) of edge `ref` when its producer chose `src` and its
+    consumer `dst` (None: forbidden, `strategy_edge_transfers`): the step seconds of all its
+    transfers and of its background reductions and gathers (`background_seconds`), whatever
+    the charges. Under `Background` charges (r, g) the objective counts
+    total - ((1 - r) reductions + (1 - g) gathers) (`EdgeSecondsTable.charged`)."""
+    transfers = strategy_edge_transfers(ref, src, dst, nbytes, mesh.shape)
+    if transfers is None:
+        return None
+    seconds = step_seconds(ref, src, transfers, microbatches, mesh)
+    return (sum(seconds), *background_seconds(ref, src, transfers, seconds))
 
 
 def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bool,
@@ -302,6 +325,223 @@ def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer:
     return total
 
 
+@dataclass(frozen=True, eq=False)
+class EdgeSecondsTable:
+    """An edge's `edge_seconds` for every pair of strategies, stored once per distinct value:
+    pair (k, m) (producer strategy k, consumer strategy m) has `total[index[k, m]]`,
+    `reductions[index[k, m]]` and `gathers[index[k, m]]` (a forbidden pair: inf, 0, 0)."""
+
+    total: np.ndarray
+    reductions: np.ndarray
+    gathers: np.ndarray
+    index: np.ndarray
+
+    def charged(self, charges: Background) -> np.ndarray:
+        """The edge's cost matrix under `charges`: per pair,
+        total - ((1 - charges.reductions) reductions + (1 - charges.gathers) gathers),
+        inf where forbidden (the same floating-point operations as `hidden_seconds` with
+        hidden fractions 1 - charges)."""
+        hidden = Background(1 - charges.reductions, 1 - charges.gathers)
+        seconds = self.total - (hidden.reductions * self.reductions
+                                + hidden.gathers * self.gathers)
+        return seconds[self.index]
+
+
+@dataclass(frozen=True, eq=False)
+class _Side:
+    """One end's strategies grouped by what the edge's cost reads of them: `keys` holds one
+    row per distinct group (columns: `EdgeCache._producers_of`, `_consumers_of`),
+    `first` the index of a strategy of each group, `of` each strategy's group."""
+
+    keys: np.ndarray
+    first: np.ndarray
+    of: np.ndarray
+
+
+# A signature (`EdgeCache._signatures`) packs its forward and backward plan ids in the bits
+# above _FLAG_BITS, each in _PLAN_BITS bits, and six flags below.
+_FLAG_BITS, _PLAN_BITS = 8, 24
+_NO_PLAN, _LOCAL_PLAN = 0, 1  # the ids of `collective_plan`'s None (no plan) and () (local)
+
+
+class EdgeCache:
+    """The edges' `edge_seconds` of the problems built over `mesh`, kept from one
+    `build_problem` call to the next (the overlap rounds of `autopar.api.plan_table` build
+    one table's problem again with other charges only).
+
+    An entry of an edge's matrix depends on the producer's strategy and the consumer's only
+    through its signature: the collective plans (`cost.collective_plan`, free of sizes) of
+    its forward (the producer's output to the consumer's read) and backward (the gradient
+    arriving to the one the producer needs), whether the read is the output itself, how the
+    producer's gathered copy serves the read (`_reads_gathered`), and the two recompute
+    flags and the producer's whole-gradient flag. The signatures of a matrix are computed
+    with numpy over its distinct keys (`_Side`); each signature new to an edge's tensor
+    size and flags is evaluated once, on a pair of strategies that has it, by
+    `edge_seconds`.
+
+    Mutable: it fills as problems are built, and holds every strategy tuple it has seen, so
+    that their ids stay theirs and key it safely. Make one per planning call.
+    """
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self._ids: dict = {}  # placements -> id
+        self._placements: list = []  # id -> placements
+        self._atoms: dict = {}  # one axis's placement -> atom id
+        self._dims: list[int] = []  # atom id -> its dim if a Shard, else -1
+        self._plain = True  # every atom a Shard, Replicate or Partial (`_plan_keys`)
+        self._axes = np.zeros((16, len(mesh.shape)), dtype=np.int64)  # id -> atom ids
+        self._plan_ids: dict = {None: _NO_PLAN, (): _LOCAL_PLAN}
+        self._plans = np.full((16, 16), -1, dtype=np.int64)  # [src id, dst id] -> plan id
+        self._producers: dict[int, tuple] = {}
+        self._consumers: dict[tuple[int, int], tuple] = {}
+        self._values: dict[tuple, tuple] = {}
+        self._tables: dict[tuple, tuple] = {}
+
+    def seconds(self, ref: EdgeRef, src: tuple[Strategy, ...], dst: tuple[Strategy, ...],
+                microbatches: int) -> EdgeSecondsTable:
+        """The `edge_seconds` of edge `ref` for every pair of its producer's strategies `src`
+        and its consumer's `dst`, in a step of `microbatches` runs of the graph."""
+        nbytes = ref.tensor.nbytes
+        context = (nbytes, ref.requires_grad, ref.saved, ref.same_block,
+                   ref.producer_is_parameter, ref.consumer_is_view, ref.consumer_saves,
+                   microbatches)
+        # Strategy tuples are shared between identical ops, so repeated blocks hit this.
+        key = (id(src), id(dst), ref.position, context)
+        found = self._tables.get(key)
+        if found is not None:
+            return found[2]
+        producers, consumers = self._producers_of(src), self._consumers_of(dst, ref.position)
+        codes = self._signatures(ref, producers, consumers)
+        unique, first, inverse = np.unique(codes.ravel(), return_index=True,
+                                           return_inverse=True)
+        values = np.empty((len(unique), 3))
+        for row, (code, at) in enumerate(zip(unique.tolist(), first.tolist())):
+            value = self._values.get((context, code))
+            if value is None:
+                k, m = divmod(at, codes.shape[1])
+                value = edge_seconds(ref, src[producers.first[k]], dst[consumers.first[m]],
+                                     nbytes, self.mesh, microbatches)
+                value = self._values[(context, code)] = (
+                    (math.inf, 0, 0) if value is None else value)  # not executable: forbidden
+            values[row] = value
+        index = inverse.reshape(codes.shape)[np.ix_(producers.of, consumers.of)]
+        table = EdgeSecondsTable(values[:, 0], values[:, 1], values[:, 2],
+                                 index.astype(np.int32))
+        self._tables[key] = (src, dst, table)
+        return table
+
+    def _id(self, placements) -> int:
+        found = self._ids.get(placements)
+        if found is not None:
+            return found
+        new = self._ids[placements] = len(self._placements)
+        self._placements.append(placements)
+        if new >= len(self._axes):
+            self._axes = np.concatenate([self._axes, np.zeros_like(self._axes)])
+            grown = np.full((2 * len(self._plans),) * 2, -1, dtype=np.int64)
+            grown[:len(self._plans), :len(self._plans)] = self._plans
+            self._plans = grown
+        self._axes[new] = [self._atom(p) for p in placements]
+        return new
+
+    def _atom(self, placement) -> int:
+        found = self._atoms.get(placement)
+        if found is None:
+            found = self._atoms[placement] = len(self._dims)
+            self._dims.append(placement.dim if type(placement) is Shard else -1)
+            self._plain &= type(placement) in (Shard, Replicate, Partial)
+        return found
+
+    def _producers_of(self, strategies: tuple[Strategy, ...]) -> _Side:
+        """Producer keys: output, gathered copy (-1: none), whole gradient, recompute, and
+        the gradient placement the output needs (`cost.needed_grad`)."""
+        found = self._producers.get(id(strategies))
+        if found is None:
+            found = self._producers[id(strategies)] = (strategies, _side(
+                [(self._id(s.output), -1 if s.gathered is None else self._id(s.gathered),
+                  s.whole_gradient, s.recompute, self._id(cost.needed_grad(s.output)))
+                 for s in strategies]))
+        return found[1]
+
+    def _consumers_of(self, strategies: tuple[Strategy, ...], position: int) -> _Side:
+        """Consumer keys at input `position`: the placement read, the gradient placement it
+        hands back (`cost.arriving_grad`), recompute."""
+        found = self._consumers.get((id(strategies), position))
+        if found is None:
+            found = self._consumers[(id(strategies), position)] = (strategies, _side(
+                [(self._id(s.inputs[position]),
+                  self._id(cost.arriving_grad(s.inputs[position], s.output)), s.recompute)
+                 for s in strategies]))
+        return found[1]
+
+    def _signatures(self, ref: EdgeRef, producers: _Side, consumers: _Side) -> np.ndarray:
+        """Per (producer key, consumer key), the signature the edge's seconds depend on
+        (see the class docstring), packed in an int64."""
+        out, gathered, whole, src_recompute, needed = producers.keys.T
+        read, arriving, dst_recompute = consumers.keys.T
+        forward = self._plan_matrix(out, read)
+        backward = (self._plan_matrix(arriving, needed).T if ref.requires_grad
+                    else np.zeros_like(forward))
+        use = np.zeros_like(forward)  # 0: no gathered copy; 1: read from it; 2: can't be
+        kept = np.flatnonzero(gathered >= 0)
+        if kept.size:
+            # `_reads_gathered`: every axis the copy is gathered on is read otherwise than
+            # stored, and local steps alone reach the read from the copy.
+            stored, copy, reads = (self._axes[out[kept]][:, None], self._axes[gathered[kept]]
+                                   [:, None], self._axes[read][None])
+            gathered_read = np.all((copy == stored) | (reads != stored), axis=2)
+            local = self._plan_matrix(gathered[kept], read) == _LOCAL_PLAN
+            use[kept] = np.where(gathered_read & local, 1, 2)
+        flags = use * 2 + (out[:, None] == read[None])
+        for column in (whole[:, None], src_recompute[:, None], dst_recompute[None]):
+            flags = flags * 2 + column
+        return (forward << (_FLAG_BITS + _PLAN_BITS)) | (backward << _FLAG_BITS) | flags
+
+    def _plan_matrix(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        """The ids of `cost.collective_plan` from placements `rows[i]` to `columns[j]`; pairs
+        new to the cache are planned once per key of `_plan_keys`."""
+        rows, row_of = np.unique(rows, return_inverse=True)
+        columns, column_of = np.unique(columns, return_inverse=True)
+        plans = self._plans[np.ix_(rows, columns)]
+        missing = np.nonzero(plans < 0)
+        if missing[0].size:
+            sources, targets = rows[missing[0]], columns[missing[1]]
+            _, first, same = np.unique(self._plan_keys(sources, targets), axis=0,
+                                       return_index=True, return_inverse=True)
+            ids = np.array([self._plan_ids.setdefault(cost.collective_plan(
+                self._placements[sources[at]], self._placements[targets[at]], self.mesh.shape),
+                len(self._plan_ids)) for at in first.tolist()], dtype=np.int64)
+            plans[missing] = self._plans[sources, targets] = ids[same.ravel()]
+            assert len(self._plan_ids) < 1 << _PLAN_BITS
+        return plans[np.ix_(row_of.ravel(), column_of.ravel())]
+
+    def _plan_keys(self, sources: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """Per pair of placements (ids), a row that determines its collective plan: the atoms
+        of both, each Shard's dim renumbered as the first of the 2 x axes positions holding
+        it. `conversion_steps`, `axis_collective` and the pieces only compare Shard dims for
+        equality, so pairs that differ by a renumbering of dims share their plan (exact for
+        Shard, Replicate and Partial; with another atom in the cache, the atoms alone)."""
+        atoms = np.concatenate([self._axes[sources], self._axes[targets]], axis=1)
+        if not self._plain:
+            return atoms
+        dims = np.array(self._dims, dtype=np.int64)[atoms]
+        first = np.broadcast_to(np.arange(atoms.shape[1]), atoms.shape).copy()
+        for j in range(atoms.shape[1]):
+            for i in range(j - 1, -1, -1):  # descending: the earliest match is written last
+                first[:, j] = np.where(dims[:, j] == dims[:, i], i, first[:, j])
+        return np.where(dims >= 0, first, atoms.shape[1] + atoms)
+
+
+def _side(keys: list[tuple]) -> _Side:
+    """The `_Side` of strategies with `keys` (tuples of ints and bools), groups numbered in
+    order of first appearance."""
+    groups: dict[tuple, int] = {}
+    of = np.array([groups.setdefault(key, len(groups)) for key in keys], dtype=np.int64)
+    _, first = np.unique(of, return_index=True)
+    return _Side(np.array(list(groups), dtype=np.int64).reshape(len(groups), -1), first, of)
+
+
 def _number(value, hints) -> float:
     return float(value.subs(hints)) if hasattr(value, "subs") else float(value)
 
@@ -309,7 +549,8 @@ def _number(value, hints) -> float:
 class _Builder:
     def __init__(self, gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
                  optimizer: OptimizerState, hints: dict, charges: Background,
-                 saved: dict[str, Saved], microbatches: int, in_flight: int = 1) -> None:
+                 saved: dict[str, Saved], microbatches: int, in_flight: int = 1,
+                 edge_cache: EdgeCache | None = None) -> None:
         self.gm, self.table, self.mesh, self.hints = gm, table, mesh, hints
         self.optimizer, self.charges = optimizer, charges
         self.microbatches, self.in_flight = microbatches, in_flight
@@ -321,8 +562,39 @@ class _Builder:
         self.kept = kept_outputs(gm, saved)
         self.saving_uses: dict[str, int] = {}  # parameter -> uses that save it
         self.uses: dict[str, int] = {}  # parameter -> uses
-        self.edge_cache: dict[tuple, float] = {}
-        self.matrix_cache: dict[tuple, np.ndarray] = {}
+        self.edge_cache = edge_cache if edge_cache is not None else EdgeCache(mesh)
+        self.matrices: dict[int, np.ndarray] = {}  # id(EdgeSecondsTable) -> charged matrix
+        self.arrays: dict[tuple, np.ndarray] = {}  # (id(strategies), what a node reads) -> costs
+
+    def node_costs(self, node: fx.Node, strategies: tuple[Strategy, ...]) -> np.ndarray:
+        """`node_cost` of each of `strategies`, computed once for the nodes that have them
+        and are alike in all it reads (the nodes of repeated blocks)."""
+        if node.op != "call_function":
+            reads: tuple = ("no op",)
+        else:
+            flops, nbytes = (_number(node.meta.get(key, 0), self.hints) for key in (FLOPS, BYTES))
+            reads = ("op", flops, nbytes, tensor_outputs(node)[0].dtype if flops or nbytes
+                     else None, self.on_path[node.name])
+        return self._array((id(strategies), "cost", reads),
+                           lambda: [self.node_cost(node, s) for s in strategies])
+
+    def node_usages(self, node: fx.Node, strategies: tuple[Strategy, ...], *,
+                    first_of_tie: bool) -> np.ndarray:
+        """`node_usage` of each of `strategies`, computed once for the nodes that have them
+        and are alike in all it reads."""
+        name = node.name
+        reads = (node.meta.get(ROLE), node.op, tensor_outputs(node),
+                 self.saving_uses.get(name, 0), self.uses.get(name, 0),
+                 _number(node.meta.get(BYTES, 0), self.hints) == 0, self.saved.get(name),
+                 self.kept.get(name), self.on_path.get(name), first_of_tie)
+        return self._array((id(strategies), "usage", reads), lambda: [
+            self.node_usage(node, s, first_of_tie=first_of_tie) for s in strategies])
+
+    def _array(self, key: tuple, values) -> np.ndarray:
+        found = self.arrays.get(key)
+        if found is None:
+            found = self.arrays[key] = np.array(values(), dtype=float)
+        return found
 
     def node_cost(self, node: fx.Node, strategy: Strategy) -> float:
         return self.microbatches * float(op_compute_time(
@@ -381,41 +653,13 @@ class _Builder:
                 yield from self._decision_users(user)
 
     def edge_matrix(self, ref: EdgeRef) -> np.ndarray:
-        src = self.table.strategies[ref.producer]
-        dst = self.table.strategies[ref.consumer]
-        # Strategy tuples are shared between identical ops, so repeated blocks hit this cache.
-        key = (id(src), id(dst), ref.position, ref.tensor.nbytes, ref.requires_grad,
-               ref.saved, ref.same_block, ref.consumer_is_view, ref.consumer_saves)
-        if key not in self.matrix_cache:
-            self.matrix_cache[key] = self._edge_matrix(src, dst, ref)
-        return self.matrix_cache[key]
-
-    def _edge_matrix(self, src, dst, ref: EdgeRef) -> np.ndarray:
-        matrix = np.empty((len(src), len(dst)))
-        for k, s in enumerate(src):
-            for m, d in enumerate(dst):
-                key = (ref.tensor.nbytes, s.output, s.gathered, s.whole_gradient,
-                       d.inputs[ref.position],
-                       d.output, d.recompute, s.recompute, ref.requires_grad, ref.saved,
-                       ref.same_block, ref.producer_is_parameter, ref.consumer_is_view,
-                       ref.consumer_saves)
-                value = self.edge_cache.get(key)
-                if value is None:
-                    transfers = strategy_edge_transfers(ref, s, d, ref.tensor.nbytes,
-                                                        self.mesh.shape)
-                    value = (math.inf if transfers is None  # not executable: forbidden
-                             else self._charged(ref, s, transfers))
-                    self.edge_cache[key] = value
-                matrix[k, m] = value
+        table = self.edge_cache.seconds(ref, self.table.strategies[ref.producer],
+                                        self.table.strategies[ref.consumer], self.microbatches)
+        # Edges of tied blocks share their table, and then one charged matrix.
+        matrix = self.matrices.get(id(table))
+        if matrix is None:
+            matrix = self.matrices[id(table)] = table.charged(self.charges)
         return matrix
-
-    def _charged(self, ref: EdgeRef, src: Strategy, transfers) -> float:
-        """Seconds the objective charges for `transfers` in one step: background
-        reductions and gathers count at their `Background` fractions."""
-        hidden = Background(1 - self.charges.reductions, 1 - self.charges.gathers)
-        return float(sum(step_seconds(ref, src, transfers, self.microbatches, self.mesh))
-                     - hidden_seconds(ref, src, transfers, self.microbatches, self.mesh,
-                                      hidden))
 
     def ties(self, strategies) -> tuple[tuple[int, ...], ...]:
         blocks: dict[str, dict[int, list[int]]] = {}
@@ -443,7 +687,8 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
                   optimizer: OptimizerState = ADAMW, fold_layers: bool = True,
                   charges: Background = Background(),
                   saved: dict[str, Saved] | None = None,
-                  microbatches: int = 1, in_flight: int = 1) -> ProblemBuild:
+                  microbatches: int = 1, in_flight: int = 1,
+                  edge_cache: EdgeCache | None = None) -> ProblemBuild:
     """The sharding problem of an annotated graph over `mesh` (see the module docstring).
 
     `hints` maps the graph's size symbols to the values the solve uses; `optimizer` says
@@ -454,9 +699,16 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     `microbatches`: how many times a step runs `gm`, one micro-batch's graph;
     `in_flight`: how many micro-batches' activations are held at once (a pipeline stage's,
     `autopar.pipeline.in_flight`; one when they run one after the other).
+    `edge_cache`: an `EdgeCache` of `mesh` to keep the edges' seconds in from one call to
+    the next (calls that change only `charges` then compute no transfer again); by default
+    a new one.
     """
+    if edge_cache is not None and edge_cache.mesh != mesh:
+        raise ValueError(f"an EdgeCache of mesh {edge_cache.mesh.describe()} used for "
+                         f"{mesh.describe()}")
     builder = _Builder(gm, table, mesh, optimizer, hints or {}, charges,
-                       saved if saved is not None else find_saved(gm), microbatches, in_flight)
+                       saved if saved is not None else find_saved(gm), microbatches, in_flight,
+                       edge_cache)
     strategies = tuple(table.strategies[name] for name in builder.order)
     nodes = [builder.by_name[name] for name in builder.order]
     edges = tuple(
@@ -469,10 +721,8 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     ties = builder.ties(strategies) if fold_layers else ()
     first_of_tie = {group[0] for group in ties}
     problem = ShardingProblem(
-        node_costs=tuple(np.array([builder.node_cost(n, s) for s in ss], dtype=float)
-                         for n, ss in zip(nodes, strategies)),
-        node_usages=tuple(np.array([builder.node_usage(n, s, first_of_tie=i in first_of_tie)
-                                    for s in ss], dtype=float)
+        node_costs=tuple(builder.node_costs(n, ss) for n, ss in zip(nodes, strategies)),
+        node_usages=tuple(builder.node_usages(n, ss, first_of_tie=i in first_of_tie)
                           for i, (n, ss) in enumerate(zip(nodes, strategies))),
         intervals=tuple(builder.interval(n) for n in nodes),
         edges=tuple((builder.index[e.producer], builder.index[e.consumer]) for e in edges),
