@@ -384,11 +384,12 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                seed: int = 0, hand_strategies: bool = False, optimizer: object = None,
                master_weights: torch.dtype | None = None, recompute: bool = True,
                microbatches: int = 1, in_flight: int = 1, least_memory: bool = True,
+               overlap_rounds: int = OVERLAP_ROUNDS,
                progress: Callable[[str], None] | None = None) -> Plan:
     """`plan` from the strategy pass on, for a graph already captured and annotated (with
     `microbatches` > 1, one micro-batch's graph, run that many times a step, holding
-    `in_flight` micro-batches' activations at once: see `build_problem`; `least_memory`:
-    see `plan_table`). The
+    `in_flight` micro-batches' activations at once: see `build_problem`; `least_memory`,
+    `overlap_rounds`: see `plan_table`). The
     hand strategies, when asked for, ignore `constraints`: they are the standard ones;
     without constraints, a hand strategy's plan that fits and is faster is the plan."""
     state = optimizer_state(optimizer, master_weights=master_weights)
@@ -405,7 +406,8 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
     result = plan_table(gm, table, mesh, model_name=model_name, memory_budget=budget,
                         time_limit=time_limit, fold_layers=fold_layers, seed=seed,
                         optimizer=state, microbatches=microbatches, in_flight=in_flight,
-                        least_memory=least_memory, progress=progress)
+                        least_memory=least_memory, overlap_rounds=overlap_rounds,
+                        progress=progress)
     if not hand_strategies:
         return result
     from autopar.hand_strategies import evaluate_hand_strategies  # it plans with plan_table
@@ -426,7 +428,7 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
 def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_name: str,
                memory_budget: float | None, time_limit: float, fold_layers: bool, seed: int,
                optimizer: OptimizerState = ADAMW, microbatches: int = 1, in_flight: int = 1,
-               least_memory: bool = True,
+               least_memory: bool = True, overlap_rounds: int = OVERLAP_ROUNDS,
                progress: Callable[[str], None] | None = None) -> Plan:
     """The cheapest plan choosing among `table`'s strategies (the problem, solve and
     extract passes), within `memory_budget` bytes per device (None: no limit), for a step
@@ -438,7 +440,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     compute does not hide, max(0, G - B), and parameter gathers it starts ahead only what
     the forward's does not, max(0, G' - F): functions of the whole plan that a sum of
     per-op costs can't express. The first solve charges them in full, each next one at the
-    fractions the previous plan left exposed (`Background`; at most `OVERLAP_ROUNDS`
+    fractions the previous plan left exposed (`Background`; at most `overlap_rounds`
     solves, the later ones with half the time limit), and the plan with the least step
     time is returned.
     """
@@ -450,7 +452,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     edges = EdgeCache(mesh)  # so are the edges' seconds: only the charges change
     best: Plan | None = None
     charges, limit = Background(), time_limit
-    for _ in range(OVERLAP_ROUNDS):
+    for _ in range(overlap_rounds):
         say(f"{STAGE} build_problem (background gradient reductions charged at "
             f"{charges.reductions:.0%}, parameter gathers at {charges.gathers:.0%})")
         build = build_problem(gm, table, mesh, memory_budget=memory_budget, hints=hints,

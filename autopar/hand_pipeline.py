@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch.fx as fx
 from torch import nn
 
-from autopar.api import micro_graph, plan_table
+from autopar.api import OVERLAP_ROUNDS, micro_graph, plan_table
 from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError
 from autopar.hand_strategies import HandStrategy, missing_record, plan_record
 from autopar.mesh import Mesh
@@ -63,7 +63,8 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                                   "selective recompute", roles, recompute="selective")
 
     def plan_stage(graph: fx.GraphModule, inner: Mesh, *, memory_budget: float | None,
-                   microbatches: int, in_flight: int, constraints=None) -> Plan:
+                   microbatches: int, in_flight: int, constraints=None,
+                   overlap_rounds: int = OVERLAP_ROUNDS) -> Plan:
         table = offer_recompute(graph, find_strategies(graph, inner))
         if microbatches > 1:
             table = offer_whole_gradient(table)
@@ -76,7 +77,7 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                           memory_budget=memory_budget, time_limit=time_limit,
                           fold_layers=fold_layers, seed=seed, optimizer=optimizer,
                           microbatches=microbatches, in_flight=in_flight,
-                          least_memory=False)
+                          least_memory=False, overlap_rounds=overlap_rounds)
 
     request = Pipeline(axis=mesh.axis_names[axis])
     for budget in (memory_budget, None):

@@ -93,17 +93,25 @@ def annotate(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def size_hints(gm: fx.GraphModule) -> dict[sympy.Symbol, int]:
-    """Each size symbol of `gm` mapped to its value in the example inputs."""
+    """Each size symbol of `gm`'s tensor shapes mapped to its value in the example inputs
+    (empty for a graph of static shapes, whatever symbols tracing made on the way)."""
+    used: set[sympy.Symbol] = set()
+    shape_env = None
     for node in gm.graph.nodes:
         for value in pytree.tree_leaves(node.meta.get("val")):
-            shape_env = getattr(getattr(value, "fake_mode", None), "shape_env", None)
-            if shape_env is not None:
-                hints = (shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val")
-                         else shape_env.var_to_val)
-                # A symbol export found equal to another is replaced in every expression.
-                return {symbol: int(hint) for symbol, hint in hints.items()
-                        if symbol not in shape_env.replacements}
-    return {}
+            if isinstance(value, torch.Tensor):
+                for size in value.shape:
+                    if isinstance(size, torch.SymInt):
+                        used |= size.node.expr.free_symbols
+            shape_env = shape_env or getattr(getattr(value, "fake_mode", None), "shape_env",
+                                             None)
+    if shape_env is None or not used:
+        return {}
+    hints = (shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val")
+             else shape_env.var_to_val)
+    # A symbol export found equal to another is replaced in every expression.
+    return {symbol: int(hint) for symbol, hint in hints.items()
+            if symbol not in shape_env.replacements and symbol in used}
 
 
 def _spec_of(value: object) -> TensorSpec | tuple[TensorSpec | None, ...] | None:
