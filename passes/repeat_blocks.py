@@ -30,7 +30,7 @@ and *stamps* the blocks 3..L-2 from block 2, giving the graph the full trace giv
 Blocks 1..L-1 are *identical* (block 0 is traced, and may differ, as T5's first block
 that holds the position bias) when every submodule has the same class, training flag, parameter
 and buffer shapes, dtypes and `requires_grad`, and the same plain attributes, except an
-attribute that takes a different value in every block (it numbers the blocks, as
+integer attribute that takes a different value in every block (it numbers the blocks, as
 transformers' `layer_idx`, used only to index caches); blocks sharing a parameter are
 not. A forward whose graph depends on such a number beyond what blocks 0, 1, 2 and L-1
 show (every fifth block different, say) is the case this check can't see:
@@ -106,8 +106,10 @@ def _identical_blocks(model: nn.Module) -> _Blocks | None:
         return None
     # Block 0 is traced as it is: it may differ (T5's first block holds the position bias).
     signatures = [_signature(child) for child in children[1:]]
-    numbering = {key for key in set().union(*map(dict, signatures))
-                 if len({dict(s).get(key) for s in signatures}) == len(signatures)}
+    values = [dict(s) for s in signatures]
+    numbering = {key for key in values[0]
+                 if all(type(v.get(key)) is int for v in values)
+                 and len({v.get(key) for v in values}) == len(values)}
     if len({tuple((k, v) for k, v in s if k not in numbering) for s in signatures}) != 1:
         return None
     owners = [{id(p) for p in child.parameters()} for child in children]
