@@ -143,8 +143,8 @@ def test_a_loss_over_every_block_is_traced_whole():
 
 
 def test_meta_models_at_depth_are_stamped(monkeypatch):
-    """An 80-block model on the meta device: the same graph as its full trace."""
-    model, inputs = llama.build(layers=80, hidden=32, heads=4, batch=2, seq=8, device="meta")
+    """A 40-block model on the meta device: the same graph as its full trace."""
+    model, inputs = llama.build(layers=40, hidden=32, heads=4, batch=2, seq=8, device="meta")
     assert_same_graph(capture(model, inputs, repeat_blocks=False),
                       _stamped(model, inputs, monkeypatch))
 
