@@ -104,8 +104,8 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
                   progress: Callable[[str], None] | None = None, mixing: str = REFUSE) -> Plan:
     """The fastest fitting pipelined plan of `gm` (`model` captured at `example_inputs`)
     on `mesh` as `pipeline` asks (module docstring). `plan_stage(graph, mesh, *,
-    memory_budget, microbatches, in_flight, constraints)` plans one stage (`api.plan_graph`
-    with the caller's options); `micro_graph(model, inputs, split)` captures one
+    memory_budget, microbatches, in_flight, constraints[, overlap_rounds])` plans one stage
+    (`api.plan_graph` with the caller's options); `micro_graph(model, inputs, split)` captures one
     micro-batch. `memory_budget` None plans without a memory limit. `mixing` is
     `split_batch`'s: with "accumulate" (a pipeline the user asked for) a model whose ops
     mix samples is pipelined as gradient accumulation over the micro-batches, and the plan
@@ -132,26 +132,13 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
     while counts:
         before, candidates = best, []
         for m in counts:
-            runnable = [s for s in pipeline.schedules()
-                        if s.check_microbatches(m, ranks) is None]
-            if not runnable:
-                continue
             split = split_batch(gm, m, mixing=mixing) if m > 1 else None
             if split is not None and split.weighting == ACCUMULATED:
                 mixes[m] = split.mixes
-            micro = gm if split is None else micro_graph(model, example_inputs, split)
-            units = find_units(micro)
-            times = unit_times(micro, units, mesh.hardware)
-            if {s.name for s in runnable} >= {"GPipe", "1F1B"}:
-                # Same step for the same stage times, but each stage holds all m
-                # micro-batches, not p - r: GPipe's best plan is never faster than 1F1B's.
-                runnable = [s for s in runnable if s.name != "GPipe"]
-            for schedule in runnable:
-                for count in pipeline.stage_counts(schedule, ranks):
-                    if count <= units.count:
-                        cuts = balanced_cuts(times, count)
-                        bound = _least_step(times, cuts, devices, m, ranks, schedule)
-                        candidates.append((bound, m, schedule, count, micro, units, cuts))
+            candidates += _candidates(
+                pipeline, m, ranks, devices, mesh,
+                lambda split=split: gm if split is None else micro_graph(
+                    model, example_inputs, split))
         for bound, m, schedule, count, micro, units, cuts in sorted(
                 candidates, key=lambda c: c[0]):
             if best is not None and bound >= best.step_time_s:
@@ -172,9 +159,8 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
                 continue
             if best is None or candidate.step_time_s < best.step_time_s:
                 best, chosen = candidate, (stages, units.names, schedule, m)
-        improved = best is not None and best is not before
         counts = _more_microbatches(counts, best, pipeline, batch, memory_budget,
-                                    improved=improved or before is None)
+                                    improved=before is None or best is not before)
     if best is None:
         if failure is not None:
             raise failure
@@ -199,6 +185,33 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
             f"{m} micro-batches (the mean of their losses and gradients), not the whole "
             "batch's gradient")))
     return best
+
+
+def _candidates(pipeline: Pipeline, microbatches: int, ranks: int, devices: int, mesh: Mesh,
+                micro: Callable[[], fx.GraphModule]) -> list[tuple]:
+    """The candidates of `microbatches` micro-batches, each `(lower bound of its step
+    (`_least_step`), m, schedule, stage count, the micro-batch's graph, its units, the
+    balanced cuts)`; `micro()` captures the micro-batch's graph (only when some schedule
+    runs m)."""
+    runnable = [s for s in pipeline.schedules()
+                if s.check_microbatches(microbatches, ranks) is None]
+    if not runnable:
+        return []
+    if {s.name for s in runnable} >= {"GPipe", "1F1B"}:
+        # Same step for the same stage times, but each stage holds all m micro-batches,
+        # not p - r: GPipe's best plan is never faster than 1F1B's.
+        runnable = [s for s in runnable if s.name != "GPipe"]
+    graph = micro()
+    units = find_units(graph)
+    times = unit_times(graph, units, mesh.hardware)
+    found = []
+    for schedule in runnable:
+        for count in pipeline.stage_counts(schedule, ranks):
+            if count <= units.count:
+                cuts = balanced_cuts(times, count)
+                bound = _least_step(times, cuts, devices, microbatches, ranks, schedule)
+                found.append((bound, microbatches, schedule, count, graph, units, cuts))
+    return found
 
 
 def _least_step(times: list[float], cuts: tuple[int, ...], devices: int, microbatches: int,
