@@ -18,9 +18,10 @@ from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError
 from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState, optimizer_state
 from autopar.passes.annotate import DATA_MOVEMENT, FORMULA, annotate, flop_source, size_hints
-from autopar.passes.build_problem import Background, EdgeCache, ProblemBuild, build_problem
+from autopar.passes.build_problem import ProblemBuild, build_problem
 from autopar.passes.capture import capture, loss_output
 from autopar.passes.constrain import constrain
+from autopar.passes.edge_costs import Background, EdgeCache
 from autopar.passes.extract_plan import exposed_charges, extract_plan
 from autopar.passes.find_saved import find_saved
 from autopar.passes.find_strategies import StrategyTable, find_strategies

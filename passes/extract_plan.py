@@ -13,14 +13,12 @@ import sympy
 import torch.fx as fx
 
 from autopar import cost
-from autopar.passes.build_problem import (
+from autopar.passes.build_problem import ProblemBuild, module_of, op_compute_time
+from autopar.passes.edge_costs import (
     Background,
-    ProblemBuild,
     background_gathers,
     background_reductions,
     hidden_seconds,
-    module_of,
-    op_compute_time,
     step_repeats,
     step_seconds,
     strategy_edge_transfers,

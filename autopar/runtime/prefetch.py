@@ -26,7 +26,7 @@ from autopar.runtime.redistribution import Redistribution
 def prefetchable(redistribution: Redistribution) -> bool:
     """Edges whose forward's one collective is an all-gather (with local steps around it):
     it can start before the use, from the shard alone. The planner charges the same
-    edges' gathers as overlapped (`build_problem.background_gathers`)."""
+    edges' gathers as overlapped (`edge_costs.background_gathers`)."""
     kinds = [step.kind for step in redistribution.forward_steps if step.kind is not None]
     return kinds == ["all_gather"]
 

@@ -15,6 +15,7 @@ import pytest
 
 from autopar import Mesh
 from autopar.passes import build_problem as bp
+from autopar.passes import edge_costs
 from autopar.passes.annotate import annotate, size_hints
 from autopar.passes.capture import capture
 from autopar.passes.find_saved import find_saved
@@ -23,7 +24,7 @@ from autopar.passes.offer_recompute import offer_recompute
 from autopar.passes.offer_whole_gradient import offer_whole_gradient
 from examples import gpt, llama
 
-CHARGES = (bp.Background(), bp.Background(reductions=0.3, gathers=0.65))
+CHARGES = (edge_costs.Background(), edge_costs.Background(reductions=0.3, gathers=0.65))
 SQUARE = Mesh((2, 2), ("a", "b"), hardware="h100-sxm")
 CUBE = Mesh((2, 2, 2), ("a", "b", "c"), hardware="h100-sxm")
 # A batch of one sample leaves fewer ways to split over a 2x2x2 mesh, which keeps the
@@ -46,7 +47,7 @@ def reference_edges(build: bp.ProblemBuild, table, microbatches: int) -> list[li
     the hidden fractions (1 - charges) of the background ones. Edges that differ only by
     the names of their ends (the same strategy tuples: repeated blocks) are computed once:
     those functions do not read the names."""
-    hidden = [bp.Background(1 - c.reductions, 1 - c.gathers) for c in CHARGES]
+    hidden = [edge_costs.Background(1 - c.reductions, 1 - c.gathers) for c in CHARGES]
     matrices: list[list] = [[] for _ in CHARGES]
     computed: dict[tuple, np.ndarray] = {}
     for ref in build.edges:
@@ -59,12 +60,12 @@ def reference_edges(build: bp.ProblemBuild, table, microbatches: int) -> list[li
         entries = computed[key] = np.empty((len(CHARGES), len(src), len(dst)))
         for k, s in enumerate(src):
             for m, d in enumerate(dst):
-                transfers = bp.strategy_edge_transfers(ref, s, d, ref.tensor.nbytes,
+                transfers = edge_costs.strategy_edge_transfers(ref, s, d, ref.tensor.nbytes,
                                                        build.mesh.shape)
                 for c, fractions in enumerate(hidden):
                     entries[c, k, m] = math.inf if transfers is None else float(
-                        sum(bp.step_seconds(ref, s, transfers, microbatches, build.mesh))
-                        - bp.hidden_seconds(ref, s, transfers, microbatches, build.mesh,
+                        sum(edge_costs.step_seconds(ref, s, transfers, microbatches, build.mesh))
+                        - edge_costs.hidden_seconds(ref, s, transfers, microbatches, build.mesh,
                                             fractions))
         for c in range(len(CHARGES)):
             matrices[c].append(entries[c])
@@ -89,7 +90,7 @@ def test_edge_matrices_equal_the_per_entry_computation(graphs, model, mesh, reco
     if microbatches > 1:
         table = offer_whole_gradient(table)
     hints, saved = size_hints(gm), find_saved(gm)
-    cache = bp.EdgeCache(mesh)  # shared by both builds, as plan_table's rounds share it
+    cache = edge_costs.EdgeCache(mesh)  # shared by both builds, as plan_table's rounds share it
     builds = [bp.build_problem(gm, table, mesh, memory_budget=None, hints=hints,
                                charges=charges, saved=saved, microbatches=microbatches,
                                edge_cache=cache) for charges in CHARGES]
@@ -129,4 +130,4 @@ def test_an_edge_cache_serves_one_mesh(graphs):
     gm = graphs["gpt"]
     with pytest.raises(ValueError, match="EdgeCache"):
         bp.build_problem(gm, find_strategies(gm, SQUARE), SQUARE, memory_budget=None,
-                         edge_cache=bp.EdgeCache(Mesh((4,), ("a",), hardware="h100-sxm")))
+                         edge_cache=edge_costs.EdgeCache(Mesh((4,), ("a",), hardware="h100-sxm")))
