@@ -122,7 +122,9 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.slow) if name == "hf_t5" else name
+    for name in sorted(MODELS)])
 def test_stamped_graph_is_the_full_trace(name, monkeypatch):
     torch.manual_seed(0)
     model, inputs = MODELS[name]()
