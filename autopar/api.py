@@ -25,6 +25,7 @@ from autopar.passes.edge_costs import Background, EdgeCache
 from autopar.passes.extract_plan import exposed_charges, extract_plan
 from autopar.passes.find_saved import find_saved
 from autopar.passes.find_strategies import StrategyTable, find_strategies
+from autopar.passes.fold_depth import fold_depth
 from autopar.passes.offer_recompute import offer_recompute
 from autopar.passes.offer_whole_gradient import offer_whole_gradient
 from autopar.passes.split_batch import BatchSplit, batch_size, split_batch
@@ -338,12 +339,12 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     loss_output(gm)  # a model that returns no loss can't be trained: say so before solving
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
 
-    def planned(count: int, split: BatchSplit | None) -> Plan:
+    def planned(count: int, split: BatchSplit | None, *, least_memory: bool = True) -> Plan:
         graph = gm if split is None else micro(model, example_inputs, split)
         if split is not None:
             say(f"{STAGE} plan {split.describe()}")
         return plan_graph(graph, mesh, memory_budget=budget, microbatches=count,
-                          progress=progress, **options)
+                          progress=progress, least_memory=least_memory, **options)
 
     if microbatches != "auto":
         if not isinstance(microbatches, int) or isinstance(microbatches, bool):
@@ -365,8 +366,8 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
             split = split_batch(gm, count)
         except MicrobatchError:
             break
-        try:
-            candidate = planned(count, split)
+        try:  # the whole step's failure is the one reported: no least-memory search
+            candidate = planned(count, split, least_memory=False)
         except InfeasiblePlanError:
             count *= 2
             continue
@@ -396,6 +397,9 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
     state = optimizer_state(optimizer, master_weights=master_weights)
     say = progress or (lambda message: None)
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
+    if fold_layers:  # tied blocks: plan one of them for all (its plan is the whole graph's)
+        say(f"{STAGE} fold_depth")
+        gm = fold_depth(gm, keep=frozenset(constraints or ()))
     say(f"{STAGE} find_strategies")
     found = table = find_strategies(gm, mesh)
     if recompute:

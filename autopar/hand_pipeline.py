@@ -23,6 +23,7 @@ from autopar.hand_strategies import HandStrategy, missing_record, plan_record
 from autopar.mesh import Mesh
 from autopar.optimizer_state import OptimizerState
 from autopar.passes.find_strategies import find_strategies
+from autopar.passes.fold_depth import fold_depth
 from autopar.passes.offer_recompute import offer_recompute
 from autopar.passes.offer_whole_gradient import offer_whole_gradient
 from autopar.passes.restrict import restrict
@@ -65,6 +66,8 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     def plan_stage(graph: fx.GraphModule, inner: Mesh, *, memory_budget: float | None,
                    microbatches: int, in_flight: int, constraints=None,
                    overlap_rounds: int = OVERLAP_ROUNDS) -> Plan:
+        if fold_layers:
+            graph = fold_depth(graph, keep=frozenset(constraints or ()))
         table = offer_recompute(graph, find_strategies(graph, inner))
         if microbatches > 1:
             table = offer_whole_gradient(table)

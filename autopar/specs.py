@@ -15,11 +15,18 @@ read them. Meta keys (all prefixed `autopar_`):
   symbolic sizes.
 - `autopar_boundary` (split_stages): on the inputs of a pipeline stage's graph that the
   previous stage sends (role "input"; floating-point ones carry a gradient back).
+
+Graph meta (`gm.meta`):
+
+- `autopar_fold` (fold_depth): the `Fold` of a graph whose repeated blocks stand for more
+  blocks of the model's graph.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import sympy
@@ -32,6 +39,10 @@ TENSOR = "autopar_tensor"
 FLOPS = "autopar_flops"
 BYTES = "autopar_bytes"
 BOUNDARY = "autopar_boundary"
+FOLD = "autopar_fold"
+
+# A module path inside a block of a ModuleList: `<list>.<index>` then the rest, if any.
+BLOCK = re.compile(r"^(?P<list>(?:[^.]+\.)*?[^.]+)\.(?P<index>\d+)(?:\.|$)")
 
 Size = int | sympy.Expr
 
@@ -70,3 +81,42 @@ class TensorSpec:
         if self.sym_shape is None:
             return self.nbytes
         return sympy.Mul(*self.sym_shape) * self.itemsize
+
+
+def module_of(node) -> str:
+    """Module path of a node (`autopar_module`); for stored tensors, that of the module
+    owning the canonical name."""
+    names = node.meta.get(NAMES)
+    if names:
+        return names[0].rpartition(".")[0]
+    return node.meta.get(MODULE, "")
+
+
+@dataclass(frozen=True)
+class Fold:
+    """How a folded graph (`passes/fold_depth.py`) stands for the graph it was folded from:
+    each node of its representative block stands for the nodes at the same position in
+    consecutive blocks, named `copies[node]` (itself first) and in modules `modules[node]`;
+    `previous` maps each node of the block before the representative to the
+    representative's node at the same position (copy k of a representative's node reads
+    copy k - 1 where the representative reads that block); `order` is each node's position
+    in the unfolded graph."""
+
+    copies: Mapping[str, tuple[str, ...]]
+    modules: Mapping[str, tuple[str, ...]]
+    previous: Mapping[str, str]
+    order: Mapping[str, int]
+
+    def repeats(self, name: str) -> int:
+        """How many nodes of the unfolded graph `name` stands for."""
+        return len(self.copies.get(name, ((),)))
+
+    def producer(self, name: str, consumer: str, copy: int) -> str:
+        """The unfolded name of the node `name` that copy `copy` of `consumer` reads."""
+        if consumer not in self.copies:
+            return self.copies[name][-1] if name in self.copies else name
+        if name in self.copies:
+            return self.copies[name][copy]
+        if name in self.previous and copy > 0:
+            return self.copies[self.previous[name]][copy - 1]
+        return name

@@ -32,13 +32,15 @@ map from problem indices back to graph nodes and tensors.
   Memory is one micro-batch's activations; a ZeRO-1 parameter holds its gathered copy and
   its whole gradient for the step, one of each per use.
 - Ties: the blocks of a `ModuleList` (module paths `<list>.<i>...`) whose nodes and
-  strategies match the first block's are tied node by node, so identical transformer blocks
-  are one decision (the plan is uniform across them).
+  strategies match are tied node by node, so identical transformer blocks are one
+  decision (the plan is uniform across them).
+- Folded graphs (`passes/fold_depth.py`): a node standing for r nodes of the unfolded
+  graph counts r times in compute, in the edges into it and, when held to the end of the
+  forward, in memory; the problem is the unfolded one's, tied.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,9 +59,7 @@ from autopar.passes.gradient_path import (
     tensor_outputs,
 )
 from autopar.solver.problem import ShardingProblem
-from autopar.specs import BYTES, FLOPS, MODULE, NAMES, ROLE, TensorSpec
-
-_LAYER = re.compile(r"^(?P<list>(?:[^.]+\.)*?[^.]+)\.(?P<index>\d+)(?:\.|$)")
+from autopar.specs import BLOCK, BYTES, FLOPS, FOLD, ROLE, TensorSpec, module_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,14 +74,11 @@ class ProblemBuild:
     mesh: Mesh
     optimizer: OptimizerState
     microbatches: int = 1
-
-
-def module_of(node: fx.Node) -> str:
-    """Module path of a node; for stored tensors, the module owning the canonical name."""
-    names = node.meta.get(NAMES)
-    if names:
-        return names[0].rpartition(".")[0]
-    return node.meta.get(MODULE, "")
+    # Per node: how many nodes of the unfolded graph it stands for (`Fold.repeats`), and
+    # how many times its memory counts (as many when held to the end of the forward,
+    # else once).
+    repeats: tuple[int, ...] = ()
+    held_repeats: tuple[int, ...] = ()
 
 
 def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
@@ -111,7 +108,7 @@ def recompute_region(node: fx.Node) -> str:
     """The block (`<list>.<i>` of a ModuleList) a node belongs to, else the node itself.
     Recomputing an op may recompute the ops it reads from in the same region only, so a
     backward rebuilds one region at a time, from tensors that were kept."""
-    match = _LAYER.match(module_of(node))
+    match = BLOCK.match(module_of(node))
     return f"{match['list']}.{match['index']}" if match else node.name
 
 
@@ -174,6 +171,8 @@ class _Builder:
         self.on_path = gradient_path(gm)
         self.saved = saved
         self.kept = kept_outputs(gm, saved)
+        self.fold = gm.meta.get(FOLD)
+        self.repeats = [self.fold.repeats(name) if self.fold else 1 for name in self.order]
         self.saving_uses: dict[str, int] = {}  # parameter -> uses that save it
         self.uses: dict[str, int] = {}  # parameter -> uses
         self.edge_cache = edge_cache if edge_cache is not None else EdgeCache(mesh)
@@ -276,18 +275,20 @@ class _Builder:
         return matrix
 
     def ties(self, strategies) -> tuple[tuple[int, ...], ...]:
+        """Node by node, the blocks of each ModuleList with the same ops and strategies."""
         blocks: dict[str, dict[int, list[int]]] = {}
         for i, name in enumerate(self.order):
-            match = _LAYER.match(module_of(self.by_name[name]))
+            match = BLOCK.match(module_of(self.by_name[name]))
             if match:
                 blocks.setdefault(match["list"], {}).setdefault(int(match["index"]), []).append(i)
         groups: list[tuple[int, ...]] = []
         for by_index in blocks.values():
-            ordered = [by_index[i] for i in sorted(by_index)]
-            reference = self._signature(ordered[0], strategies)
-            same = [b for b in ordered if self._signature(b, strategies) == reference]
-            if len(same) > 1:
-                groups.extend(zip(*same))
+            alike: dict[tuple, list[list[int]]] = {}
+            for index in sorted(by_index):
+                nodes = by_index[index]
+                alike.setdefault(self._signature(nodes, strategies), []).append(nodes)
+            groups.extend(group for same in alike.values() if len(same) > 1
+                          for group in zip(*same))
         return tuple(groups)
 
     def _signature(self, nodes: list[int], strategies) -> tuple:
@@ -332,18 +333,30 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     for ref in edges:
         builder.saving_uses[ref.producer] = builder.saving_uses.get(ref.producer, 0) + ref.saved
         builder.uses[ref.producer] = builder.uses.get(ref.producer, 0) + 1
-    ties = builder.ties(strategies) if fold_layers else ()
+    # A folded graph's representative block stands for tied blocks: it is tied too.
+    ties = builder.ties(strategies) if fold_layers or builder.fold else ()
     first_of_tie = {group[0] for group in ties}
+    repeats = builder.repeats
+    intervals = tuple(builder.interval(n) for n in nodes)
+    held_repeats = tuple(r if end == len(nodes) else 1
+                         for r, (_, end) in zip(repeats, intervals))
     problem = ShardingProblem(
-        node_costs=tuple(builder.node_costs(n, ss) for n, ss in zip(nodes, strategies)),
-        node_usages=tuple(builder.node_usages(n, ss, first_of_tie=i in first_of_tie)
-                          for i, (n, ss) in enumerate(zip(nodes, strategies))),
-        intervals=tuple(builder.interval(n) for n in nodes),
+        node_costs=tuple(_times(builder.node_costs(n, ss), r)
+                         for n, ss, r in zip(nodes, strategies, repeats)),
+        node_usages=tuple(_times(builder.node_usages(n, ss, first_of_tie=i in first_of_tie), r)
+                          for i, (n, ss, r) in enumerate(zip(nodes, strategies, held_repeats))),
+        intervals=intervals,
         edges=tuple((builder.index[e.producer], builder.index[e.consumer]) for e in edges),
-        edge_costs=tuple(builder.edge_matrix(e) for e in edges),
+        edge_costs=tuple(_times(builder.edge_matrix(e), repeats[builder.index[e.consumer]])
+                         for e in edges),
         usage_limit=memory_budget,
         ties=ties,
         name=type(gm).__name__,
     )
     return ProblemBuild(problem, tuple(builder.order), edges, strategies, builder.on_path, mesh,
-                        optimizer, microbatches)
+                        optimizer, microbatches, tuple(repeats), held_repeats)
+
+
+def _times(values: np.ndarray, repeats: int) -> np.ndarray:
+    """`values` counted `repeats` times (the array itself, shared, when once)."""
+    return values if repeats == 1 else values * repeats

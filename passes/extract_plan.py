@@ -4,16 +4,21 @@ Reads `autopar_role`, `autopar_flops`, `autopar_bytes`, `autopar_tensor` and the
 `ProblemBuild`. For every decision node it records the chosen placements, the compute and
 the inbound collectives (forward and backward) with their bytes, its memory, and the formula
 of its cost over the graph's symbolic sizes, re-derived with the same cost functions the
-problem was built with so the plan can be re-evaluated at other sizes.
+problem was built with so the plan can be re-evaluated at other sizes. A folded graph's
+plan (`passes/fold_depth.py`) is the unfolded graph's: each node of the representative
+block is recorded once per node it stands for, under that node's name and module, reading
+its own copies' tensors, and the nodes come in the unfolded graph's order.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import sympy
 import torch.fx as fx
 
 from autopar import cost
-from autopar.passes.build_problem import ProblemBuild, module_of, op_compute_time
+from autopar.passes.build_problem import ProblemBuild, op_compute_time
 from autopar.passes.edge_costs import (
     Background,
     background_gathers,
@@ -26,7 +31,7 @@ from autopar.passes.edge_costs import (
 from autopar.placement import format_placements
 from autopar.plan_types import NodePlan, Plan, SolverReport, TransferRecord
 from autopar.solver import Solution
-from autopar.specs import BYTES, FLOPS, ROLE
+from autopar.specs import BYTES, FLOPS, FOLD, ROLE, Fold, module_of
 
 
 def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound,
@@ -69,9 +74,10 @@ def _compute_split(node: fx.Node, build: ProblemBuild, strategy,
 def training_flops(gm: fx.GraphModule, on_path: dict[str, bool], sizes: dict) -> float:
     """FLOPs of one training step of the whole model on one device: each op's forward, and
     twice it again for the backward of ops on the gradient path."""
+    fold = gm.meta.get(FOLD)
     total = 0.0
     for node in gm.graph.nodes:
-        flops = _at(node.meta.get(FLOPS, 0), sizes)
+        flops = _at(node.meta.get(FLOPS, 0), sizes) * (fold.repeats(node.name) if fold else 1)
         total += flops * (1 + cost.BACKWARD_FLOPS_FACTOR * on_path.get(node.name, False))
     return total
 
@@ -106,17 +112,20 @@ def _hidden(build: ProblemBuild, by_name, chosen, edges, sizes: dict[str, int]) 
     left to hide behind, the first gather none before it; C counts all of it, an
     optimistic bound.)"""
     mesh = build.mesh
+    repeats = dict(zip(build.nodes, build.repeats or (1,) * len(build.nodes)))
     reductions = gathers = 0.0
-    for per_node in edges.values():
+    for name, per_node in edges.items():
         for ref, src, _, transfers in per_node:
-            reductions += sum(float(t.time(mesh))
-                              for t in background_reductions(ref, src, transfers))
-            gathers += sum(float(t.time(mesh)) for t in background_gathers(ref, src, transfers))
+            reductions += repeats[name] * sum(
+                float(t.time(mesh)) for t in background_reductions(ref, src, transfers))
+            gathers += repeats[name] * sum(
+                float(t.time(mesh)) for t in background_gathers(ref, src, transfers))
     forward = backward = 0.0
     if reductions or gathers:
         for name in build.nodes:
             ahead, behind = _compute_split(by_name[name], build, chosen[name], sizes)
-            forward, backward = forward + ahead, backward + behind
+            forward += repeats[name] * ahead
+            backward += repeats[name] * behind
     return Background(min(1.0, backward / reductions) if reductions else 0.0,
                    min(1.0, forward / gathers) if gathers else 0.0)
 
@@ -131,38 +140,43 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
               for i, name in enumerate(build.nodes)}
     edges = _edges(build, chosen)
     hidden = _hidden(build, by_name, chosen, edges, sizes)
+    fold: Fold | None = gm.meta.get(FOLD)
+    repeats = build.repeats or (1,) * len(build.nodes)
+    held_repeats = build.held_repeats or repeats
     nodes = []
     for i, name in enumerate(build.nodes):
         node, strategy = by_name[name], chosen[name]
         comm = overlapped = 0.0
-        records = []
+        inbound = []  # (producer, TransferRecord) per transfer
         for ref, src, _, transfers in edges[name]:
-            repeats = step_repeats(ref, src, transfers, build.microbatches)
+            repeated = step_repeats(ref, src, transfers, build.microbatches)
             seconds = [float(x) for x in step_seconds(ref, src, transfers,
                                                        build.microbatches, mesh)]
             comm += sum(seconds)
             overlapped += float(hidden_seconds(ref, src, transfers, build.microbatches, mesh,
                                                 hidden))
-            records.extend(TransferRecord(t.kind, mesh.axis_names[t.axis],
-                                          n * float(t.nbytes), t.backward, ref.producer, time,
-                                          calls=n)
-                           for t, n, time in zip(transfers, repeats, seconds))
-        compute = float(problem.node_costs[i][solution.choices[i]])
-        nodes.append(NodePlan(
+            inbound.extend((ref.producer, TransferRecord(
+                t.kind, mesh.axis_names[t.axis], n * float(t.nbytes), t.backward,
+                ref.producer, time, calls=n)) for t, n, time in zip(transfers, repeated, seconds))
+        compute = float(problem.node_costs[i][solution.choices[i]]) / repeats[i]
+        plan = NodePlan(
             name=name, op=str(node.target) if node.op == "call_function" else node.op,
             role=node.meta.get(ROLE, node.op), module=module_of(node),
             inputs=tuple(format_placements(p) for p in strategy.inputs),
             output=format_placements(strategy.output),
             compute_s=compute, comm_s=comm,
-            memory_bytes=float(problem.node_usages[i][solution.choices[i]]),
-            transfers=tuple(records),
+            memory_bytes=float(problem.node_usages[i][solution.choices[i]]) / held_repeats[i],
+            transfers=tuple(record for _, record in inbound),
             formula=str(_symbolic_cost(node, build, strategy,
                                        [e[:3] for e in edges[name]], hidden))
             if sizes else repr(compute + comm - overlapped),
             # A view's flag only mirrors its base's (build_problem): views run no op.
             recompute=strategy.recompute and node.meta.get(BYTES, 0) != 0,
             gathered=format_placements(strategy.gathered) if strategy.gathered else "",
-            whole_gradient=strategy.whole_gradient, hidden_s=overlapped))
+            whole_gradient=strategy.whole_gradient, hidden_s=overlapped)
+        nodes.extend(_unfolded(plan, inbound, fold) if fold else (plan,))
+    if fold:
+        nodes.sort(key=lambda n: fold.order[n.name])
     report = SolverReport(objective=solution.cost, bound=solution.bound, gap=solution.gap,
                           status=solution.status, wall_time_s=solution.wall_time,
                           decisions=problem.num_nodes,
@@ -174,3 +188,19 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
                 peak_memory_bytes=problem.peak_usage(solution.choices),
                 sizes=tuple(sorted(sizes.items())), warnings=warnings,
                 microbatches=build.microbatches)
+
+
+def _unfolded(plan: NodePlan, inbound: list[tuple[str, TransferRecord]],
+              fold: Fold) -> tuple[NodePlan, ...]:
+    """The plans of the unfolded nodes a folded graph's node stands for (one for a node
+    that stands for itself), each reading its own copies' tensors."""
+    def copy(k: int, name: str, module: str) -> NodePlan:
+        transfers = tuple(dataclasses.replace(record, tensor=fold.producer(producer, plan.name, k))
+                          for producer, record in inbound)
+        return dataclasses.replace(plan, name=name, module=module, transfers=transfers)
+
+    if plan.name not in fold.copies:
+        renamed = any(producer in fold.copies for producer, _ in inbound)
+        return (copy(0, plan.name, plan.module) if renamed else plan,)
+    return tuple(copy(k, name, module) for k, (name, module) in enumerate(
+        zip(fold.copies[plan.name], fold.modules[plan.name])))

@@ -36,7 +36,6 @@ the original's, so a stage's plan names the model's nodes.
 from __future__ import annotations
 
 import operator
-import re
 from dataclasses import dataclass
 
 import networkx as nx
@@ -46,9 +45,7 @@ import torch.fx as fx
 from autopar import cost
 from autopar.hardware import HardwareProfile
 from autopar.passes.gradient_path import gradient_path
-from autopar.specs import BOUNDARY, BYTES, FLOPS, MODULE, NAMES, ROLE, TENSOR, TensorSpec
-
-_BLOCK = re.compile(r"^(?P<list>(?:[^.]+\.)*?[^.]+)\.(?P<index>\d+)(?:\.|$)")
+from autopar.specs import BLOCK, BOUNDARY, BYTES, FLOPS, MODULE, NAMES, ROLE, TENSOR, TensorSpec
 
 
 @dataclass(frozen=True)
@@ -85,7 +82,7 @@ def find_units(gm: fx.GraphModule) -> Units:
     """The blocks of `gm`'s main ModuleList and each op's unit (empty without a list)."""
     blocks: dict[str, dict[int, None]] = {}
     for node in gm.graph.nodes:
-        match = _BLOCK.match(node.meta.get(MODULE, "")) if node.op == "call_function" else None
+        match = BLOCK.match(node.meta.get(MODULE, "")) if node.op == "call_function" else None
         if match:
             blocks.setdefault(match["list"], {}).setdefault(int(match["index"]))
     if not blocks:
@@ -96,7 +93,7 @@ def find_units(gm: fx.GraphModule) -> Units:
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             continue
-        match = _BLOCK.match(node.meta.get(MODULE, "")) if node.op == "call_function" else None
+        match = BLOCK.match(node.meta.get(MODULE, "")) if node.op == "call_function" else None
         if match and match["list"] == main and int(match["index"]) not in seen:
             seen[int(match["index"])] = len(names)
             names.append(f"{main}.{match['index']}")

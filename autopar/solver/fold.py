@@ -13,6 +13,10 @@ import numpy as np
 
 # Largest broadcast (in elements) a single fold may build; bigger nodes are left alone.
 MAX_CELLS = 20_000_000
+# Pairs of neighbour choices a chain's response is first checked on (a grid of
+# SAMPLED_SIDE rows by columns), when it has more of them than SAMPLED_PAIRS.
+SAMPLED_SIDE = 8
+SAMPLED_PAIRS = 256
 
 
 def pareto_mask(total: np.ndarray, usage: np.ndarray) -> np.ndarray | None:
@@ -64,20 +68,46 @@ def chain_response(left: np.ndarray, cost: np.ndarray, right: np.ndarray,
     kb = right.shape[1]
     if ka * k * kb * max(usage.shape[1], 1) > MAX_CELLS:
         return None
+    if usage.shape[1] and ka * kb > SAMPLED_PAIRS:
+        # Most nodes under a memory limit have no dominant response: a failure on a few
+        # pairs of neighbour choices says so without building every pair's responses.
+        rows, cols = (np.unique(np.linspace(0, n - 1, SAMPLED_SIDE).astype(int))
+                      for n in (ka, kb))
+        if _dominant_response(left[rows], cost, right[:, cols], usage) is None:
+            return None
+    return _dominant_response(left, cost, right, usage)
+
+
+def _dominant_response(left: np.ndarray, cost: np.ndarray, right: np.ndarray,
+                       usage: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """`chain_response` without the size check."""
     total = left[:, :, None] + cost[None, :, None] + right[None, :, :]  # ka, k, kb
-    best = total.min(axis=1)
     if usage.shape[1] == 0:
-        return np.argmin(total, axis=1), best
+        response = np.argmin(total, axis=1)
+        return response, np.take_along_axis(total, response[:, None, :], axis=1)[:, 0, :]
+    best = total.min(axis=1)
     # Among the cheapest responses take the one with the least total usage, then require
     # it to use no more memory in any term than any finite-cost alternative.
     weight = usage.sum(axis=1)
     tied = total == best[:, None, :]
     score = np.where(tied, weight[None, :, None], np.inf)
     response = np.argmin(score, axis=1)
-    finite = np.isfinite(total)
-    masked = np.where(finite[..., None], usage[None, :, None, :], np.inf)  # ka,k,kb,T
-    least = masked.min(axis=1)  # ka, kb, T
     chosen = usage[response]  # ka, kb, T
+    # The least usage of a finite alternative: every strategy's where all are finite
+    # (most pairs), else counted over the finite ones of that pair only.
+    least = np.broadcast_to(usage.min(axis=0), chosen.shape).copy()
+    partial = ~np.isfinite(left).all(axis=1)[:, None] | ~np.isfinite(right).all(axis=0)[None, :]
+    if not np.isfinite(cost).all():
+        partial[:] = True
+    rows, cols = np.nonzero(partial)
+    if rows.size:
+        finite = np.isfinite(total[rows, :, cols])  # pairs, k
+        for term in range(usage.shape[1]):
+            # The first finite strategy in increasing usage of the term is the least.
+            order = np.argsort(usage[:, term], kind="stable")
+            first = np.argmax(finite[:, order], axis=1)
+            least[rows, cols, term] = np.where(finite.any(axis=1),
+                                               usage[order[first], term], np.inf)
     ok = np.isfinite(best)[..., None] <= (chosen <= least)
     if not ok.all():
         return None
