@@ -37,6 +37,8 @@ from autopar.specs import TENSOR
 
 # Solves at most, re-estimating how much of the background collectives stays exposed.
 OVERLAP_ROUNDS = 3
+# The fraction of the time limit a candidate's screening solve has (`screened`).
+SCREENING_TIME = 0.25
 
 
 # Prefix of the progress messages that start a pass (benchmarks time the passes by them);
@@ -246,8 +248,10 @@ def _plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, me
     stage_options = {k: v for k, v in options.items() if k not in ("hand_strategies",
                                                                    "constraints", "micro")}
 
-    def plan_stage(graph: fx.GraphModule, inner: Mesh, **solve) -> Plan:
-        return plan_graph(graph, inner, **stage_options, least_memory=False, **solve)
+    def plan_stage(graph: fx.GraphModule, inner: Mesh, *, screening: bool, **solve) -> Plan:
+        chosen = screened(stage_options) if screening else {**stage_options,
+                                                            "least_memory": False}
+        return plan_graph(graph, inner, **chosen, **solve)
 
     def pipelined() -> Plan:
         # A pipeline the user asked for accumulates over a model whose ops mix samples
@@ -339,12 +343,12 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     loss_output(gm)  # a model that returns no loss can't be trained: say so before solving
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
 
-    def planned(count: int, split: BatchSplit | None, *, least_memory: bool = True) -> Plan:
+    def planned(count: int, split: BatchSplit | None, *, screening: bool = False) -> Plan:
         graph = gm if split is None else micro(model, example_inputs, split)
         if split is not None:
             say(f"{STAGE} plan {split.describe()}")
         return plan_graph(graph, mesh, memory_budget=budget, microbatches=count,
-                          progress=progress, least_memory=least_memory, **options)
+                          progress=progress, **(screened(options) if screening else options))
 
     if microbatches != "auto":
         if not isinstance(microbatches, int) or isinstance(microbatches, bool):
@@ -366,8 +370,8 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
             split = split_batch(gm, count)
         except MicrobatchError:
             break
-        try:  # the whole step's failure is the one reported: no least-memory search
-            candidate = planned(count, split, least_memory=False)
+        try:
+            candidate = planned(count, split, screening=True)
         except InfeasiblePlanError:
             count *= 2
             continue
@@ -377,7 +381,22 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     if best is None:
         assert failure is not None
         raise failure
-    return best
+    if best.microbatches == 1:
+        return best
+    try:  # the count chosen by screening, planned in full
+        full = planned(best.microbatches, split_batch(gm, best.microbatches))
+    except InfeasiblePlanError:
+        return best
+    return full if full.step_time_s <= best.step_time_s else best
+
+
+def screened(options: dict) -> dict:
+    """`plan_graph`'s `options` for screening one of many candidates (micro-batch counts,
+    pipeline cuts and schedules): one solve with `SCREENING_TIME` of the time limit, no
+    hand strategies, no least-memory search; the chosen candidate is then planned with
+    `options`."""
+    return {**options, "time_limit": options.get("time_limit", 30.0) * SCREENING_TIME,
+            "overlap_rounds": 1, "hand_strategies": False, "least_memory": False}
 
 
 def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch.fx as fx
 from torch import nn
 
-from autopar.api import OVERLAP_ROUNDS, micro_graph, plan_table
+from autopar.api import OVERLAP_ROUNDS, SCREENING_TIME, micro_graph, plan_table
 from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError
 from autopar.hand_strategies import HandStrategy, missing_record, plan_record
 from autopar.mesh import Mesh
@@ -65,7 +65,7 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
 
     def plan_stage(graph: fx.GraphModule, inner: Mesh, *, memory_budget: float | None,
                    microbatches: int, in_flight: int, constraints=None,
-                   overlap_rounds: int = OVERLAP_ROUNDS) -> Plan:
+                   screening: bool = False) -> Plan:
         if fold_layers:
             graph = fold_depth(graph, keep=frozenset(constraints or ()))
         table = offer_recompute(graph, find_strategies(graph, inner))
@@ -77,10 +77,11 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
             table = constrain(graph, table, inner, constraints)
         restricted = restrict(graph, table, inner, roles, strategy.recompute).table
         return plan_table(graph, restricted, inner, model_name=type(model).__name__,
-                          memory_budget=memory_budget, time_limit=time_limit,
+                          memory_budget=memory_budget,
+                          time_limit=time_limit * (SCREENING_TIME if screening else 1),
                           fold_layers=fold_layers, seed=seed, optimizer=optimizer,
-                          microbatches=microbatches, in_flight=in_flight,
-                          least_memory=False, overlap_rounds=overlap_rounds)
+                          microbatches=microbatches, in_flight=in_flight, least_memory=False,
+                          overlap_rounds=1 if screening else OVERLAP_ROUNDS)
 
     request = Pipeline(axis=mesh.axis_names[axis])
     for budget in (memory_budget, None):

@@ -104,8 +104,9 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
                   progress: Callable[[str], None] | None = None, mixing: str = REFUSE) -> Plan:
     """The fastest fitting pipelined plan of `gm` (`model` captured at `example_inputs`)
     on `mesh` as `pipeline` asks (module docstring). `plan_stage(graph, mesh, *,
-    memory_budget, microbatches, in_flight, constraints[, overlap_rounds])` plans one stage
-    (`api.plan_graph` with the caller's options); `micro_graph(model, inputs, split)` captures one
+    memory_budget, microbatches, in_flight, constraints, screening)` plans one stage
+    (`api.plan_graph` with the caller's options; `screening`: a quick solve of a candidate,
+    `api.screened`); `micro_graph(model, inputs, split)` captures one
     micro-batch. `memory_budget` None plans without a memory limit. `mixing` is
     `split_batch`'s: with "accumulate" (a pipeline the user asked for) a model whose ops
     mix samples is pipelined as gradient accumulation over the micro-batches, and the plan
@@ -152,7 +153,7 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
             try:
                 candidate = _candidate(stages, units.names, schedule, m, ranks, mesh,
                                        axis, inner, memory_budget, plan_stage, cache,
-                                       rounds=1)
+                                       screening=True)
             except InfeasiblePlanError as error:
                 failure = error
                 overflowing.append((count, held))
@@ -167,13 +168,14 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
         raise PipelineError("no micro-batch count runs the pipeline", expected="a batch "
                             f"that splits into micro-batches for {ranks} pipeline ranks",
                             got=f"batch {batch}", fix="use a larger batch, or fewer ranks")
-    # Candidates were compared by one solve per stage, every background collective charged;
-    # the chosen one is planned again estimating what the backward hides (plan_table's
-    # rounds), and kept if faster (a solve cut short by the wall clock may find less).
+    # Candidates were compared by screening solves (one per stage, every background
+    # collective charged, a fraction of the time); the chosen one is planned again in full,
+    # estimating what the backward hides (plan_table's rounds), and kept if faster (a solve
+    # cut short by the wall clock may find less).
     stages, names, schedule, m = chosen
     try:
         refined = _candidate(stages, names, schedule, m, ranks, mesh, axis, inner,
-                             memory_budget, plan_stage, cache, rounds=None)
+                             memory_budget, plan_stage, cache, screening=False)
     except InfeasiblePlanError:
         refined = best
     best = min(best, refined, key=lambda plan: plan.step_time_s)
@@ -254,9 +256,9 @@ def _more_microbatches(tried: list[int], best: Plan | None, pipeline: Pipeline,
 def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Schedule,
                microbatches: int, ranks: int, mesh: Mesh, axis: int, inner: Mesh,
                memory_budget: float | None, plan_stage: Callable[..., Plan],
-               cache: dict[tuple, Plan], *, rounds: int | None) -> Plan:
-    """The candidate's plan from its stages' plans (`plan_stage` with `rounds` overlap
-    rounds, None: its default; cached), costed by the schedule (module docstring)."""
+               cache: dict[tuple, Plan], *, screening: bool) -> Plan:
+    """The candidate's plan from its stages' plans (`plan_stage`, `screening` or not;
+    cached), costed by the schedule (module docstring)."""
     virtual = len(stages) // ranks
     link = mesh.axis_links[axis]
     axis_name = mesh.axis_names[axis]
@@ -267,13 +269,12 @@ def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Sch
         held = in_flight(schedule, microbatches, ranks, rank, virtual)
         wanted = {name: pinned[name] for name in stage.shared if name in pinned}
         key = (microbatches, len(stages), stage.index, held, tuple(sorted(wanted.items())),
-               rounds)
+               screening)
         if key not in cache:
             share = None if memory_budget is None else memory_budget / virtual
-            rounds_asked = {} if rounds is None else {"overlap_rounds": rounds}
             cache[key] = plan_stage(stage.module, inner, memory_budget=share,
                                     microbatches=microbatches, in_flight=held,
-                                    constraints=wanted or None, **rounds_asked)
+                                    constraints=wanted or None, screening=screening)
         plan = _with_sends(cache[key], stage, microbatches, axis_name, link)
         for name in stage.shared:
             node = _state_node(stage.module, name)
