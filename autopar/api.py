@@ -21,7 +21,7 @@ from autopar.passes.annotate import DATA_MOVEMENT, FORMULA, annotate, flop_sourc
 from autopar.passes.build_problem import ProblemBuild, build_problem
 from autopar.passes.capture import capture, loss_output
 from autopar.passes.constrain import constrain
-from autopar.passes.edge_costs import Background, EdgeCache
+from autopar.passes.edge_costs import Background, EdgeCache, EdgeCaches
 from autopar.passes.extract_plan import exposed_charges, extract_plan
 from autopar.passes.find_saved import find_saved
 from autopar.passes.find_strategies import StrategyTable, find_strategies
@@ -235,7 +235,7 @@ def _plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, me
     3D among them (`_with_megatron_3d`)."""
     request = pipeline_request(mesh, pipeline)
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
-    options = {**options, "micro": memoized_micro_graph()}
+    options = {**options, "micro": memoized_micro_graph(), "edge_caches": EdgeCaches()}
     if request is None:
         plain = _plan_steps(model, gm, example_inputs, mesh, microbatches=microbatches,
                             memory_budget=memory_budget, **options)
@@ -286,6 +286,7 @@ def _with_megatron_3d(chosen: Plan, model: nn.Module, gm: fx.GraphModule,
 
     state = optimizer_state(options.get("optimizer"))
     record, plan = megatron_3d(model, gm, example_inputs, mesh, memory_budget=budget,
+                               edge_caches=options.get("edge_caches"),
                                time_limit=options.get("time_limit", 30.0),
                                fold_layers=options.get("fold_layers", True),
                                seed=options.get("seed", 0), optimizer=state,
@@ -344,9 +345,9 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
 
     def planned(count: int, split: BatchSplit | None, *, screening: bool = False) -> Plan:
-        graph = gm if split is None else micro(model, example_inputs, split)
         if split is not None:
             say(f"{STAGE} plan {split.describe()}")
+        graph = gm if split is None else micro(model, example_inputs, split)
         return plan_graph(graph, mesh, memory_budget=budget, microbatches=count,
                           progress=progress, **(screened(options) if screening else options))
 
@@ -405,12 +406,13 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                seed: int = 0, hand_strategies: bool = False, optimizer: object = None,
                master_weights: torch.dtype | None = None, recompute: bool = True,
                microbatches: int = 1, in_flight: int = 1, least_memory: bool = True,
-               overlap_rounds: int = OVERLAP_ROUNDS,
+               overlap_rounds: int = OVERLAP_ROUNDS, edge_caches: EdgeCaches | None = None,
                progress: Callable[[str], None] | None = None) -> Plan:
     """`plan` from the strategy pass on, for a graph already captured and annotated (with
     `microbatches` > 1, one micro-batch's graph, run that many times a step, holding
     `in_flight` micro-batches' activations at once: see `build_problem`; `least_memory`,
-    `overlap_rounds`: see `plan_table`). The
+    `overlap_rounds`: see `plan_table`; `edge_caches`: the planning call's, to share edge
+    costs with its other problems). The
     hand strategies, when asked for, ignore `constraints`: they are the standard ones;
     without constraints, a hand strategy's plan that fits and is faster is the plan."""
     state = optimizer_state(optimizer, master_weights=master_weights)
@@ -431,6 +433,7 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                         time_limit=time_limit, fold_layers=fold_layers, seed=seed,
                         optimizer=state, microbatches=microbatches, in_flight=in_flight,
                         least_memory=least_memory, overlap_rounds=overlap_rounds,
+                        edge_cache=edge_caches.of(mesh) if edge_caches else None,
                         progress=progress)
     if not hand_strategies:
         return result
@@ -453,6 +456,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                memory_budget: float | None, time_limit: float, fold_layers: bool, seed: int,
                optimizer: OptimizerState = ADAMW, microbatches: int = 1, in_flight: int = 1,
                least_memory: bool = True, overlap_rounds: int = OVERLAP_ROUNDS,
+               edge_cache: EdgeCache | None = None,
                progress: Callable[[str], None] | None = None) -> Plan:
     """The cheapest plan choosing among `table`'s strategies (the problem, solve and
     extract passes), within `memory_budget` bytes per device (None: no limit), for a step
@@ -466,14 +470,16 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     per-op costs can't express. The first solve charges them in full, each next one at the
     fractions the previous plan left exposed (`Background`; at most `overlap_rounds`
     solves, the later ones with half the time limit), and the plan with the least step
-    time is returned.
+    time is returned. `edge_cache`: an `EdgeCache` of `mesh` to keep the edges' costs in
+    (by default one of its own).
     """
     say = progress or (lambda message: None)
     hints = size_hints(gm)
     sizes = {str(k): v for k, v in hints.items()}
     warnings = _unruled_warnings(gm, table)
     saved = find_saved(gm)  # the same for every round
-    edges = EdgeCache(mesh)  # so are the edges' seconds: only the charges change
+    # So are the edges' seconds: only the charges change.
+    edges = edge_cache if edge_cache is not None else EdgeCache(mesh)
     best: Plan | None = None
     charges, limit = Background(), time_limit
     for _ in range(overlap_rounds):

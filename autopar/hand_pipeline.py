@@ -22,6 +22,7 @@ from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError
 from autopar.hand_strategies import HandStrategy, missing_record, plan_record
 from autopar.mesh import Mesh
 from autopar.optimizer_state import OptimizerState
+from autopar.passes.edge_costs import EdgeCaches
 from autopar.passes.find_strategies import find_strategies
 from autopar.passes.fold_depth import fold_depth
 from autopar.passes.offer_recompute import offer_recompute
@@ -46,10 +47,12 @@ def pipeline_axis_3d(mesh: Mesh) -> int | None:
 def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
                 memory_budget: float, time_limit: float, fold_layers: bool, seed: int,
                 optimizer: OptimizerState, micro: Callable = micro_graph,
+                edge_caches: EdgeCaches | None = None,
                 progress: Callable[[str], None] | None = None
                 ) -> tuple[HandStrategyRecord, Plan | None]:
     """The Megatron 3D record and its plan (None when it doesn't apply or fit); `micro`
-    captures the model at one micro-batch (`api.micro_graph` or a memoized one)."""
+    captures the model at one micro-batch (`api.micro_graph` or a memoized one);
+    `edge_caches`: the planning call's (`api.plan_graph`)."""
     axis = pipeline_axis_3d(mesh) if mesh.ndim >= 2 else None
     inner_link = mesh.hardware.links[0].name
     if axis is None:
@@ -81,7 +84,8 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                           time_limit=time_limit * (SCREENING_TIME if screening else 1),
                           fold_layers=fold_layers, seed=seed, optimizer=optimizer,
                           microbatches=microbatches, in_flight=in_flight, least_memory=False,
-                          overlap_rounds=1 if screening else OVERLAP_ROUNDS)
+                          overlap_rounds=1 if screening else OVERLAP_ROUNDS,
+                          edge_cache=edge_caches.of(inner) if edge_caches else None)
 
     request = Pipeline(axis=mesh.axis_names[axis])
     for budget in (memory_budget, None):

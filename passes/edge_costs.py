@@ -402,6 +402,21 @@ class EdgeCache:
         return np.where(dims >= 0, first, atoms.shape[1] + atoms)
 
 
+class EdgeCaches:
+    """An `EdgeCache` per mesh, made when first asked for: the caches of one planning call,
+    whose problems (micro-batch counts, pipeline stages, restrictions) share most edges'
+    collective plans, and the seconds of edges of equal sizes."""
+
+    def __init__(self) -> None:
+        self._by_mesh: dict[Mesh, EdgeCache] = {}
+
+    def of(self, mesh: Mesh) -> EdgeCache:
+        found = self._by_mesh.get(mesh)
+        if found is None:
+            found = self._by_mesh[mesh] = EdgeCache(mesh)
+        return found
+
+
 def _side(keys: list[tuple]) -> _Side:
     """The `_Side` of strategies with `keys` (tuples of ints and bools), groups numbered in
     order of first appearance."""

@@ -81,17 +81,17 @@ def chain_response(left: np.ndarray, cost: np.ndarray, right: np.ndarray,
 def _dominant_response(left: np.ndarray, cost: np.ndarray, right: np.ndarray,
                        usage: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """`chain_response` without the size check."""
-    total = left[:, :, None] + cost[None, :, None] + right[None, :, :]  # ka, k, kb
+    # ka, kb, k: the node's choice last, so the reductions over it read contiguous memory.
+    total = left[:, None, :] + cost[None, None, :] + right.T[None, :, :]
     if usage.shape[1] == 0:
-        response = np.argmin(total, axis=1)
-        return response, np.take_along_axis(total, response[:, None, :], axis=1)[:, 0, :]
-    best = total.min(axis=1)
+        response = np.argmin(total, axis=2)
+        return response, np.take_along_axis(total, response[..., None], axis=2)[..., 0]
+    best = total.min(axis=2)
     # Among the cheapest responses take the one with the least total usage, then require
     # it to use no more memory in any term than any finite-cost alternative.
     weight = usage.sum(axis=1)
-    tied = total == best[:, None, :]
-    score = np.where(tied, weight[None, :, None], np.inf)
-    response = np.argmin(score, axis=1)
+    score = np.where(total == best[..., None], weight, np.inf)
+    response = np.argmin(score, axis=2)
     chosen = usage[response]  # ka, kb, T
     # The least usage of a finite alternative: every strategy's where all are finite
     # (most pairs), else counted over the finite ones of that pair only.
@@ -101,7 +101,7 @@ def _dominant_response(left: np.ndarray, cost: np.ndarray, right: np.ndarray,
         partial[:] = True
     rows, cols = np.nonzero(partial)
     if rows.size:
-        finite = np.isfinite(total[rows, :, cols])  # pairs, k
+        finite = np.isfinite(total[rows, cols])  # pairs, k
         for term in range(usage.shape[1]):
             # The first finite strategy in increasing usage of the term is the least.
             order = np.argsort(usage[:, term], kind="stable")

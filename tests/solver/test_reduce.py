@@ -91,3 +91,51 @@ def test_infeasible_is_detected() -> None:
     problem = ShardingProblem(([1.0, math.inf],), ([3.0, 1.0],), ((0, 1),), (), (), 2.0)
     with pytest.raises(Infeasible):
         reduce_problem(problem)
+
+
+def _chain_response_by_pairs(left, cost, right, usage):
+    """`chain_response`'s contract, pair by pair: the cheapest response (least summed usage
+    among equals, then lowest index), which must use no more in any term than any
+    finite-cost alternative; None when some pair has none."""
+    ka, k = left.shape
+    kb = right.shape[1]
+    response, best = np.zeros((ka, kb), dtype=np.int64), np.zeros((ka, kb))
+    for a in range(ka):
+        for b in range(kb):
+            total = left[a] + cost + right[:, b]
+            best[a, b] = total.min()
+            if usage.shape[1] == 0:
+                response[a, b] = int(np.argmin(total))
+                continue
+            cheapest = [i for i in range(k) if total[i] == best[a, b]]
+            response[a, b] = min(cheapest, key=lambda i: (usage[i].sum(), i))
+            finite = [i for i in range(k) if np.isfinite(total[i])]
+            if finite and (usage[response[a, b]] > usage[finite].min(axis=0)).any():
+                return None
+    return response, best
+
+
+@pytest.mark.parametrize("side", [(1, 8), (10, 40)], ids=["small", "sampled"])
+def test_chain_response_matches_the_pairwise_definition(side) -> None:
+    """Random chains, forbidden pairs and ties included; the larger ones go through the
+    sampled pre-check."""
+    rng = np.random.default_rng(side[0])
+    dominant = 0
+    for _ in range(150):
+        ka, kb = rng.integers(*side, 2)
+        k, terms = int(rng.integers(1, 10)), int(rng.integers(0, 4))
+        left = rng.integers(0, 6, (ka, k)).astype(float)
+        right = rng.integers(0, 6, (k, kb)).astype(float)
+        cost = np.sort(rng.integers(0, 4, k).astype(float))
+        forbidden = rng.choice([0, 0.02, 0.2])
+        for values in (left, right, cost):
+            values[rng.random(values.shape) < forbidden] = np.inf
+        usage = np.sort(rng.integers(0, 3, (k, terms)).astype(float), axis=0)[::-1].copy()
+        expected = _chain_response_by_pairs(left, cost, right, usage)
+        found = chain_response(left, cost, right, usage)
+        assert (found is None) == (expected is None)
+        if expected is not None:
+            dominant += 1
+            assert np.array_equal(found[0], expected[0])
+            assert np.array_equal(found[1], expected[1])
+    assert dominant > 20
