@@ -81,20 +81,21 @@ def chain_response(left: np.ndarray, cost: np.ndarray, right: np.ndarray,
 def _dominant_response(left: np.ndarray, cost: np.ndarray, right: np.ndarray,
                        usage: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """`chain_response` without the size check."""
+    if usage.shape[1]:
+        # Strategies in increasing summed usage (stable): the first cheapest is then the
+        # cheapest with the least usage, the lowest index among equals.
+        order = np.argsort(usage.sum(axis=1), kind="stable")
+        left, cost, right, usage = left[:, order], cost[order], right[order], usage[order]
     # ka, kb, k: the node's choice last, so the reductions over it read contiguous memory.
     total = left[:, None, :] + cost[None, None, :] + right.T[None, :, :]
+    response = np.argmin(total, axis=2)
+    best = np.take_along_axis(total, response[..., None], axis=2)[..., 0]
     if usage.shape[1] == 0:
-        response = np.argmin(total, axis=2)
-        return response, np.take_along_axis(total, response[..., None], axis=2)[..., 0]
-    best = total.min(axis=2)
-    # Among the cheapest responses take the one with the least total usage, then require
-    # it to use no more memory in any term than any finite-cost alternative.
-    weight = usage.sum(axis=1)
-    score = np.where(total == best[..., None], weight, np.inf)
-    response = np.argmin(score, axis=2)
+        return response, best
+    # The response must use no more memory in any term than any finite-cost alternative,
+    # whose least usage is every strategy's where all are finite (most pairs), else
+    # counted over the finite ones of that pair only.
     chosen = usage[response]  # ka, kb, T
-    # The least usage of a finite alternative: every strategy's where all are finite
-    # (most pairs), else counted over the finite ones of that pair only.
     least = np.broadcast_to(usage.min(axis=0), chosen.shape).copy()
     partial = ~np.isfinite(left).all(axis=1)[:, None] | ~np.isfinite(right).all(axis=0)[None, :]
     if not np.isfinite(cost).all():
@@ -104,11 +105,11 @@ def _dominant_response(left: np.ndarray, cost: np.ndarray, right: np.ndarray,
         finite = np.isfinite(total[rows, cols])  # pairs, k
         for term in range(usage.shape[1]):
             # The first finite strategy in increasing usage of the term is the least.
-            order = np.argsort(usage[:, term], kind="stable")
-            first = np.argmax(finite[:, order], axis=1)
+            by_usage = np.argsort(usage[:, term], kind="stable")
+            first = np.argmax(finite[:, by_usage], axis=1)
             least[rows, cols, term] = np.where(finite.any(axis=1),
-                                               usage[order[first], term], np.inf)
+                                               usage[by_usage[first], term], np.inf)
     ok = np.isfinite(best)[..., None] <= (chosen <= least)
     if not ok.all():
         return None
-    return response, best
+    return order[response], best
