@@ -14,7 +14,7 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError
+from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError, ShardingError
 from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState, optimizer_state
 from autopar.passes.annotate import DATA_MOVEMENT, FORMULA, annotate, flop_source, size_hints
@@ -63,7 +63,9 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     `example_inputs` may live on the meta device (and the model too), so plans for large
     models need no memory. The plan minimises the modelled training step time such that
     every device holds at most `memory_budget` bytes (default: the hardware's memory).
-    `constraints` pins named tensors' placements (see `autopar.passes.constrain`);
+    `constraints` pins named tensors' placements (see `autopar.passes.constrain`; with a
+    pipeline, placements on the whole mesh replicated on the pipeline axis, each applied in
+    the stage holding the tensor);
     `fold_layers` makes identical blocks share one decision. With `hand_strategies`, the
     plan also carries the standard hand-written strategies (data parallel, ZeRO-3, Megatron,
     data x tensor, and with recomputation) costed the same way (`autopar.hand_strategies`),
@@ -259,14 +261,10 @@ def _plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, me
         return plan_pipeline(model, gm, example_inputs, mesh, request, plan_stage=plan_stage,
                              memory_budget=budget, micro_graph=options["micro"],
                              progress=options.get("progress"),
-                             mixing="accumulate" if isinstance(pipeline, Pipeline) else "refuse")
+                             mixing="accumulate" if isinstance(pipeline, Pipeline) else "refuse",
+                             constraints=options.get("constraints"))
 
     if pipeline != "auto":
-        if options.get("constraints"):
-            raise PipelineError("constraints are not applied to pipelined plans yet",
-                                expected="no constraints with a pipeline",
-                                got=", ".join(options["constraints"]),
-                                fix="drop constraints=, or plan with pipeline=False")
         return pipelined()
     return _with_megatron_3d(_faster_of(model, gm, example_inputs, mesh, pipelined,
                                         microbatches=microbatches,
@@ -312,11 +310,10 @@ def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     except InfeasiblePlanError as error:
         failure = error
     piped: Plan | None = None
-    if not options.get("constraints"):
-        try:
-            piped = pipelined()
-        except (PipelineError, MicrobatchError, InfeasiblePlanError):
-            piped = None  # "auto" pipelines only where a pipeline runs and fits
+    try:
+        piped = pipelined()
+    except (PipelineError, MicrobatchError, InfeasiblePlanError, ShardingError):
+        piped = None  # "auto" pipelines only where a pipeline runs, fits and honours the pins
     if piped is not None and (plain is None or piped.step_time_s < plain.step_time_s):
         return dataclasses.replace(piped, hand_strategies=plain.hand_strategies if plain
                                    else ())

@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch.fx as fx
 from torch import nn
 
 from autopar import cost
-from autopar.errors import InfeasiblePlanError, PipelineError
+from autopar.errors import InfeasiblePlanError, PipelineError, ShardingError
 from autopar.mesh import Mesh
 from autopar.passes.split_batch import ACCUMULATED, REFUSE, batch_size, split_batch
 from autopar.passes.split_stages import Stage, balanced_cuts, find_units, split_stages, unit_times
@@ -53,13 +53,14 @@ from autopar.pipeline import (
     rank_of,
     step_time,
 )
-from autopar.placement import parse_placements
+from autopar.placement import Placements, Replicate, format_placements, parse_placements
 from autopar.plan_types import (
     PipelineRecord,
     Plan,
     SolverReport,
     StageRecord,
     TransferRecord,
+    drop_axis,
     insert_axis,
 )
 from autopar.specs import BOUNDARY, NAMES, TENSOR, TensorSpec
@@ -101,7 +102,8 @@ def pipeline_axis(mesh: Mesh, pipeline: Pipeline) -> int:
 def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh,
                   pipeline: Pipeline, *, plan_stage: Callable[..., Plan],
                   memory_budget: float | None, micro_graph: Callable,
-                  progress: Callable[[str], None] | None = None, mixing: str = REFUSE) -> Plan:
+                  progress: Callable[[str], None] | None = None, mixing: str = REFUSE,
+                  constraints: Mapping[str, str | Placements] | None = None) -> Plan:
     """The fastest fitting pipelined plan of `gm` (`model` captured at `example_inputs`)
     on `mesh` as `pipeline` asks (module docstring). `plan_stage(graph, mesh, *,
     memory_budget, microbatches, in_flight, constraints, screening)` plans one stage
@@ -111,7 +113,11 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
     `split_batch`'s: with "accumulate" (a pipeline the user asked for) a model whose ops
     mix samples is pipelined as gradient accumulation over the micro-batches, and the plan
     warns so; with "refuse" (what "auto" asks: it must not change what a step computes) it
-    raises `MicrobatchError`. Raises `PipelineError` for a request that can't run,
+    raises `MicrobatchError`. `constraints` pin tensors as `plan`'s do, with placements on
+    the whole mesh, replicated on the pipeline axis (which places stages): each stage that
+    holds a pinned tensor plans it so on the other axes. Raises `ShardingError` for a pin
+    that names no tensor or splits over the pipeline axis, `PipelineError` for a request
+    that can't run,
     `MicrobatchError` when the step can't be cut into micro-batches, `InfeasiblePlanError`
     when no candidate fits."""
     say = progress or (lambda message: None)
@@ -119,6 +125,7 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
     ranks, inner = mesh.shape[axis], sub_mesh(mesh, axis)
     batch = batch_size(gm)
     check_request(pipeline, ranks, find_units(gm).count, batch)
+    pins = _stage_pins(gm, mesh, axis, constraints or {})
     # Fewer micro-batches than ranks leave most of every rank idle: not worth a solve.
     counts = [pipeline.microbatches] if pipeline.microbatches else [
         m for m in divisors(batch or 1) if ranks <= m <= MAX_MICROBATCHES_PER_RANK * ranks]
@@ -153,7 +160,7 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
             try:
                 candidate = _candidate(stages, units.names, schedule, m, ranks, mesh,
                                        axis, inner, memory_budget, plan_stage, cache,
-                                       screening=True)
+                                       pins, screening=True)
             except InfeasiblePlanError as error:
                 failure = error
                 overflowing.append((count, held))
@@ -175,7 +182,7 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
     stages, names, schedule, m = chosen
     try:
         refined = _candidate(stages, names, schedule, m, ranks, mesh, axis, inner,
-                             memory_budget, plan_stage, cache, screening=False)
+                             memory_budget, plan_stage, cache, pins, screening=False)
     except InfeasiblePlanError:
         refined = best
     best = min(best, refined, key=lambda plan: plan.step_time_s)
@@ -256,9 +263,10 @@ def _more_microbatches(tried: list[int], best: Plan | None, pipeline: Pipeline,
 def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Schedule,
                microbatches: int, ranks: int, mesh: Mesh, axis: int, inner: Mesh,
                memory_budget: float | None, plan_stage: Callable[..., Plan],
-               cache: dict[tuple, Plan], *, screening: bool) -> Plan:
+               cache: dict[tuple, Plan], pins: Mapping[str, str], *, screening: bool) -> Plan:
     """The candidate's plan from its stages' plans (`plan_stage`, `screening` or not;
-    cached), costed by the schedule (module docstring)."""
+    cached; the `pins` (`_stage_pins`) of the tensors each holds), costed by the schedule
+    (module docstring)."""
     virtual = len(stages) // ranks
     link = mesh.axis_links[axis]
     axis_name = mesh.axis_names[axis]
@@ -267,7 +275,9 @@ def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Sch
     for stage in stages:
         rank = rank_of(stage.index, ranks)
         held = in_flight(schedule, microbatches, ranks, rank, virtual)
-        wanted = {name: pinned[name] for name in stage.shared if name in pinned}
+        wanted = {name: placements for name, placements in pins.items()
+                  if _holds(stage.module, name)}
+        wanted.update({name: pinned[name] for name in stage.shared if name in pinned})
         key = (microbatches, len(stages), stage.index, held, tuple(sorted(wanted.items())),
                screening)
         if key not in cache:
@@ -303,6 +313,37 @@ def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Sch
                             total, bubble(times, microbatches, ranks, schedule), inner,
                             transfers)
     return _combined(plans, record, mesh, axis, max(per_rank), memory_budget)
+
+
+def _holds(module: fx.GraphModule, name: str) -> bool:
+    """Whether `module` has a node named `name`, or a tensor of that name."""
+    return any(n.name == name or name in n.meta.get(NAMES, ()) for n in module.graph.nodes)
+
+
+def _stage_pins(gm: fx.GraphModule, mesh: Mesh, axis: int,
+                constraints: Mapping[str, str | Placements]) -> dict[str, str]:
+    """`constraints` on the sub-mesh: each pin's placements without the pipeline axis,
+    after checking that it names a tensor of `gm`, has one placement per mesh axis and is
+    replicated on the pipeline axis."""
+    pins = {}
+    for name, wanted in constraints.items():
+        placements = parse_placements(wanted) if isinstance(wanted, str) else tuple(wanted)
+        text = format_placements(placements)
+        if len(placements) != mesh.ndim:
+            raise ShardingError(f"pin of {name!r} has {len(placements)} placements",
+                                expected=f"one per mesh axis ({mesh.ndim})", got=text,
+                                fix=f"e.g. {','.join(['R'] * mesh.ndim)}")
+        if not isinstance(placements[axis], Replicate):
+            raise ShardingError(
+                f"pin of {name!r} splits over the pipeline axis {mesh.axis_names[axis]!r}",
+                expected=f"R on axis {mesh.axis_names[axis]!r}, which places stages", got=text,
+                fix=f"pin it R on {mesh.axis_names[axis]!r}, or plan with pipeline=False")
+        if not _holds(gm, name):
+            raise ShardingError(f"cannot pin {name!r}: no such tensor in the graph",
+                                expected="a parameter or buffer name, or a graph node name",
+                                got=repr(name), fix="use a name of the model's state or graph")
+        pins[name] = drop_axis(text, axis)
+    return pins
 
 
 def _state_node(module: fx.GraphModule, name: str) -> fx.Node:

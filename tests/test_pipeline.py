@@ -156,3 +156,48 @@ def test_auto_does_not_pipeline_a_model_that_mixes_samples():
     assert not any("mixes the samples" in w for w in plan.warnings)
     with pytest.raises(autopar.MicrobatchError, match="mixes the samples"):
         autopar.plan(model, mesh, inputs, time_limit=2, pipeline=False, microbatches=2)
+
+
+def test_pins_apply_in_the_stage_that_holds_the_tensor():
+    """A pin on the whole mesh, replicated on the pipeline axis, is the stage's pin on the
+    other axes; the pinned weight of the second stage is stored as asked."""
+    model, inputs = build(batch=8, hidden=64, layers=4)
+    mesh = autopar.Mesh((2, 2), ("pp", "tp"), hardware=CPU)
+    pinned = {"layers.3.mlp.fc.weight": "R,S(1)", "layers.0.mlp.fc.weight": "R,R"}
+    plan = autopar.plan(model, mesh, inputs, time_limit=2, constraints=pinned,
+                        pipeline=Pipeline(schedule="1F1B", microbatches=4))
+    assert _stored(plan, 3) == ("R,S(1)", 1) and _stored(plan, 0) == ("R,R", 0)
+    free = autopar.plan(model, mesh, inputs, time_limit=2,
+                        pipeline=Pipeline(schedule="1F1B", microbatches=4))
+    assert _stored(free, 3) != ("R,S(1)", 1) or _stored(free, 0) != ("R,R", 0), \
+        "the pins must change the plan"
+
+
+def _stored(plan: autopar.Plan, layer: int) -> tuple[str, int | None]:
+    """(placements, stage) of block `layer`'s MLP input weight."""
+    node = next(n for n in plan.nodes if n.role == "parameter"
+                and n.name.endswith(f"layers_{layer}_mlp_fc_weight"))
+    return node.output, node.stage
+
+
+@pytest.mark.parametrize("pins,message", [
+    ({"layers.3.mlp.fc.weight": "S(0),R"}, "splits over the pipeline axis 'pp'"),
+    ({"no.such.weight": "R,R"}, "no such tensor"),
+    ({"layers.3.mlp.fc.weight": "R"}, "one per mesh axis"),
+])
+def test_pins_a_pipeline_cant_honour_are_refused_with_the_fix(pins, message):
+    model, inputs = build(batch=8, hidden=64, layers=4)
+    mesh = autopar.Mesh((2, 2), ("pp", "tp"), hardware=CPU)
+    with pytest.raises(autopar.ShardingError, match=message) as error:
+        autopar.plan(model, mesh, inputs, time_limit=2, constraints=pins,
+                     pipeline=Pipeline(schedule="1F1B", microbatches=4))
+    assert error.value.fix
+
+
+def test_auto_plans_without_a_pipeline_when_a_pin_splits_over_pp():
+    model, inputs = build(batch=8, hidden=64, layers=4)
+    mesh = autopar.Mesh((2, 2), ("pp", "tp"), hardware=CPU)
+    plan = autopar.plan(model, mesh, inputs, time_limit=2,
+                        constraints={"layers.3.mlp.fc.weight": "S(0),R"})
+    assert plan.pipeline is None
+    assert _stored(plan, 3)[0] == "S(0),R"
