@@ -226,10 +226,11 @@ def assemble_pipeline(model: nn.Module, gm: fx.GraphModule, plan: Plan,
     for stage in stages:
         if stage.index % record.ranks != rank:
             continue
-        program = lower(stage.module, plan.stage_plan(stage.index), inner_coordinate, context,
-                        here)
+        stage_plan = plan.stage_plan(stage.index)
+        program = lower(stage.module, stage_plan, inner_coordinate, context, here)
         local.append((stage.index, program, stage_user_keys(stage.module, model_inputs)))
-        examples[stage.index] = boundary_examples(stage.module, here)
+        examples[stage.index] = boundary_examples(stage.module, stage_plan, inner_coordinate,
+                                                  here)
         state.update({slot.names[0]: slot for slot in program.state})
     read_anywhere = {name for stage in stages for n in stage.module.graph.nodes
                      if n.op == "placeholder" for name in n.meta.get(NAMES, ())}

@@ -12,6 +12,8 @@ schedule, stage count s = v p) is planned as follows, and the fastest that fits 
    micro-batches holding `pipeline.in_flight` of them at once, within the budget / v (a rank
    holds v stages); a weight two stages share (an embedding tied to the head) is pinned in
    the later stages to where the first stored it, so their gradients add up piece by piece;
+   a stage's boundary tensors travel as each rank's piece to its counterpart in the next
+   stage: the sending stage chooses their placement, the receiving one is pinned to it;
 4. costed by the schedule (`pipeline.step_time`) from each stage's time for one micro-batch
    (its plan's per-micro-batch compute and collectives plus its boundary sends over the
    pipeline axis) plus the slowest stage's exposed once-per-step reductions, the shared
@@ -271,6 +273,7 @@ def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Sch
     link = mesh.axis_links[axis]
     axis_name = mesh.axis_names[axis]
     pinned: dict[str, str] = {}
+    sent: dict[str, str] = {}  # boundary tensor -> the placement its sender chose
     records, plans, shared_bytes = [], [], {}
     for stage in stages:
         rank = rank_of(stage.index, ranks)
@@ -278,6 +281,8 @@ def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Sch
         wanted = {name: placements for name, placements in pins.items()
                   if _holds(stage.module, name)}
         wanted.update({name: pinned[name] for name in stage.shared if name in pinned})
+        # Each rank receives its counterpart's piece: the placement the sender chose.
+        wanted.update({name: sent[name] for name in stage.receives})
         key = (microbatches, len(stages), stage.index, held, tuple(sorted(wanted.items())),
                screening)
         if key not in cache:
@@ -286,6 +291,7 @@ def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Sch
                                     microbatches=microbatches, in_flight=held,
                                     constraints=wanted or None, screening=screening)
         plan = _with_sends(cache[key], stage, microbatches, axis_name, link)
+        sent.update(sent_placements(plan, stage))
         for name in stage.shared:
             node = _state_node(stage.module, name)
             pinned.setdefault(name, plan.node(node.name).output)
@@ -351,29 +357,45 @@ def _state_node(module: fx.GraphModule, name: str) -> fx.Node:
                 and name in n.meta.get(NAMES, ()))
 
 
+def sent_placements(plan: Plan, stage: Stage) -> dict[str, str]:
+    """The placements (on the sub-mesh) `stage` sends its boundary tensors in, by name: its
+    output node's, as its plan chose."""
+    if not stage.sends:
+        return {}
+    output = next(n for n in plan.nodes if n.role == "output")
+    return dict(zip(stage.sends, output.inputs))
+
+
 def _with_sends(plan: Plan, stage: Stage, microbatches: int, axis: str, link) -> Plan:
     """`plan` with the stage's boundary sends over the pipeline axis: its outputs forward
     (on the output node) and the gradients of the floating inputs it received backward (on
-    those inputs), once per micro-batch, at `B / beta + alpha` each."""
+    those inputs), once per micro-batch, each rank its piece of the tensor to its
+    counterpart, at `B / beta + alpha` each."""
     module = stage.module
     by_name = {n.name: n for n in module.graph.nodes}
+    shape = plan.mesh.shape
 
-    def sends(specs: list[tuple[str, TensorSpec]], backward: bool) -> tuple[TransferRecord, ...]:
+    def sends(specs: list[tuple[str, TensorSpec, str]],
+              backward: bool) -> tuple[TransferRecord, ...]:
+        pieces = [(name, cost.local_bytes(spec.nbytes, parse_placements(placed), shape))
+                  for name, spec, placed in specs]
         return tuple(TransferRecord(
-            "send", axis, float(spec.nbytes * microbatches), backward, name,
-            float(microbatches * cost.collective_time("send", spec.nbytes, 2, link.bandwidth,
+            "send", axis, float(nbytes * microbatches), backward, name,
+            float(microbatches * cost.collective_time("send", nbytes, 2, link.bandwidth,
                                                       link.latency)), microbatches)
-            for name, spec in specs)
+            for name, nbytes in pieces)
 
+    placed = sent_placements(plan, stage)
     nodes = []
     for node in plan.nodes:
         added: tuple[TransferRecord, ...] = ()
         graph_node = by_name.get(node.name)
         if node.role == "output" and stage.sends:
-            added = sends([(name, _sent_spec(module, name)) for name in stage.sends], False)
+            added = sends([(name, _sent_spec(module, name), placed[name])
+                           for name in stage.sends], False)
         elif graph_node is not None and graph_node.op == "placeholder" and \
                 graph_node.meta.get(BOUNDARY) and graph_node.meta[TENSOR].dtype.is_floating_point:
-            added = sends([(node.name, graph_node.meta[TENSOR])], True)
+            added = sends([(node.name, graph_node.meta[TENSOR], node.output)], True)
         if added:
             node = dataclasses.replace(node, transfers=node.transfers + added,
                                        comm_s=node.comm_s + sum(t.seconds for t in added))

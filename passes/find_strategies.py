@@ -11,13 +11,19 @@ exact). An op without a rule keeps only the replicated strategy, and one warning
 names it. Parameters, buffers and constants may be stored replicated or sharded along any
 dim on each axis (ZeRO-3/FSDP-style storage), and a sharded parameter may instead be kept
 gathered over some of its split axes from its use to its backward (ZeRO-2); user inputs
-arrive whole on every rank, so they are replicated. `operator.getitem` nodes that pick one
-output of a multi-output op are not decisions: they carry their producer's placement.
+arrive whole on every rank, so they are replicated. A pipeline stage's boundary tensors
+(`autopar_boundary`: the inputs it receives, the outputs it sends) travel as each rank's
+piece, so they may be split as stored tensors are (the output node then has one strategy
+per combination of its tensors' placements, up to `MAX_BOUNDARY_STRATEGIES`, else
+replicated); the pipeline planner pins a receiving stage to what the sending stage chose.
+`operator.getitem` nodes that pick one output of a multi-output op are not decisions:
+they carry their producer's placement.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 import warnings
 from dataclasses import dataclass
@@ -30,9 +36,12 @@ from autopar import rules
 from autopar.mesh import Mesh
 from autopar.placement import Placements, Replicate, Shard, format_placements, shard_count
 from autopar.rules.base import AxisStrategy, OpSpec
-from autopar.specs import ROLE, TENSOR, TensorSpec
+from autopar.specs import BOUNDARY, ROLE, TENSOR, TensorSpec
 
 STORED_ROLES = ("parameter", "buffer", "constant")
+# The most strategies a stage's sending output node gets (the product of its tensors'
+# placements); beyond it, they are sent replicated.
+MAX_BOUNDARY_STRATEGIES = 256
 
 
 @dataclass(frozen=True)
@@ -149,6 +158,22 @@ def _stored_strategies(spec: TensorSpec, mesh: Mesh, *, parameter: bool) -> tupl
                           for s in stored for gathered in _gatherings(s.output))
 
 
+def _output_strategies(inputs: tuple[tuple[str, TensorSpec], ...], mesh: Mesh, *,
+                       boundary: bool) -> tuple[Strategy, ...]:
+    """The output node's strategies: its tensors replicated (the model's outputs), or for a
+    stage's boundary every combination of their stored placements (module docstring)."""
+    replicated = tuple(Replicate() for _ in mesh.shape)
+    whole = Strategy(tuple(replicated for _ in inputs), replicated)
+    if not boundary or not inputs:
+        return (whole,)
+    choices = [[s.output for s in _stored_strategies(spec, mesh, parameter=False)]
+               for _, spec in inputs]
+    if math.prod(len(c) for c in choices) > MAX_BOUNDARY_STRATEGIES:
+        return (whole,)
+    # Each tensor's choices start replicated: the all-replicated strategy comes first.
+    return tuple(Strategy(combo, replicated) for combo in itertools.product(*choices))
+
+
 def _gatherings(stored: Placements) -> list[Placements]:
     """Every placement a parameter stored `stored` can be kept gathered in: replicated on
     some non-empty set of the axes that split it, as split as before on the others."""
@@ -178,15 +203,16 @@ def find_strategies(gm: fx.GraphModule, mesh: Mesh) -> StrategyTable:
             continue
         inputs[node.name] = tensor_inputs(node)
         if node.op == "output":
-            strategies[node.name] = (Strategy(tuple(all_replicated for _ in inputs[node.name]),
-                                              all_replicated),)
+            strategies[node.name] = _output_strategies(inputs[node.name], mesh,
+                                                       boundary=bool(node.meta.get(BOUNDARY)))
         elif node.op == "placeholder":
             spec = node.meta[TENSOR]
             role = node.meta.get(ROLE)
-            key = repr((role, spec))
+            key = repr((role, spec, node.meta.get(BOUNDARY)))
             if key not in known:
                 known[key] = (_stored_strategies(spec, mesh, parameter=role == "parameter")
-                              if role in STORED_ROLES else (Strategy((), all_replicated),))
+                              if role in STORED_ROLES or node.meta.get(BOUNDARY)
+                              else (Strategy((), all_replicated),))
             strategies[node.name] = known[key]
         else:
             op = op_spec(node)

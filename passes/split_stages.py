@@ -29,7 +29,8 @@ the intra-op plans then refine each stage's time (`autopar.pipeline_plan`).
 **A stage's graph** takes the state it reads, its boundary inputs (role "input", `BOUNDARY`
 set, in the previous stage's output order), then the user inputs it reads, as the original
 placeholders (so its rank program takes state, received tensors, user inputs); it returns
-its crossing outputs, or for the last stage the original outputs. Node names and meta are
+its crossing outputs (its output node `BOUNDARY` too), or for the last stage the original
+outputs. Node names and meta are
 the original's, so a stage's plan names the model's nodes.
 """
 
@@ -215,7 +216,7 @@ def _stage_graph(gm: fx.GraphModule, k: int, stage_of: dict[str, int],
         graph.node_copy(output, lambda n: env[n])
     else:
         out = graph.output(tuple(env[by_name[name]] for name in sends))
-        out.meta[ROLE] = "output"
+        out.meta.update({ROLE: "output", BOUNDARY: True})
     module = fx.GraphModule(gm, graph, class_name=f"Stage{k}")
     module.meta.update(gm.meta)
     return module

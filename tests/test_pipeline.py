@@ -11,7 +11,7 @@ from autopar.passes.annotate import annotate
 from autopar.passes.capture import capture
 from autopar.passes.split_stages import balanced_cuts, crossing, dataflow, find_units, split_stages
 from autopar.pipeline import SCHEDULES, Pipeline, bubble, check_request, in_flight, step_time
-from examples import moe
+from examples import llama, moe
 from examples.gpt import build
 
 CPU = "cpu"
@@ -201,3 +201,24 @@ def test_auto_plans_without_a_pipeline_when_a_pin_splits_over_pp():
                         constraints={"layers.3.mlp.fc.weight": "S(0),R"})
     assert plan.pipeline is None
     assert _stored(plan, 3)[0] == "S(0),R"
+
+
+def test_a_data_parallel_stage_sends_each_rank_its_piece():
+    """Across pp x dp, the hidden state a stage sends is split by sample over dp as the
+    stage made it: each rank sends its half to its counterpart, and the next stage receives
+    it in that placement (the plan's send bytes are a piece's, not the whole tensor's)."""
+    model, inputs = llama.build(batch=8, layers=4)
+    mesh = autopar.Mesh((2, 2), ("pp", "dp"), hardware=CPU)
+    plan = autopar.plan(model, mesh, inputs, time_limit=2,
+                        pipeline=Pipeline(schedule="1F1B", microbatches=2))
+    first, second = plan.stage_plan(0), plan.stage_plan(1)
+    output = next(n for n in first.nodes if n.role == "output")
+    sent = dict(zip(plan.pipeline.stages[0].sends, output.inputs))
+    assert "S(0)" in sent.values(), sent
+    micro = annotate(capture(model, tuple(x[:4] for x in inputs)))  # one micro-batch
+    specs = {n.name: n.meta["autopar_tensor"] for n in micro.graph.nodes}
+    for send in (t for t in output.transfers if t.kind == "send"):
+        placement = sent[send.tensor]
+        assert second.node(send.tensor).output == placement
+        pieces = 2 if placement == "S(0)" else 1
+        assert send.nbytes == 2 * specs[send.tensor].nbytes / pieces  # 2 micro-batches

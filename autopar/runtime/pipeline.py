@@ -39,6 +39,7 @@ from torch.utils import _pytree as pytree
 
 from autopar.passes.lower import RankProgram, StateSlot
 from autopar.passes.split_batch import BatchSplit, micro_inputs
+from autopar.placement import parse_placements
 from autopar.plan_types import Plan
 from autopar.runtime.collectives import RankContext
 from autopar.runtime.counter import CommCounter
@@ -51,7 +52,7 @@ from autopar.runtime.parallel_module import (
     register_pieces,
 )
 from autopar.runtime.pending import PendingSum
-from autopar.runtime.shards import gather_full
+from autopar.runtime.shards import chunk_of, gather_full
 from autopar.specs import BOUNDARY, ROLE, TENSOR
 
 
@@ -329,19 +330,27 @@ class PipelinedModule(nn.Module):
         return self._gathered([s for s in self._slots if s.role == "parameter"], True)
 
 
-def boundary_examples(stage_graph: fx.GraphModule, device: torch.device
+def boundary_examples(stage_graph: fx.GraphModule, stage_plan: Plan,
+                      coordinate: tuple[int, ...], device: torch.device
                       ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """Empty tensors shaped as a stage's received inputs and its outputs (the loss, for the
-    last stage), floating ones requiring a gradient: torch's static stage metadata."""
-    def example(node: fx.Node) -> torch.Tensor:
+    """Empty tensors shaped as the pieces of a stage's received inputs and of its outputs
+    (the loss, for the last stage) that the rank at `coordinate` of the sub-mesh holds, as
+    `stage_plan` places them, floating ones requiring a gradient: torch's static stage
+    metadata (each rank sends its piece to its counterpart in the next stage)."""
+    def example(node: fx.Node, placements: str) -> torch.Tensor:
         spec = node.meta[TENSOR]
-        return torch.empty(spec.shape, dtype=spec.dtype, device=device,
+        whole = torch.empty(spec.shape, dtype=spec.dtype, device="meta")
+        piece = chunk_of(whole, parse_placements(placements), stage_plan.mesh.shape, coordinate)
+        return torch.empty(piece.shape, dtype=spec.dtype, device=device,
                            requires_grad=spec.dtype.is_floating_point)
 
-    received = tuple(example(n) for n in stage_graph.graph.nodes
+    received = tuple(example(n, stage_plan.node(n.name).output)
+                     for n in stage_graph.graph.nodes
                      if n.op == "placeholder" and n.meta.get(BOUNDARY))
     output = next(n for n in stage_graph.graph.nodes if n.op == "output")
-    sent = tuple(example(v) for v in output.args[0] if isinstance(v, fx.Node))
+    placed = stage_plan.node(output.name).inputs
+    sent = tuple(example(v, p) for v, p in zip(
+        (v for v in output.args[0] if isinstance(v, fx.Node)), placed))
     return received, sent
 
 
