@@ -22,6 +22,11 @@ from autopar.solver.repair import MemoryMoves
 from autopar.solver.trws import Trws
 
 
+# Iterations run past the deadline while no feasible assignment is known (each a TRW-S
+# sweep and a repair: milliseconds on reduced problems).
+FIRST_FEASIBLE_TRIES = 5
+
+
 @dataclass
 class Best:
     """The best feasible assignment found so far (mutable record of a search)."""
@@ -57,7 +62,9 @@ def polish(flat: Flat, costs: np.ndarray, x: np.ndarray, rng: np.random.Generato
 def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: int,
                keep_going: Callable[[], bool],
                report: Callable[[str], None]) -> tuple[np.ndarray, int]:
-    """Run up to `iterations` price updates (while `keep_going()`); update `best`.
+    """Run up to `iterations` price updates (while `keep_going()`, or, until a feasible
+    assignment is known, past it: a solve whose reductions used up its time still
+    returns a plan when its first iterates find one); update `best`.
 
     Stops early once a feasible assignment is known and `patience` iterations in a row
     have not improved it. Returns a mask of the segments that some iterate pushed over
@@ -74,7 +81,8 @@ def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: 
     hot = np.zeros(nseg, dtype=bool)
     quiet = done = 0
     for it in range(iterations):
-        if not keep_going() or (best.x is not None and quiet >= patience):
+        if (best.x is not None and (quiet >= patience or not keep_going())) or (
+                not keep_going() and it >= FIRST_FEASIBLE_TRIES):
             break
         quiet += 1
         done += 1
