@@ -303,12 +303,11 @@ def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     """The faster fitting of the plan without a pipeline and the pipelined one (a pipeline
     that can't run, for want of blocks or micro-batches, or doesn't fit is no candidate)."""
     plain: Plan | None = None
-    failure: InfeasiblePlanError | None = None
-    try:
+    try:  # the least memory a plan needs is searched for only if nothing fits (below)
         plain = _plan_steps(model, gm, example_inputs, mesh, microbatches=microbatches,
-                            memory_budget=memory_budget, **options)
-    except InfeasiblePlanError as error:
-        failure = error
+                            memory_budget=memory_budget, least_memory=False, **options)
+    except InfeasiblePlanError:
+        plain = None
     piped: Plan | None = None
     try:
         piped = pipelined()
@@ -317,9 +316,10 @@ def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     if piped is not None and (plain is None or piped.step_time_s < plain.step_time_s):
         return dataclasses.replace(piped, hand_strategies=plain.hand_strategies if plain
                                    else ())
-    if plain is None:
-        assert failure is not None
-        raise failure
+    if plain is None:  # raises the whole step's InfeasiblePlanError, with the least memory
+        return _plan_steps(model, gm, example_inputs, mesh,
+                           microbatches=1 if microbatches == "auto" else microbatches,
+                           memory_budget=memory_budget, **options)
     return plain
 
 
@@ -327,7 +327,7 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                 microbatches: int | str, memory_budget: float | None = None,
                 progress: Callable[[str], None] | None = None,
                 micro: Callable[[nn.Module, tuple, BatchSplit], fx.GraphModule] = micro_graph,
-                **options) -> Plan:
+                least_memory: bool = True, **options) -> Plan:
     """`plan_graph` of `gm` (`model` captured and annotated at `example_inputs`), run as
     `microbatches` micro-batches: a count, or "auto". With "auto" the step is first planned
     whole; while the best plan so far does not fit, or holds at least `MEMORY_BINDS` of
@@ -336,17 +336,21 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     micro-batches only trade time for memory. A model whose step can't be cut (its loss or
     an op mixes samples: `split_batch`) is planned whole under "auto", and raises
     `MicrobatchError` for a count; `LossError` when the forward returns no loss. `micro`
-    captures the model at one micro-batch (`micro_graph`, or `memoized_micro_graph()`'s)."""
+    captures the model at one micro-batch (`micro_graph`, or `memoized_micro_graph()`'s).
+    `least_memory`: whether the whole step's `InfeasiblePlanError` says the least memory a
+    plan needs (a search of its own)."""
     say = progress or (lambda message: None)
     loss_output(gm)  # a model that returns no loss can't be trained: say so before solving
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
 
-    def planned(count: int, split: BatchSplit | None, *, screening: bool = False) -> Plan:
+    def planned(count: int, split: BatchSplit | None, *, screening: bool = False,
+                least_memory: bool = True) -> Plan:
         if split is not None:
             say(f"{STAGE} plan {split.describe()}")
         graph = gm if split is None else micro(model, example_inputs, split)
+        chosen = screened(options) if screening else {**options, "least_memory": least_memory}
         return plan_graph(graph, mesh, memory_budget=budget, microbatches=count,
-                          progress=progress, **(screened(options) if screening else options))
+                          progress=progress, **chosen)
 
     if microbatches != "auto":
         if not isinstance(microbatches, int) or isinstance(microbatches, bool):
@@ -354,11 +358,11 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                                   expected="a positive int or 'auto'", got=repr(microbatches),
                                   fix="pass microbatches=4, or leave the default 'auto'")
         split = split_batch(gm, microbatches) if microbatches != 1 else None
-        return planned(microbatches, split)
+        return planned(microbatches, split, least_memory=least_memory)
     best: Plan | None = None
     failure: InfeasiblePlanError | None = None
     try:
-        best = planned(1, None)
+        best = planned(1, None, least_memory=least_memory)
     except InfeasiblePlanError as error:
         failure = error
     count, batch = 2, batch_size(gm) or 1

@@ -21,7 +21,6 @@ from autopar.solver.forest import forest_dp, random_forest
 from autopar.solver.repair import MemoryMoves
 from autopar.solver.trws import Trws
 
-
 # Iterations run past the deadline while no feasible assignment is known (each a TRW-S
 # sweep and a repair: milliseconds on reduced problems).
 FIRST_FEASIBLE_TRIES = 5
