@@ -16,6 +16,7 @@ from torch.utils import _pytree as pytree
 
 from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError, ShardingError
 from autopar.mesh import Mesh
+from autopar.micro_batches import MicroBatches
 from autopar.optimizer_state import ADAMW, OptimizerState, optimizer_state
 from autopar.passes.annotate import DATA_MOVEMENT, FORMULA, annotate, flop_source, size_hints
 from autopar.passes.build_problem import ProblemBuild, build_problem
@@ -28,7 +29,7 @@ from autopar.passes.find_strategies import StrategyTable, find_strategies
 from autopar.passes.fold_depth import fold_depth
 from autopar.passes.offer_recompute import offer_recompute
 from autopar.passes.offer_whole_gradient import offer_whole_gradient
-from autopar.passes.split_batch import BatchSplit, batch_size, split_batch
+from autopar.passes.split_batch import BatchSplit, batch_size
 from autopar.pipeline import Pipeline
 from autopar.pipeline_plan import MAX_MICROBATCHES, MEMORY_BINDS, plan_pipeline
 from autopar.plan_types import Plan
@@ -105,30 +106,6 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
                           hand_strategies=hand_strategies, optimizer=state,
                           recompute=recompute, pipeline=pipeline, progress=progress)
     return dataclasses.replace(made, warnings=_merge_warnings(made.warnings, raised))
-
-
-def micro_graph(model: nn.Module, example_inputs: tuple, split: BatchSplit) -> fx.GraphModule:
-    """`model` captured and annotated at the shapes of one micro-batch of `split`."""
-    flat, spec = pytree.tree_flatten((tuple(example_inputs), {}))
-    size = split.batch // split.microbatches
-    flat = [value[:size] if cut else value for value, cut in zip(flat, split.split)]
-    args, _ = pytree.tree_unflatten(flat, spec)
-    return annotate(capture(model, tuple(args)))
-
-
-def memoized_micro_graph() -> Callable[[nn.Module, tuple, BatchSplit], fx.GraphModule]:
-    """`micro_graph` capturing each micro-batch once: the plain plan's micro-batch counts,
-    the pipeline's and Megatron 3D's share their captures within one planning call (no
-    pass mutates its input graph)."""
-    captured: dict[BatchSplit, fx.GraphModule] = {}
-
-    def capture_once(model: nn.Module, example_inputs: tuple,
-                     split: BatchSplit) -> fx.GraphModule:
-        if split not in captured:
-            captured[split] = micro_graph(model, example_inputs, split)
-        return captured[split]
-
-    return capture_once
 
 
 def input_signature(example_inputs: tuple) -> tuple[str, ...]:
@@ -237,7 +214,8 @@ def _plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, me
     3D among them (`_with_megatron_3d`)."""
     request = pipeline_request(mesh, pipeline)
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
-    options = {**options, "micro": memoized_micro_graph(), "edge_caches": EdgeCaches()}
+    options = {**options, "micro": MicroBatches(model, example_inputs, gm),
+               "edge_caches": EdgeCaches()}
     if request is None:
         plain = _plan_steps(model, gm, example_inputs, mesh, microbatches=microbatches,
                             memory_budget=memory_budget, **options)
@@ -258,8 +236,8 @@ def _plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, me
     def pipelined() -> Plan:
         # A pipeline the user asked for accumulates over a model whose ops mix samples
         # (with a warning); "auto" never changes what a step computes.
-        return plan_pipeline(model, gm, example_inputs, mesh, request, plan_stage=plan_stage,
-                             memory_budget=budget, micro_graph=options["micro"],
+        return plan_pipeline(gm, mesh, request, plan_stage=plan_stage,
+                             memory_budget=budget, micro=options["micro"],
                              progress=options.get("progress"),
                              mixing="accumulate" if isinstance(pipeline, Pipeline) else "refuse",
                              constraints=options.get("constraints"))
@@ -326,8 +304,7 @@ def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
 def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
                 microbatches: int | str, memory_budget: float | None = None,
                 progress: Callable[[str], None] | None = None,
-                micro: Callable[[nn.Module, tuple, BatchSplit], fx.GraphModule] = micro_graph,
-                least_memory: bool = True, **options) -> Plan:
+                micro: MicroBatches, least_memory: bool = True, **options) -> Plan:
     """`plan_graph` of `gm` (`model` captured and annotated at `example_inputs`), run as
     `microbatches` micro-batches: a count, or "auto". With "auto" the step is first planned
     whole; while the best plan so far does not fit, or holds at least `MEMORY_BINDS` of
@@ -335,8 +312,8 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     `options`' time limit), up to `MAX_MICROBATCHES` or a step time worse than the best:
     micro-batches only trade time for memory. A model whose step can't be cut (its loss or
     an op mixes samples: `split_batch`) is planned whole under "auto", and raises
-    `MicrobatchError` for a count; `LossError` when the forward returns no loss. `micro`
-    captures the model at one micro-batch (`micro_graph`, or `memoized_micro_graph()`'s).
+    `MicrobatchError` for a count; `LossError` when the forward returns no loss. `micro`:
+    the planning call's splits and micro-batch captures.
     `least_memory`: whether the whole step's `InfeasiblePlanError` says the least memory a
     plan needs (a search of its own)."""
     say = progress or (lambda message: None)
@@ -347,7 +324,7 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                 least_memory: bool = True) -> Plan:
         if split is not None:
             say(f"{STAGE} plan {split.describe()}")
-        graph = gm if split is None else micro(model, example_inputs, split)
+        graph = gm if split is None else micro.graph(split)
         chosen = screened(options) if screening else {**options, "least_memory": least_memory}
         return plan_graph(graph, mesh, memory_budget=budget, microbatches=count,
                           progress=progress, **chosen)
@@ -357,7 +334,7 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
             raise MicrobatchError("microbatches must be a count or 'auto'",
                                   expected="a positive int or 'auto'", got=repr(microbatches),
                                   fix="pass microbatches=4, or leave the default 'auto'")
-        split = split_batch(gm, microbatches) if microbatches != 1 else None
+        split = micro.split(microbatches) if microbatches != 1 else None
         return planned(microbatches, split, least_memory=least_memory)
     best: Plan | None = None
     failure: InfeasiblePlanError | None = None
@@ -369,7 +346,7 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     while count <= min(batch, MAX_MICROBATCHES) and batch % count == 0 and (
             best is None or best.peak_memory_bytes >= MEMORY_BINDS * budget):
         try:
-            split = split_batch(gm, count)
+            split = micro.split(count)
         except MicrobatchError:
             break
         try:
@@ -386,7 +363,7 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     if best.microbatches == 1:
         return best
     try:  # the count chosen by screening, planned in full
-        full = planned(best.microbatches, split_batch(gm, best.microbatches))
+        full = planned(best.microbatches, micro.split(best.microbatches))
     except InfeasiblePlanError:
         return best
     return full if full.step_time_s <= best.step_time_s else best

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.api import graph_digest, input_signature, micro_graph, plan_model
+from autopar.api import graph_digest, input_signature, plan_model
 from autopar.errors import (
     CaptureError,
     InputMismatchError,
@@ -24,6 +24,7 @@ from autopar.errors import (
     PlanningError,
 )
 from autopar.mesh import Mesh
+from autopar.micro_batches import micro_graph
 from autopar.passes.annotate import annotate
 from autopar.passes.capture import CALL_SPEC, CONSTANTS, LOSS, MUTATED, capture
 from autopar.passes.find_strategies import is_decision

@@ -17,10 +17,11 @@ from collections.abc import Callable
 import torch.fx as fx
 from torch import nn
 
-from autopar.api import OVERLAP_ROUNDS, SCREENING_TIME, micro_graph, plan_table
+from autopar.api import OVERLAP_ROUNDS, SCREENING_TIME, plan_table
 from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError
 from autopar.hand_strategies import HandStrategy, missing_record, plan_record
 from autopar.mesh import Mesh
+from autopar.micro_batches import MicroBatches
 from autopar.optimizer_state import OptimizerState
 from autopar.passes.edge_costs import EdgeCaches
 from autopar.passes.find_strategies import find_strategies
@@ -46,12 +47,13 @@ def pipeline_axis_3d(mesh: Mesh) -> int | None:
 
 def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
                 memory_budget: float, time_limit: float, fold_layers: bool, seed: int,
-                optimizer: OptimizerState, micro: Callable = micro_graph,
+                optimizer: OptimizerState, micro: MicroBatches | None = None,
                 edge_caches: EdgeCaches | None = None,
                 progress: Callable[[str], None] | None = None
                 ) -> tuple[HandStrategyRecord, Plan | None]:
     """The Megatron 3D record and its plan (None when it doesn't apply or fit); `micro`
-    captures the model at one micro-batch (`api.micro_graph` or a memoized one);
+    splits the step and captures one micro-batch (`MicroBatches`; the planning call's, or
+    one of its own);
     `edge_caches`: the planning call's (`api.plan_graph`)."""
     axis = pipeline_axis_3d(mesh) if mesh.ndim >= 2 else None
     inner_link = mesh.hardware.links[0].name
@@ -90,9 +92,10 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     request = Pipeline(axis=mesh.axis_names[axis])
     for budget in (memory_budget, None):
         try:
-            plan = plan_pipeline(model, gm, example_inputs, mesh, request,
+            plan = plan_pipeline(gm, mesh, request,
                                  plan_stage=plan_stage, memory_budget=budget,
-                                 micro_graph=micro, progress=progress)
+                                 micro=micro or MicroBatches(model, example_inputs, gm),
+                                 progress=progress)
         except InfeasiblePlanError:
             continue
         except (PipelineError, MicrobatchError) as error:

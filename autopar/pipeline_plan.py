@@ -3,7 +3,7 @@
 For a pipeline over mesh axis `a` of p ranks, every candidate (micro-batch count m,
 schedule, stage count s = v p) is planned as follows, and the fastest that fits is kept:
 
-1. the model captured at one micro-batch's shapes (`api.micro_graph`; the step must cut
+1. the model captured at one micro-batch's shapes (`micro_batches`; the step must cut
    into micro-batches exactly, or, for a pipeline the user asked for, accumulate over them:
    `split_batch`);
 2. cut into s stages of consecutive blocks balancing their estimated time
@@ -38,12 +38,12 @@ import math
 from collections.abc import Callable, Mapping
 
 import torch.fx as fx
-from torch import nn
 
 from autopar import cost
 from autopar.errors import InfeasiblePlanError, PipelineError, ShardingError
 from autopar.mesh import Mesh
-from autopar.passes.split_batch import ACCUMULATED, REFUSE, batch_size, split_batch
+from autopar.micro_batches import MicroBatches
+from autopar.passes.split_batch import ACCUMULATED, REFUSE, batch_size
 from autopar.passes.split_stages import Stage, balanced_cuts, find_units, split_stages, unit_times
 from autopar.pipeline import (
     Pipeline,
@@ -101,17 +101,16 @@ def pipeline_axis(mesh: Mesh, pipeline: Pipeline) -> int:
     return mesh.axis_index(pipeline.axis)
 
 
-def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh,
-                  pipeline: Pipeline, *, plan_stage: Callable[..., Plan],
-                  memory_budget: float | None, micro_graph: Callable,
+def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
+                  plan_stage: Callable[..., Plan], memory_budget: float | None, micro: MicroBatches,
                   progress: Callable[[str], None] | None = None, mixing: str = REFUSE,
                   constraints: Mapping[str, str | Placements] | None = None) -> Plan:
-    """The fastest fitting pipelined plan of `gm` (`model` captured at `example_inputs`)
+    """The fastest fitting pipelined plan of `gm` (a model's captured and annotated step)
     on `mesh` as `pipeline` asks (module docstring). `plan_stage(graph, mesh, *,
     memory_budget, microbatches, in_flight, constraints, screening)` plans one stage
     (`api.plan_graph` with the caller's options; `screening`: a quick solve of a candidate,
-    `api.screened`); `micro_graph(model, inputs, split)` captures one
-    micro-batch. `memory_budget` None plans without a memory limit. `mixing` is
+    `api.screened`); `micro` splits the step and captures one micro-batch (`MicroBatches`
+    of `gm`'s model). `memory_budget` None plans without a memory limit. `mixing` is
     `split_batch`'s: with "accumulate" (a pipeline the user asked for) a model whose ops
     mix samples is pipelined as gradient accumulation over the micro-batches, and the plan
     warns so; with "refuse" (what "auto" asks: it must not change what a step computes) it
@@ -142,14 +141,13 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
     while counts:
         before, candidates = best, []
         for m in counts:
-            split = split_batch(gm, m, mixing=mixing) if m > 1 else None
+            split = micro.split(m, mixing=mixing) if m > 1 else None
             if split is not None and split.weighting == ACCUMULATED:
                 mixes[m] = split.mixes
             candidates += _candidates(
                 pipeline, m, ranks, devices, mesh,
-                lambda split=split: gm if split is None else micro_graph(
-                    model, example_inputs, split))
-        for bound, m, schedule, count, micro, units, cuts in sorted(
+                lambda split=split: gm if split is None else micro.graph(split))
+        for bound, m, schedule, count, graph, units, cuts in sorted(
                 candidates, key=lambda c: c[0]):
             if best is not None and bound >= best.step_time_s:
                 break  # no later candidate can be faster (they are sorted by bound)
@@ -157,7 +155,7 @@ def plan_pipeline(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, m
             if any(n == count and all(a >= b for a, b in zip(held, least))
                    for n, least in overflowing):
                 continue
-            stages = split_stages(micro, units, cuts)
+            stages = split_stages(graph, units, cuts)
             say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
             try:
                 candidate = _candidate(stages, units.names, schedule, m, ranks, mesh,
