@@ -119,7 +119,7 @@ def _main_blocks(gm: fx.GraphModule) -> list[_Block]:
         return []
     by_index = max(found.values(), key=lambda blocks: sum(bool(b.ops) for b in blocks.values()))
     indices = sorted(i for i, block in by_index.items() if block.ops)
-    if indices != list(range(indices[0], indices[0] + len(indices))):
+    if not indices or indices != list(range(indices[0], indices[0] + len(indices))):
         return []
     return [by_index[i] for i in indices]
 

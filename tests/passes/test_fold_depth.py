@@ -153,3 +153,19 @@ def test_plan_is_the_unfolded_plan(case, monkeypatch):
     assert folded.peak_memory_bytes == pytest.approx(unfolded.peak_memory_bytes, rel=1e-12)
     assert folded.model_flops == pytest.approx(unfolded.model_flops, rel=1e-12)
     assert folded.solver.decisions < unfolded.solver.decisions
+
+
+def test_a_list_whose_weights_the_parent_uses_does_not_fold():
+    """The blocks' parameters are the list's, their ops the parent's: no block has ops."""
+    class Parent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(8))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = torch.relu(torch.nn.functional.linear(x, layer.weight, layer.bias))
+            return x.square().mean()
+
+    gm = annotate(capture(Parent(), (torch.randn(4, 16),), repeat_blocks=False))
+    assert fold_depth(gm) is gm
