@@ -169,3 +169,20 @@ def test_a_list_whose_weights_the_parent_uses_does_not_fold():
 
     gm = annotate(capture(Parent(), (torch.randn(4, 16),), repeat_blocks=False))
     assert fold_depth(gm) is gm
+
+
+@pytest.mark.slow
+def test_a_t5_whose_first_block_differs_plans_as_unfolded(monkeypatch):
+    """T5's first block holds the position bias: the run starts at block 1, and the blocks
+    after it are tied among themselves (not to block 0) for the representative to stand
+    for them."""
+    from test_repeat_blocks import _hf_t5
+
+    model, inputs = _hf_t5()  # 7 layers
+    mesh = Mesh((2, 2), ("dp", "tp"))
+    folded = autopar.plan(model, mesh, inputs, time_limit=10, pipeline=False)
+    monkeypatch.setattr(api, "fold_depth", lambda gm, keep=frozenset(): gm)
+    unfolded = autopar.plan(model, mesh, inputs, time_limit=10, pipeline=False)
+    assert folded.solver.status == unfolded.solver.status == "optimal"
+    assert folded.solver.decisions < unfolded.solver.decisions
+    assert [_node_view(n) for n in folded.nodes] == [_node_view(n) for n in unfolded.nodes]
