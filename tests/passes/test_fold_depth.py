@@ -60,21 +60,38 @@ def test_short_runs_and_kept_nodes_do_not_fold():
     assert fold_depth(gm, keep=frozenset({"layers.0.ffn.up.weight"})) is not gm
 
 
-def test_blocks_read_from_outside_do_not_fold():
-    """A loss over every block's output reads each copy: nothing stands for another."""
-    class EveryBlock(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(8))
+class _Stack(nn.Module):
+    """Eight linear blocks; `loss(stack, x)` is its forward."""
 
-        def forward(self, x):
-            outputs = []
-            for layer in self.layers:
-                x = torch.relu(layer(x))
-                outputs.append(x)
-            return torch.stack(outputs).square().mean()
+    def __init__(self, loss) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(8))
+        self.loss = loss
 
-    gm = annotate(capture(EveryBlock(), (torch.randn(4, 16),), repeat_blocks=False))
+    def forward(self, x):
+        return self.loss(self, x)
+
+
+def _every_block(stack: _Stack, x):
+    outputs = []
+    for layer in stack.layers:
+        x = torch.relu(layer(x))
+        outputs.append(x)
+    return torch.stack(outputs).square().mean()
+
+
+def _weights_only(stack: _Stack, x):
+    for layer in stack.layers:
+        x = torch.relu(torch.nn.functional.linear(x, layer.weight, layer.bias))
+    return x.square().mean()
+
+
+@pytest.mark.parametrize("loss", [_every_block, _weights_only],
+                         ids=["read-from-outside", "weights-used-by-the-parent"])
+def test_stacks_whose_blocks_are_not_alone_do_not_fold(loss):
+    """A loss over every block's output reads each copy: nothing stands for another. A
+    parent that reads the list's weights itself leaves the blocks without ops."""
+    gm = annotate(capture(_Stack(loss), (torch.randn(4, 16),), repeat_blocks=False))
     assert fold_depth(gm) is gm
 
 
@@ -153,22 +170,6 @@ def test_plan_is_the_unfolded_plan(case, monkeypatch):
     assert folded.peak_memory_bytes == pytest.approx(unfolded.peak_memory_bytes, rel=1e-12)
     assert folded.model_flops == pytest.approx(unfolded.model_flops, rel=1e-12)
     assert folded.solver.decisions < unfolded.solver.decisions
-
-
-def test_a_list_whose_weights_the_parent_uses_does_not_fold():
-    """The blocks' parameters are the list's, their ops the parent's: no block has ops."""
-    class Parent(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(8))
-
-        def forward(self, x):
-            for layer in self.layers:
-                x = torch.relu(torch.nn.functional.linear(x, layer.weight, layer.bias))
-            return x.square().mean()
-
-    gm = annotate(capture(Parent(), (torch.randn(4, 16),), repeat_blocks=False))
-    assert fold_depth(gm) is gm
 
 
 @pytest.mark.slow
