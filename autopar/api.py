@@ -308,9 +308,9 @@ def _plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     """`plan_graph` of `gm` (`model` captured and annotated at `example_inputs`), run as
     `microbatches` micro-batches: a count, or "auto". With "auto" the step is first planned
     whole; while the best plan so far does not fit, or holds at least `MEMORY_BINDS` of
-    the budget, twice as many micro-batches are planned (each count's solve has
-    `options`' time limit), up to `MAX_MICROBATCHES` or a step time worse than the best:
-    micro-batches only trade time for memory. A model whose step can't be cut (its loss or
+    the budget, twice as many micro-batches are screened (`screened`), up to
+    `MAX_MICROBATCHES` or a step time worse than the best, and the chosen count is planned
+    in full: micro-batches only trade time for memory. A model whose step can't be cut (its loss or
     an op mixes samples: `split_batch`) is planned whole under "auto", and raises
     `MicrobatchError` for a count; `LossError` when the forward returns no loss. `micro`:
     the planning call's splits and micro-batch captures.

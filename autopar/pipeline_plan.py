@@ -289,7 +289,7 @@ def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Sch
                                     microbatches=microbatches, in_flight=held,
                                     constraints=wanted or None, screening=screening)
         plan = _with_sends(cache[key], stage, microbatches, axis_name, link)
-        sent.update(sent_placements(plan, stage))
+        sent.update(_sent_placements(plan, stage))
         for name in stage.shared:
             node = _state_node(stage.module, name)
             pinned.setdefault(name, plan.node(node.name).output)
@@ -355,7 +355,7 @@ def _state_node(module: fx.GraphModule, name: str) -> fx.Node:
                 and name in n.meta.get(NAMES, ()))
 
 
-def sent_placements(plan: Plan, stage: Stage) -> dict[str, str]:
+def _sent_placements(plan: Plan, stage: Stage) -> dict[str, str]:
     """The placements (on the sub-mesh) `stage` sends its boundary tensors in, by name: its
     output node's, as its plan chose."""
     if not stage.sends:
@@ -383,7 +383,7 @@ def _with_sends(plan: Plan, stage: Stage, microbatches: int, axis: str, link) ->
                                                       link.latency)), microbatches)
             for name, nbytes in pieces)
 
-    placed = sent_placements(plan, stage)
+    placed = _sent_placements(plan, stage)
     nodes = []
     for node in plan.nodes:
         added: tuple[TransferRecord, ...] = ()
