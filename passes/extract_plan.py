@@ -147,7 +147,7 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
     for i, name in enumerate(build.nodes):
         node, strategy = by_name[name], chosen[name]
         comm = overlapped = 0.0
-        inbound = []  # (producer, TransferRecord) per transfer
+        records = []
         for ref, src, _, transfers in edges[name]:
             repeated = step_repeats(ref, src, transfers, build.microbatches)
             seconds = [float(x) for x in step_seconds(ref, src, transfers,
@@ -155,9 +155,9 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
             comm += sum(seconds)
             overlapped += float(hidden_seconds(ref, src, transfers, build.microbatches, mesh,
                                                 hidden))
-            inbound.extend((ref.producer, TransferRecord(
+            records.extend(TransferRecord(
                 t.kind, mesh.axis_names[t.axis], n * float(t.nbytes), t.backward,
-                ref.producer, time, calls=n)) for t, n, time in zip(transfers, repeated, seconds))
+                ref.producer, time, calls=n) for t, n, time in zip(transfers, repeated, seconds))
         compute = float(problem.node_costs[i][solution.choices[i]]) / repeats[i]
         plan = NodePlan(
             name=name, op=str(node.target) if node.op == "call_function" else node.op,
@@ -166,7 +166,7 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
             output=format_placements(strategy.output),
             compute_s=compute, comm_s=comm,
             memory_bytes=float(problem.node_usages[i][solution.choices[i]]) / held_repeats[i],
-            transfers=tuple(record for _, record in inbound),
+            transfers=tuple(records),
             formula=str(_symbolic_cost(node, build, strategy,
                                        [e[:3] for e in edges[name]], hidden))
             if sizes else repr(compute + comm - overlapped),
@@ -174,7 +174,7 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
             recompute=strategy.recompute and node.meta.get(BYTES, 0) != 0,
             gathered=format_placements(strategy.gathered) if strategy.gathered else "",
             whole_gradient=strategy.whole_gradient, hidden_s=overlapped)
-        nodes.extend(_unfolded(plan, inbound, fold) if fold else (plan,))
+        nodes.extend(_unfolded(plan, fold) if fold else (plan,))
     if fold:
         nodes.sort(key=lambda n: fold.order[n.name])
     report = SolverReport(objective=solution.cost, bound=solution.bound, gap=solution.gap,
@@ -190,17 +190,16 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
                 microbatches=build.microbatches)
 
 
-def _unfolded(plan: NodePlan, inbound: list[tuple[str, TransferRecord]],
-              fold: Fold) -> tuple[NodePlan, ...]:
+def _unfolded(plan: NodePlan, fold: Fold) -> tuple[NodePlan, ...]:
     """The plans of the unfolded nodes a folded graph's node stands for (one for a node
     that stands for itself), each reading its own copies' tensors."""
     def copy(k: int, name: str, module: str) -> NodePlan:
-        transfers = tuple(dataclasses.replace(record, tensor=fold.producer(producer, plan.name, k))
-                          for producer, record in inbound)
+        transfers = tuple(dataclasses.replace(t, tensor=fold.producer(t.tensor, plan.name, k))
+                          for t in plan.transfers)
         return dataclasses.replace(plan, name=name, module=module, transfers=transfers)
 
     if plan.name not in fold.copies:
-        renamed = any(producer in fold.copies for producer, _ in inbound)
+        renamed = any(t.tensor in fold.copies for t in plan.transfers)
         return (copy(0, plan.name, plan.module) if renamed else plan,)
     return tuple(copy(k, name, module) for k, (name, module) in enumerate(
         zip(fold.copies[plan.name], fold.modules[plan.name])))
