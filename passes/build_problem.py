@@ -73,12 +73,12 @@ class ProblemBuild:
     requires_grad: dict[str, bool]
     mesh: Mesh
     optimizer: OptimizerState
-    microbatches: int = 1
+    microbatches: int
     # Per node: how many nodes of the unfolded graph it stands for (`Fold.repeats`), and
     # how many times its memory counts (as many when held to the end of the forward,
     # else once).
-    repeats: tuple[int, ...] = ()
-    held_repeats: tuple[int, ...] = ()
+    repeats: tuple[int, ...]
+    held_repeats: tuple[int, ...]
 
 
 def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],

@@ -112,7 +112,7 @@ def _hidden(build: ProblemBuild, by_name, chosen, edges, sizes: dict[str, int]) 
     left to hide behind, the first gather none before it; C counts all of it, an
     optimistic bound.)"""
     mesh = build.mesh
-    repeats = dict(zip(build.nodes, build.repeats or (1,) * len(build.nodes)))
+    repeats = dict(zip(build.nodes, build.repeats))
     reductions = gathers = 0.0
     for name, per_node in edges.items():
         for ref, src, _, transfers in per_node:
@@ -141,8 +141,7 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
     edges = _edges(build, chosen)
     hidden = _hidden(build, by_name, chosen, edges, sizes)
     fold: Fold | None = gm.meta.get(FOLD)
-    repeats = build.repeats or (1,) * len(build.nodes)
-    held_repeats = build.held_repeats or repeats
+    repeats, held_repeats = build.repeats, build.held_repeats
     nodes = []
     for i, name in enumerate(build.nodes):
         node, strategy = by_name[name], chosen[name]

@@ -61,6 +61,10 @@ class _Block:
     ops: list[fx.Node]
     state: list[fx.Node]
 
+    @property
+    def nodes(self) -> tuple[fx.Node, ...]:
+        return (*self.ops, *self.state)
+
 
 def fold_depth(gm: fx.GraphModule, keep: frozenset[str] = frozenset()) -> fx.GraphModule:
     """`gm` with its longest run of alike blocks folded (module docstring), or `gm` itself
@@ -68,7 +72,7 @@ def fold_depth(gm: fx.GraphModule, keep: frozenset[str] = frozenset()) -> fx.Gra
     blocks = _main_blocks(gm)
     if len(blocks) < MIN_RUN:
         return gm
-    where = {n: k for k, block in enumerate(blocks) for n in (*block.ops, *block.state)}
+    where = {n: k for k, block in enumerate(blocks) for n in block.nodes}
     position = {n: (kind, i) for block in blocks
                 for kind, nodes in (("op", block.ops), ("state", block.state))
                 for i, n in enumerate(nodes)}
@@ -77,13 +81,13 @@ def fold_depth(gm: fx.GraphModule, keep: frozenset[str] = frozenset()) -> fx.Gra
     start, end = _longest_run(alike)
     if end - start + 1 < MIN_RUN:
         return gm
-    folded_away = {n for block in blocks[start + 3:end] for n in (*block.ops, *block.state)}
     if any(n.name in keep or not keep.isdisjoint(n.meta.get(NAMES, ()))
-           for block in blocks[start + 1:end] for n in (*block.ops, *block.state)):
+           for block in blocks[start + 1:end] for n in block.nodes):
         return gm  # a constrained node may make its block's strategies differ from the next's
     if any(where.get(user) not in (k, k + 1) for k in range(start + 2, end)
-           for node in (*blocks[k].ops, *blocks[k].state) for user in node.users):
+           for node in blocks[k].nodes for user in node.users):
         return gm  # read from beyond the next block: each copy is read on its own
+    folded_away = {n for block in blocks[start + 3:end] for n in block.nodes}
     return _folded(gm, blocks[start + 1], blocks[start + 2:end], folded_away)
 
 
@@ -181,17 +185,17 @@ def _folded(gm: fx.GraphModule, before: _Block, stands_for: list[_Block],
     it where it read the last of them, and the `Fold` in gm's meta."""
     representative, last = stands_for[0], stands_for[-1]
     # The last block's readers read the representative's node at the same position.
-    env = dict(zip((*last.ops, *last.state), (*representative.ops, *representative.state)))
+    env = dict(zip(last.nodes, representative.nodes))
     graph, copied = fx.Graph(), {}
     for node in gm.graph.nodes:
         if node in folded_away:
             continue
         copied[node] = graph.node_copy(node, lambda value: copied[env.get(value, value)])
-    members = [(*b.ops, *b.state) for b in stands_for]
+    members = [b.nodes for b in stands_for]
     copies = {nodes[0].name: tuple(n.name for n in nodes) for nodes in zip(*members)}
     modules = {nodes[0].name: tuple(module_of(n) for n in nodes) for nodes in zip(*members)}
     previous = {mine.name: theirs.name for mine, theirs in zip(
-        (*before.ops, *before.state), (*representative.ops, *representative.state))}
+        before.nodes, representative.nodes)}
     folded = fx.GraphModule(gm, graph)
     folded.meta = {**gm.meta, FOLD: Fold(copies, modules, previous,
                                          {n.name: i for i, n in enumerate(gm.graph.nodes)})}
