@@ -17,8 +17,8 @@ from collections.abc import Callable
 import torch.fx as fx
 from torch import nn
 
-from autopar.api import OVERLAP_ROUNDS, SCREENING_TIME, plan_table
 from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError
+from autopar.graph_planning import OVERLAP_ROUNDS, SCREENING_TIME, plan_table
 from autopar.hand_strategies import HandStrategy, missing_record, plan_record
 from autopar.mesh import Mesh
 from autopar.micro_batches import MicroBatches
@@ -53,7 +53,7 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                 ) -> tuple[HandStrategyRecord, Plan | None]:
     """The Megatron 3D record and its plan (None when it doesn't apply or fit); `micro`
     splits the step and captures one micro-batch (`MicroBatches`: the planning call's, or
-    one of its own), and `edge_caches` are the planning call's (`api.plan_graph`)."""
+    one of its own), and `edge_caches` are the planning call's (`graph_planning.plan_graph`)."""
     axis = pipeline_axis_3d(mesh) if mesh.ndim >= 2 else None
     inner_link = mesh.hardware.links[0].name
     if axis is None:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from autopar.api import STAGE, plan_table
 from autopar.errors import InfeasiblePlanError
+from autopar.graph_planning import STAGE, plan_table
 from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState
 from autopar.passes.find_strategies import StrategyTable, find_strategies

@@ -105,22 +105,21 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
                   plan_stage: Callable[..., Plan], memory_budget: float | None, micro: MicroBatches,
                   progress: Callable[[str], None] | None = None, mixing: str = REFUSE,
                   constraints: Mapping[str, str | Placements] | None = None) -> Plan:
-    """The fastest fitting pipelined plan of `gm` (a model's captured and annotated step)
-    on `mesh` as `pipeline` asks (module docstring). `plan_stage(graph, mesh, *,
-    memory_budget, microbatches, in_flight, constraints, screening)` plans one stage
-    (`api.plan_graph` with the caller's options; `screening`: a quick solve of a candidate,
-    `api.screened`); `micro` splits the step and captures one micro-batch (`MicroBatches`
-    of `gm`'s model). `memory_budget` None plans without a memory limit. `mixing` is
-    `split_batch`'s: with "accumulate" (a pipeline the user asked for) a model whose ops
-    mix samples is pipelined as gradient accumulation over the micro-batches, and the plan
-    warns so; with "refuse" (what "auto" asks: it must not change what a step computes) it
-    raises `MicrobatchError`. `constraints` pin tensors as `plan`'s do, with placements on
-    the whole mesh, replicated on the pipeline axis (which places stages): each stage that
-    holds a pinned tensor plans it so on the other axes. Raises `ShardingError` for a pin
-    that names no tensor or splits over the pipeline axis, `PipelineError` for a request
-    that can't run,
-    `MicrobatchError` when the step can't be cut into micro-batches, `InfeasiblePlanError`
-    when no candidate fits."""
+    """The fastest fitting pipelined plan of `gm` (a model's captured and annotated step) on
+    `mesh` as `pipeline` asks (module docstring). `plan_stage(graph, mesh, *, memory_budget,
+    microbatches, in_flight, constraints, screening)` plans one stage
+    (`graph_planning.plan_graph` with the caller's options; `screening`: a quick solve of a
+    candidate, `graph_planning.screened`); `micro` splits the step and captures one
+    micro-batch (`MicroBatches` of `gm`'s model). `memory_budget` None plans without a
+    memory limit. `mixing` is `split_batch`'s: with "accumulate" (a pipeline the user asked
+    for) a model whose ops mix samples is pipelined as gradient accumulation over the
+    micro-batches, and the plan warns so; with "refuse" (what "auto" asks: it must not
+    change what a step computes) it raises `MicrobatchError`. `constraints` pin tensors as
+    `plan`'s do, with placements on the whole mesh, replicated on the pipeline axis (which
+    places stages): each stage that holds a pinned tensor plans it so on the other axes.
+    Raises `ShardingError` for a pin that names no tensor or splits over the pipeline axis,
+    `PipelineError` for a request that can't run, `MicrobatchError` when the step can't be
+    cut into micro-batches, `InfeasiblePlanError` when no candidate fits."""
     say = progress or (lambda message: None)
     axis = pipeline_axis(mesh, pipeline)
     ranks, inner = mesh.shape[axis], sub_mesh(mesh, axis)

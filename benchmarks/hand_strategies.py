@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests" / "golden"))
 from golden_cases import CASES, TIME_LIMIT, GoldenCase  # noqa: E402
 
 import autopar  # noqa: E402
-from autopar.api import plan_graph  # noqa: E402
+from autopar.graph_planning import plan_graph  # noqa: E402
 from autopar.hand_strategies import SINGLE_DEVICE, standard_hand_strategies  # noqa: E402
 from autopar.passes.annotate import annotate  # noqa: E402
 from autopar.passes.capture import capture  # noqa: E402

@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import autopar  # noqa: E402
-from autopar.api import STAGE  # noqa: E402
+from autopar.graph_planning import STAGE  # noqa: E402
 from examples import llama  # noqa: E402
 
 PRESETS = {

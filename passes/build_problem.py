@@ -12,7 +12,7 @@ map from problem indices back to graph nodes and tensors.
   parameter's gradient reduction that the runtime overlaps with the rest of the backward
   (`background_reductions`), and a parameter's gather it starts one use ahead
   (`background_gathers`), count at the `Background` fractions of their time (the caller's
-  estimate of the part left exposed; see `autopar.api.plan_table`). The edges' costs are
+  estimate of the part left exposed; see `autopar.graph_planning.plan_table`). The edges' costs are
   `passes/edge_costs.py`'s: an edge's matrix is computed once per distinct signature of its
   pairs of strategies, and kept, apart from the charges, for the next problem built with
   the same `EdgeCache`.

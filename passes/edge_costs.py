@@ -8,7 +8,7 @@ collectives for a producer strategy and a consumer strategy are `strategy_edge_t
 (`background_reductions`, `background_gathers`), and a solve charges those at the
 `Background` fractions of their time. `EdgeCache` computes an edge's seconds for every
 pair of strategies once per distinct signature and keeps them across the overlap rounds of
-`autopar.api.plan_table`, which change only the charges (`EdgeSecondsTable.charged`).
+`autopar.graph_planning.plan_table`, which change only the charges (`EdgeSecondsTable.charged`).
 """
 
 from __future__ import annotations
@@ -235,8 +235,9 @@ _NO_PLAN, _LOCAL_PLAN = 0, 1  # the ids of `collective_plan`'s None (no plan) an
 
 class EdgeCache:
     """The edges' `edge_seconds` of the problems built over `mesh`, kept from one
-    `build_problem` call to the next (the overlap rounds of `autopar.api.plan_table` build
-    one table's problem again with other charges only).
+    `build_problem` call to the next (the overlap rounds of
+    `autopar.graph_planning.plan_table` build one table's problem again with other charges
+    only).
 
     An entry of an edge's matrix depends on the producer's strategy and the consumer's only
     through its signature: the collective plans (`cost.collective_plan`, free of sizes) of

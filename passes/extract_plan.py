@@ -85,7 +85,7 @@ def training_flops(gm: fx.GraphModule, on_path: dict[str, bool], sizes: dict) ->
 def exposed_charges(gm: fx.GraphModule, build: ProblemBuild, solution: Solution,
                     sizes: dict[str, int]) -> Background:
     """The fractions of a solution's background collectives left exposed (1 - `_hidden`):
-    the charges of the next solve (`autopar.api.plan_table`)."""
+    the charges of the next solve (`autopar.graph_planning.plan_table`)."""
     by_name = {n.name: n for n in gm.graph.nodes}
     chosen = {name: build.strategies[i][solution.choices[i]]
               for i, name in enumerate(build.nodes)}

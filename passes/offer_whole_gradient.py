@@ -7,7 +7,7 @@ apart: ZeRO-2 reduce-scatters each micro-batch's gradient into the shard and gat
 parameter for each micro-batch; ZeRO-1 gathers it once, accumulates the whole gradient over
 the micro-batches and reduce-scatters it once, holding a whole gradient instead of a shard.
 With one micro-batch ZeRO-1 moves the same bytes and holds more, so the planner offers it
-only for several (`autopar.api`).
+only for several (`autopar.graph_planning.plan_graph`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import autopar
-from autopar.api import pipeline_request
+from autopar.layout import pipeline_request
 from autopar.passes.annotate import annotate
 from autopar.passes.capture import capture
 from autopar.passes.split_stages import balanced_cuts, crossing, dataflow, find_units, split_stages

@@ -26,7 +26,7 @@ from autopar.errors import AutoparError
 @contextmanager
 def progress_lines() -> Iterator[Callable[[str], None]]:
     """A progress callback: a spinner over the stage lines on a terminal, plain lines else."""
-    from autopar.api import STAGE
+    from autopar.graph_planning import STAGE
 
     console = Console(stderr=True)
     if not console.is_terminal:

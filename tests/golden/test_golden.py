@@ -17,7 +17,7 @@ import pytest
 from golden_cases import CASES, PIPELINED_CASES, TIME_LIMIT, GoldenCase, differences, record
 
 import autopar
-from autopar.api import plan_graph
+from autopar.graph_planning import plan_graph
 from autopar.passes.annotate import annotate
 from autopar.passes.capture import capture
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import autopar
-import autopar.api as api
+import autopar.graph_planning as graph_planning
 from autopar.mesh import Mesh
 from autopar.passes.annotate import annotate
 from autopar.passes.build_problem import build_problem
@@ -162,7 +162,7 @@ def test_plan_is_the_unfolded_plan(case, monkeypatch):
     model, inputs = module.build(layers=12 if "pipeline" in case else 8, batch=8)
     mesh = Mesh((2, 2, 2), ("pp", "dp", "tp")) if "pipeline" in case else MESH
     folded = autopar.plan(model, mesh, inputs, time_limit=10, **options)
-    monkeypatch.setattr(api, "fold_depth", lambda gm, keep=frozenset(): gm)
+    monkeypatch.setattr(graph_planning, "fold_depth", lambda gm, keep=frozenset(): gm)
     unfolded = autopar.plan(model, mesh, inputs, time_limit=10, **options)
     assert folded.solver.status == unfolded.solver.status == "optimal"
     assert [_node_view(n) for n in folded.nodes] == [_node_view(n) for n in unfolded.nodes]
@@ -182,7 +182,7 @@ def test_a_t5_whose_first_block_differs_plans_as_unfolded(monkeypatch):
     model, inputs = _hf_t5()  # 7 layers
     mesh = Mesh((2, 2), ("dp", "tp"))
     folded = autopar.plan(model, mesh, inputs, time_limit=10, pipeline=False)
-    monkeypatch.setattr(api, "fold_depth", lambda gm, keep=frozenset(): gm)
+    monkeypatch.setattr(graph_planning, "fold_depth", lambda gm, keep=frozenset(): gm)
     unfolded = autopar.plan(model, mesh, inputs, time_limit=10, pipeline=False)
     assert folded.solver.status == unfolded.solver.status == "optimal"
     assert folded.solver.decisions < unfolded.solver.decisions
