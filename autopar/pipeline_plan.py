@@ -43,6 +43,7 @@ from autopar import cost
 from autopar.errors import InfeasiblePlanError, PipelineError, ShardingError
 from autopar.mesh import Mesh
 from autopar.micro_batches import MicroBatches
+from autopar.passes.constrain import pin_placements
 from autopar.passes.split_batch import ACCUMULATED, REFUSE, batch_size
 from autopar.passes.split_stages import Stage, balanced_cuts, find_units, split_stages, unit_times
 from autopar.pipeline import (
@@ -330,12 +331,8 @@ def _stage_pins(gm: fx.GraphModule, mesh: Mesh, axis: int,
     replicated on the pipeline axis."""
     pins = {}
     for name, wanted in constraints.items():
-        placements = parse_placements(wanted) if isinstance(wanted, str) else tuple(wanted)
+        placements = pin_placements(name, wanted, mesh)
         text = format_placements(placements)
-        if len(placements) != mesh.ndim:
-            raise ShardingError(f"pin of {name!r} has {len(placements)} placements",
-                                expected=f"one per mesh axis ({mesh.ndim})", got=text,
-                                fix=f"e.g. {','.join(['R'] * mesh.ndim)}")
         if not isinstance(placements[axis], Replicate):
             raise ShardingError(
                 f"pin of {name!r} splits over the pipeline axis {mesh.axis_names[axis]!r}",

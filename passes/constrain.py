@@ -52,17 +52,23 @@ def _why_impossible(node: fx.Node, placements: Placements, mesh: Mesh) -> str:
     return "no strategy of its op produces it"
 
 
+def pin_placements(name: str, wanted: str | Placements, mesh: Mesh) -> Placements:
+    """The placements a pin of `name` asks for (text or a tuple), one per axis of `mesh`."""
+    placements = parse_placements(wanted) if isinstance(wanted, str) else tuple(wanted)
+    if len(placements) != mesh.ndim:
+        raise ShardingError(f"pin of {name!r} has {len(placements)} placements",
+                            expected=f"one per mesh axis ({mesh.ndim})",
+                            got=format_placements(placements),
+                            fix=f"e.g. {','.join(['R'] * mesh.ndim)}")
+    return placements
+
+
 def constrain(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
               constraints: Mapping[str, str | Placements]) -> StrategyTable:
     """`table` with each pinned node reduced to its requested strategy."""
     strategies = dict(table.strategies)
     for name, wanted in constraints.items():
-        placements = parse_placements(wanted) if isinstance(wanted, str) else tuple(wanted)
-        if len(placements) != mesh.ndim:
-            raise ShardingError(f"pin of {name!r} has {len(placements)} placements",
-                                expected=f"one per mesh axis ({mesh.ndim})",
-                                got=format_placements(placements),
-                                fix=f"e.g. {','.join(['R'] * mesh.ndim)}")
+        placements = pin_placements(name, wanted, mesh)
         node = _node_for(gm, name, table)
         # A pinned parameter is stored as pinned and read from there (never kept gathered).
         kept = tuple(s for s in strategies[node.name]
