@@ -16,8 +16,12 @@ from dataclasses import dataclass
 from autopar.solver.flat import Flat
 from autopar.solver.problem import ShardingProblem
 
-# A whole-problem CP-SAT model is built when it has at most this many booleans.
+# A whole-problem CP-SAT model is built when it has at most this many booleans, and
+# building it takes at most this share of the time after the reductions (the rest is
+# CP-SAT's; a model that would leave it too little is searched by LNS, whose models are
+# small).
 EXACT_CELLS = 400_000
+EXACT_BUILD_SHARE = 0.4
 # CP-SAT deterministic time per wall-clock second on a 2-core machine (2 workers,
 # interleaved): 0.5 to 0.8 depending on the model; above the middle, so that slow models
 # end on the wall-clock cap rather than leave time unused.
@@ -52,6 +56,11 @@ def model_cells(flat: Flat) -> int:
     return int(flat.sizes.sum() + flat.edge_flat.size)
 
 
+def model_build_seconds(flat: Flat) -> float:
+    """Rough wall time of building the whole-problem CP-SAT model (4-5 us a boolean)."""
+    return 5e-6 * model_cells(flat)
+
+
 @dataclass(frozen=True)
 class Plan:
     """Work budgets of the phases of one solve.
@@ -67,17 +76,19 @@ class Plan:
     seconds: float
     iteration_seconds: float
     round_seconds: float
+    build_seconds: float
 
     @staticmethod
     def of(flat: Flat, seconds: float) -> Plan:
         """Split `seconds` (what is left after reductions) between the phases."""
         seconds = max(seconds, 0.1)
-        exact = model_cells(flat) <= EXACT_CELLS
+        build = model_build_seconds(flat)
+        exact = model_cells(flat) <= EXACT_CELLS and build <= EXACT_BUILD_SHARE * seconds
         share = 0.15 if exact else 0.45
         each = iteration_seconds(flat)
         iterations = max(min(int(share * seconds / each), 400), 3)
         return Plan(iterations, 15 if exact else 60, exact, seconds, each,
-                    lns_round_seconds(flat))
+                    lns_round_seconds(flat), build if exact else 0.0)
 
     def rest(self, iterations_done: int) -> float:
         """Seconds left for the second phase after that many Lagrangian iterations."""
@@ -85,8 +96,9 @@ class Plan:
                    0.1 * self.seconds)
 
     def deterministic(self, iterations_done: int) -> float:
-        """CP-SAT deterministic-time budget of the whole-problem phase."""
-        return self.rest(iterations_done) * DET_PER_SECOND
+        """CP-SAT deterministic-time budget of the whole-problem phase: what is left after
+        building its model."""
+        return max(self.rest(iterations_done) - self.build_seconds, 0.0) * DET_PER_SECOND
 
     def lns_rounds(self, iterations_done: int) -> int:
         return int(self.rest(iterations_done) / self.round_seconds)

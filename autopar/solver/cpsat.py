@@ -91,13 +91,20 @@ class SubModel:
             self.lits[i] = {int(k): self.model.NewBoolVar("") for k in ks}
             self.model.AddExactlyOne(self.lits[i].values())
             terms += [(int(c), self.lits[i][int(k)]) for k, c in zip(ks, coef) if c]
-            if free[i] and np.isfinite(u[x[i]]):
-                for k, v in self.lits[i].items():
-                    self.model.AddHint(v, k == x[i])
+        self.hint(x)
         for e in np.flatnonzero(free[flat.edge_a] & free[flat.edge_b]):
             terms += self._edge(int(e))
         self.model.Minimize(cp_model.LinearExpr.WeightedSum([v for _, v in terms],
                                                            [c for c, _ in terms]))
+
+    def hint(self, x: np.ndarray) -> None:
+        """Hint assignment `x` (replacing any hint before): each node's literals only,
+        which fix the rest of the model by propagation."""
+        self.model.clear_hints()
+        for i, lits in self.lits.items():
+            if int(x[i]) in lits:
+                for k, v in lits.items():
+                    self.model.add_hint(v, k == x[i])
 
     def _edge(self, e: int) -> list[tuple[int, cp_model.IntVar]]:
         flat = self.flat
@@ -117,23 +124,26 @@ class SubModel:
         by_row: list[list] = [[] for _ in rows]
         by_col: list[list] = [[] for _ in cols]
         out = []
-        hint = self.x[a] in la and self.x[b] in lb
+        # No hints here: the two nodes' hinted literals fix every pair's by propagation
+        # (a row and a column summing to one), and hinting 10^5 pairs costs more than the
+        # solve on a short time limit.
+        new_bool = self.model.new_bool_var
         for r, c in zip(*np.nonzero(finite)):
-            y = self.model.NewBoolVar("")
+            y = new_bool("")
             by_row[r].append(y)
             by_col[c].append(y)
             if coef[r, c]:
                 out.append((int(coef[r, c]), y))
-            if hint:
-                self.model.AddHint(y, rows[r] == self.x[a] and cols[c] == self.x[b])
+        add, total = self.model.Add, cp_model.LinearExpr.Sum
         for r, ys in enumerate(by_row):
-            self.model.Add(sum(ys) == la[int(rows[r])])
+            add(total(ys) == la[int(rows[r])])
         for c, ys in enumerate(by_col):
-            self.model.Add(sum(ys) == lb[int(cols[c])])
+            add(total(ys) == lb[int(cols[c])])
         return out
 
     def add_memory(self, segments: np.ndarray) -> None:
-        """Constrain usage on the given segments (fixed nodes' usage as a constant).
+        """Constrain usage on the given segments (fixed nodes' usage as a constant); call
+        again with other segments to add theirs.
 
         Each piece of a free node's usage (`pieces.py`) becomes one integer variable, so a
         segment's row has one entry per live free node, not one per strategy.
@@ -157,8 +167,6 @@ class SubModel:
             var = self.model.NewIntVar(0, top - low, "")
             self.model.Add(var == cp_model.LinearExpr.WeightedSum(
                 [lits[int(k)] for k in ks], [int(c) - low for c in coef]))
-            if x[piece.node] in lits:
-                self.model.AddHint(var, int(coef[list(lits).index(x[piece.node])]) - low)
             most[piece.first:piece.last] += top - low
             for q in range(piece.first, piece.last):
                 rows[q].append(var)

@@ -69,12 +69,16 @@ def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float
         report(f"linear relaxation bound {bound:.10g}")
         if best.cost <= bound + 1e-9 * abs(best.cost):
             return Outcome("optimal", best.cost)
+    if deterministic <= 0.05 or wall() <= 0.05:
+        return _found(best, bound)  # no time to build the model
+    model = SubModel(flat, scales, hint, everyone)  # built once: the edges dominate
+    added = chosen
     for round_ in range(1000):
         budget = deterministic - spent
         if budget <= 0.05 or wall() <= 0.05:
             break
-        model = SubModel(flat, scales, hint, everyone)
-        model.add_memory(chosen)
+        model.add_memory(added)
+        model.hint(hint)
         result = model.solve(Limits(budget, wall(), seed, workers), check)
         spent += max(result.deterministic, 0.05)
         if result.status == "infeasible":
@@ -88,8 +92,14 @@ def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float
                 return Outcome("optimal", best.cost)
             break
         report(f"cp-sat round {round_}: {result.broken.size} more segments to constrain")
+        added = np.setdiff1d(result.broken, chosen)
         chosen = np.union1d(chosen, result.broken)
         hint = best.x if best.x is not None else hint
+    return _found(best, bound)
+
+
+def _found(best: Best, bound: float) -> Outcome:
+    """The outcome of a search that proved no optimum: `best` if any, and the bound."""
     if best.x is None:
         return Outcome("unknown", bound)
     return Outcome("feasible", min(bound, best.cost))
