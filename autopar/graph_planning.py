@@ -18,7 +18,7 @@ from autopar.passes.annotate import DATA_MOVEMENT, FORMULA, flop_source, size_hi
 from autopar.passes.build_problem import ProblemBuild, build_problem
 from autopar.passes.constrain import constrain
 from autopar.passes.edge_costs import Background, EdgeCache, EdgeCaches
-from autopar.passes.extract_plan import exposed_charges, extract_plan
+from autopar.passes.extract_plan import extract_plan
 from autopar.passes.find_saved import find_saved
 from autopar.passes.find_strategies import StrategyTable, find_strategies
 from autopar.passes.fold_depth import fold_depth
@@ -63,9 +63,20 @@ def screened(options: dict) -> dict:
     """`plan_graph`'s `options` for screening one of many candidates (micro-batch counts,
     pipeline cuts and schedules): one solve with `SCREENING_TIME` of the time limit, no
     hand strategies, no least-memory search; the chosen candidate is then planned with
-    `options`."""
+    `refined`'s options."""
     return {**options, "time_limit": options.get("time_limit", 30.0) * SCREENING_TIME,
             "overlap_rounds": 1, "hand_strategies": False, "least_memory": False}
+
+
+def refined(options: dict, screening: Plan) -> dict:
+    """`plan_graph`'s `options` for planning in full the candidate whose screening solve
+    (`screened`) gave `screening`: the overlap rounds after the first, whose solve the
+    screening was, charged at the fractions it left exposed; no least-memory search (the
+    candidate fits)."""
+    report = screening.solver
+    return {**options, "least_memory": False,
+            "charges": Background(report.exposed_reductions, report.exposed_gathers),
+            "overlap_rounds": max(1, options.get("overlap_rounds", OVERLAP_ROUNDS) - 1)}
 
 
 def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
@@ -74,12 +85,13 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                seed: int = 0, hand_strategies: bool = False, optimizer: object = None,
                master_weights: torch.dtype | None = None, recompute: bool = True,
                microbatches: int = 1, in_flight: int = 1, least_memory: bool = True,
-               overlap_rounds: int = OVERLAP_ROUNDS, edge_caches: EdgeCaches | None = None,
+               overlap_rounds: int = OVERLAP_ROUNDS, charges: Background = Background(),
+               edge_caches: EdgeCaches | None = None,
                progress: Callable[[str], None] | None = None) -> Plan:
     """`plan` from the strategy pass on, for a graph already captured and annotated (with
     `microbatches` > 1, one micro-batch's graph, run that many times a step, holding
     `in_flight` micro-batches' activations at once: see `build_problem`; `least_memory`,
-    `overlap_rounds`: see `plan_table`; `edge_caches`: the planning call's, to share edge
+    `overlap_rounds`, `charges`: see `plan_table`; `edge_caches`: the planning call's, to share edge
     costs with its other problems). The
     hand strategies, when asked for, ignore `constraints`: they are the standard ones;
     without constraints, a hand strategy's plan that fits and is faster is the plan."""
@@ -101,7 +113,7 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                         time_limit=time_limit, fold_layers=fold_layers, seed=seed,
                         optimizer=state, microbatches=microbatches, in_flight=in_flight,
                         least_memory=least_memory, overlap_rounds=overlap_rounds,
-                        edge_cache=edge_caches.of(mesh) if edge_caches else None,
+                        charges=charges, edge_cache=edge_caches.of(mesh) if edge_caches else None,
                         progress=progress)
     if not hand_strategies:
         return result
@@ -124,7 +136,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                memory_budget: float | None, time_limit: float, fold_layers: bool, seed: int,
                optimizer: OptimizerState = ADAMW, microbatches: int = 1, in_flight: int = 1,
                least_memory: bool = True, overlap_rounds: int = OVERLAP_ROUNDS,
-               edge_cache: EdgeCache | None = None,
+               charges: Background = Background(), edge_cache: EdgeCache | None = None,
                progress: Callable[[str], None] | None = None) -> Plan:
     """The cheapest plan choosing among `table`'s strategies (the problem, solve and
     extract passes), within `memory_budget` bytes per device (None: no limit), for a step
@@ -135,11 +147,12 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     Gradient reductions the runtime overlaps with the backward cost only what the backward's
     compute does not hide, max(0, G - B), and parameter gathers it starts ahead only what
     the forward's does not, max(0, G' - F): functions of the whole plan that a sum of
-    per-op costs can't express. The first solve charges them in full, each next one at the
-    fractions the previous plan left exposed (`Background`; at most `overlap_rounds`
-    solves, the later ones with half the time limit), and the plan with the least step
-    time is returned. `edge_cache`: an `EdgeCache` of `mesh` to keep the edges' costs in
-    (by default one of its own).
+    per-op costs can't express. The first solve charges them at `charges` (by default in
+    full; a refinement starts from the fractions its screening plan left exposed), each
+    next one at the fractions the previous plan left exposed (`Background`; at most
+    `overlap_rounds` solves, the later ones with half the time limit), and the plan with
+    the least step time is returned. `edge_cache`: an
+    `EdgeCache` of `mesh` to keep the edges' costs in (by default one of its own).
     """
     say = progress or (lambda message: None)
     hints = size_hints(gm)
@@ -149,7 +162,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     # So are the edges' seconds: only the charges change.
     edges = edge_cache if edge_cache is not None else EdgeCache(mesh)
     best: Plan | None = None
-    charges, limit = Background(), time_limit
+    limit = time_limit
     for _ in range(overlap_rounds):
         say(f"{STAGE} build_problem (background gradient reductions charged at "
             f"{charges.reductions:.0%}, parameter gathers at {charges.gathers:.0%})")
@@ -170,7 +183,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                             warnings=warnings)
         if best is None or plan.step_time_s < best.step_time_s:
             best = plan
-        exposed = exposed_charges(gm, build, solution, sizes)
+        exposed = Background(plan.solver.exposed_reductions, plan.solver.exposed_gathers)
         if (abs(exposed.reductions - charges.reductions) < 0.02
                 and abs(exposed.gathers - charges.gathers) < 0.02):
             break

@@ -18,12 +18,12 @@ import torch.fx as fx
 from torch import nn
 
 from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError
-from autopar.graph_planning import OVERLAP_ROUNDS, SCREENING_TIME, plan_table
+from autopar.graph_planning import plan_table, refined, screened
 from autopar.hand_strategies import HandStrategy, missing_record, plan_record
 from autopar.mesh import Mesh
 from autopar.micro_batches import MicroBatches
 from autopar.optimizer_state import OptimizerState
-from autopar.passes.edge_costs import EdgeCaches
+from autopar.passes.edge_costs import Background, EdgeCaches
 from autopar.passes.find_strategies import find_strategies
 from autopar.passes.fold_depth import fold_depth
 from autopar.passes.offer_recompute import offer_recompute
@@ -69,7 +69,7 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
 
     def plan_stage(graph: fx.GraphModule, inner: Mesh, *, memory_budget: float | None,
                    microbatches: int, in_flight: int, constraints=None,
-                   screening: bool = False) -> Plan:
+                   refining: Plan | None = None) -> Plan:
         if fold_layers:
             graph = fold_depth(graph, keep=frozenset(constraints or ()))
         table = offer_recompute(graph, find_strategies(graph, inner))
@@ -80,12 +80,14 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
 
             table = constrain(graph, table, inner, constraints)
         restricted = restrict(graph, table, inner, roles, strategy.recompute).table
+        limits = {"time_limit": time_limit}
+        solve = screened(limits) if refining is None else refined(limits, refining)
         return plan_table(graph, restricted, inner, model_name=type(model).__name__,
-                          memory_budget=memory_budget,
-                          time_limit=time_limit * (SCREENING_TIME if screening else 1),
+                          memory_budget=memory_budget, time_limit=solve["time_limit"],
                           fold_layers=fold_layers, seed=seed, optimizer=optimizer,
                           microbatches=microbatches, in_flight=in_flight, least_memory=False,
-                          overlap_rounds=1 if screening else OVERLAP_ROUNDS,
+                          overlap_rounds=solve["overlap_rounds"],
+                          charges=solve.get("charges", Background()),
                           edge_cache=edge_caches.of(inner) if edge_caches else None)
 
     request = Pipeline(axis=mesh.axis_names[axis])

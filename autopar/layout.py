@@ -11,7 +11,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError, ShardingError
-from autopar.graph_planning import STAGE, plan_graph, screened
+from autopar.graph_planning import STAGE, plan_graph, refined, screened
 from autopar.mesh import Mesh
 from autopar.micro_batches import MicroBatches
 from autopar.optimizer_state import optimizer_state
@@ -61,9 +61,10 @@ def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     stage_options = {k: v for k, v in options.items() if k not in ("hand_strategies",
                                                                    "constraints", "micro")}
 
-    def plan_stage(graph: fx.GraphModule, inner: Mesh, *, screening: bool, **solve) -> Plan:
-        chosen = screened(stage_options) if screening else {**stage_options,
-                                                            "least_memory": False}
+    def plan_stage(graph: fx.GraphModule, inner: Mesh, *, refining: Plan | None = None,
+                   **solve) -> Plan:
+        chosen = screened(stage_options) if refining is None else refined(stage_options,
+                                                                          refining)
         return plan_graph(graph, inner, **chosen, **solve)
 
     def pipelined() -> Plan:
@@ -154,11 +155,16 @@ def plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     budget = float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
 
     def planned(count: int, split: BatchSplit | None, *, screening: bool = False,
-                least_memory: bool = True) -> Plan:
+                screened_plan: Plan | None = None, least_memory: bool = True) -> Plan:
         if split is not None:
             say(f"{STAGE} plan {split.describe()}")
         graph = gm if split is None else micro.graph(split)
-        chosen = screened(options) if screening else {**options, "least_memory": least_memory}
+        if screening:
+            chosen = screened(options)
+        elif screened_plan is not None:
+            chosen = refined(options, screened_plan)
+        else:
+            chosen = {**options, "least_memory": least_memory}
         return plan_graph(graph, mesh, memory_budget=budget, microbatches=count,
                           progress=progress, **chosen)
 
@@ -196,7 +202,7 @@ def plan_steps(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     if best.microbatches == 1:
         return best
     try:  # the count chosen by screening, planned in full
-        full = planned(best.microbatches, micro.split(best.microbatches))
+        full = planned(best.microbatches, micro.split(best.microbatches), screened_plan=best)
     except InfeasiblePlanError:
         return best
     return full if full.step_time_s <= best.step_time_s else best

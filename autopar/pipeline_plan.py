@@ -25,10 +25,12 @@ of their step (`_least_step`: perfect splits, no communication) and the search s
 the first whose bound is no better than the best plan found (branch and bound); a
 candidate whose stages hold at least the samples' activations of one that did not fit is
 skipped; while nothing fits, or the best holds `MEMORY_BINDS` of the budget, twice as
-many micro-batches are tried (`_more_microbatches`). Complexity: at most
-O(|m| x |schedules|) candidates of s stage solves each; the sub-mesh is the same for
-every stage (the other axes), not searched over as in Alpa, whose stage DP also chooses a
-sub-mesh shape per stage.
+many micro-batches are tried (`_more_microbatches`). Candidates are compared by
+screening solves (`graph_planning.screened`); the chosen one's stages are then planned in
+full slowest first, until the slowest is one so planned (`_refined_stages`). Complexity:
+at most O(|m| x |schedules|) candidates of s screening solves each, and at most s full
+solves; the sub-mesh is the same for every stage (the other axes), not searched over as
+in Alpa, whose stage DP also chooses a sub-mesh shape per stage.
 """
 
 from __future__ import annotations
@@ -79,6 +81,9 @@ MAX_MICROBATCHES_PER_RANK = 4
 MEMORY_BINDS = 0.8
 # The most micro-batches a step is cut into.
 MAX_MICROBATCHES = 64
+# The chosen candidate's stages are planned in full until those left screened take at
+# most this share of the step (`_refined_stages`).
+SCREENED_SHARE = 0.1
 # The loss reaches every pipeline rank as one float32 scalar.
 LOSS_BYTES = 4
 
@@ -108,9 +113,10 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
                   constraints: Mapping[str, str | Placements] | None = None) -> Plan:
     """The fastest fitting pipelined plan of `gm` (a model's captured and annotated step) on
     `mesh` as `pipeline` asks (module docstring). `plan_stage(graph, mesh, *, memory_budget,
-    microbatches, in_flight, constraints, screening)` plans one stage
-    (`graph_planning.plan_graph` with the caller's options; `screening`: a quick solve of a
-    candidate, `graph_planning.screened`); `micro` splits the step and captures one
+    microbatches, in_flight, constraints, refining=None)` plans one stage
+    (`graph_planning.plan_graph` with the caller's options): a quick screening solve of a
+    candidate (`graph_planning.screened`), or with `refining`, that screening plan planned
+    in full (`graph_planning.refined`); `micro` splits the step and captures one
     micro-batch (`MicroBatches` of `gm`'s model). `memory_budget` None plans without a
     memory limit. `mixing` is `split_batch`'s: with "accumulate" (a pipeline the user asked
     for) a model whose ops mix samples is pipelined as gradient accumulation over the
@@ -159,8 +165,7 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
             say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
             try:
                 candidate = _candidate(stages, units.names, schedule, m, ranks, mesh,
-                                       axis, inner, memory_budget, plan_stage, cache,
-                                       pins, screening=True)
+                                       axis, inner, memory_budget, plan_stage, cache, pins)
             except InfeasiblePlanError as error:
                 failure = error
                 overflowing.append((count, held))
@@ -176,15 +181,14 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
                             f"that splits into micro-batches for {ranks} pipeline ranks",
                             got=f"batch {batch}", fix="use a larger batch, or fewer ranks")
     # Candidates were compared by screening solves (one per stage, every background
-    # collective charged, a fraction of the time); the chosen one is planned again in full,
-    # estimating what the backward hides (plan_table's rounds), and kept if faster (a solve
-    # cut short by the wall clock may find less).
+    # collective charged, a fraction of the time); the chosen one's slowest stages are
+    # planned again in full, estimating what the backward hides (plan_table's rounds).
     stages, names, schedule, m = chosen
-    try:
-        refined = _candidate(stages, names, schedule, m, ranks, mesh, axis, inner,
-                             memory_budget, plan_stage, cache, pins, screening=False)
-    except InfeasiblePlanError:
-        refined = best
+    stage_plans = _refined_stages(stages, schedule, m, ranks, inner, mesh.axis_names[axis],
+                                  mesh.axis_links[axis], memory_budget, plan_stage, cache,
+                                  pins)
+    refined = _costed(stages, names, stage_plans, schedule, m, ranks, mesh, axis,
+                      memory_budget)
     best = min(best, refined, key=lambda plan: plan.step_time_s)
     if best.microbatches in mixes:
         m = best.microbatches
@@ -263,42 +267,139 @@ def _more_microbatches(tried: list[int], best: Plan | None, pipeline: Pipeline,
 def _candidate(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Schedule,
                microbatches: int, ranks: int, mesh: Mesh, axis: int, inner: Mesh,
                memory_budget: float | None, plan_stage: Callable[..., Plan],
-               cache: dict[tuple, Plan], pins: Mapping[str, str], *, screening: bool) -> Plan:
-    """The candidate's plan from its stages' plans (`plan_stage`, `screening` or not;
-    cached; the `pins` (`_stage_pins`) of the tensors each holds), costed by the schedule
-    (module docstring)."""
-    virtual = len(stages) // ranks
-    link = mesh.axis_links[axis]
-    axis_name = mesh.axis_names[axis]
+               cache: dict[tuple, Plan], pins: Mapping[str, str]) -> Plan:
+    """The candidate's plan from its stages' screening plans (`_screened_stages`), costed
+    by the schedule (module docstring)."""
+    plans = _screened_stages(stages, schedule, microbatches, ranks, inner, memory_budget,
+                             plan_stage, cache, pins)
+    return _costed(stages, blocks, [plan for plan, _ in plans], schedule, microbatches,
+                   ranks, mesh, axis, memory_budget)
+
+
+def _screened_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches: int,
+                     ranks: int, inner: Mesh, memory_budget: float | None,
+                     plan_stage: Callable[..., Plan], cache: dict[tuple, Plan],
+                     pins: Mapping[str, str],
+                     chosen: Mapping[tuple, Plan] | None = None) -> list[tuple[Plan, tuple]]:
+    """Each stage's plan with the key it was planned under: the plan `chosen` has for the
+    key, else its screening plan (`plan_stage`; cached). The key is (micro-batches, stage
+    count, stage, micro-batches in flight, pins), the pins what the stage is planned with:
+    the `pins` (`_stage_pins`) of the tensors it holds, a shared weight where the first
+    stage holding it stored it, and its boundary inputs as their sender sends them."""
     pinned: dict[str, str] = {}
     sent: dict[str, str] = {}  # boundary tensor -> the placement its sender chose
-    records, plans, shared_bytes = [], [], {}
+    planned = []
     for stage in stages:
-        rank = rank_of(stage.index, ranks)
-        held = in_flight(schedule, microbatches, ranks, rank, virtual)
+        held, share = _stage_budget(stage, schedule, microbatches, ranks, len(stages),
+                                    memory_budget)
         wanted = {name: placements for name, placements in pins.items()
                   if _holds(stage.module, name)}
         wanted.update({name: pinned[name] for name in stage.shared if name in pinned})
         # Each rank receives its counterpart's piece: the placement the sender chose.
         wanted.update({name: sent[name] for name in stage.receives})
-        key = (microbatches, len(stages), stage.index, held, tuple(sorted(wanted.items())),
-               screening)
+        key = (microbatches, len(stages), stage.index, held, tuple(sorted(wanted.items())))
         if key not in cache:
-            share = None if memory_budget is None else memory_budget / virtual
             cache[key] = plan_stage(stage.module, inner, memory_budget=share,
                                     microbatches=microbatches, in_flight=held,
-                                    constraints=wanted or None, screening=screening)
-        plan = _with_sends(cache[key], stage, microbatches, axis_name, link)
+                                    constraints=wanted or None)
+        plan = (chosen or {}).get(key, cache[key])
         sent.update(_sent_placements(plan, stage))
-        for name in stage.shared:
-            node = _state_node(stage.module, name)
-            pinned.setdefault(name, plan.node(node.name).output)
-            spec = node.meta[TENSOR]
+        for name, placements in _shared_placements(plan, stage).items():
+            pinned.setdefault(name, placements)
+        planned.append((plan, key))
+    return planned
+
+
+def _stage_budget(stage: Stage, schedule: Schedule, microbatches: int, ranks: int,
+                  count: int, memory_budget: float | None) -> tuple[int, float | None]:
+    """(micro-batches in flight, memory budget) of a stage of `count`: a rank holds
+    count / ranks stages in the budget."""
+    held = in_flight(schedule, microbatches, ranks, rank_of(stage.index, ranks),
+                     count // ranks)
+    return held, None if memory_budget is None else memory_budget / (count // ranks)
+
+
+def _refined_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches: int,
+                    ranks: int, inner: Mesh, axis_name: str, link, memory_budget: float | None,
+                    plan_stage: Callable[..., Plan], cache: dict[tuple, Plan],
+                    pins: Mapping[str, str]) -> list[Plan]:
+    """The stages' plans after planning some in full: the slowest stage (time per
+    micro-batch, its sends included) while it is one only screened, then the slowest
+    screened one while the screened stages' times add up to more than `SCREENED_SHARE` of
+    the step. The step is the slowest stage's time m - 1 times over plus one pass through
+    the others, so a faster stage gains the step at most its own time once: planning it
+    in full is worth its solve when the stages left screened weigh in the step (few
+    micro-batches), not when they don't (with many micro-batches, one or two full solves).
+    A full plan replaces the screening one when faster; if it sends its boundary tensors
+    or stores a weight it shares otherwise, the later stages, planned against those, are
+    screened again with the new pins (pins flow forward only, so this ends: at most 2s
+    full solves)."""
+    chosen: dict[tuple, Plan] = {}  # stage key -> its plan in full
+    done: set[tuple] = set()  # the keys planned in full
+
+    def next_stage(planned: list[tuple[Plan, tuple]]) -> int | None:
+        times = [_split_time(_with_sends(plan, stage, microbatches, axis_name, link),
+                             microbatches)[0] for stage, (plan, _) in zip(stages, planned)]
+        waiting = [k for k, (_, key) in enumerate(planned) if key not in done]
+        slowest = max(range(len(stages)), key=times.__getitem__)
+        if slowest in waiting:
+            return slowest
+        step = step_time(times, microbatches, ranks, schedule)
+        if not waiting or sum(times[k] for k in waiting) <= SCREENED_SHARE * step:
+            return None
+        return max(waiting, key=times.__getitem__)
+
+    for _ in range(2 * len(stages)):
+        planned = _screened_stages(stages, schedule, microbatches, ranks, inner,
+                                   memory_budget, plan_stage, cache, pins, chosen)
+        k = next_stage(planned)
+        if k is None:
+            break
+        (plan, key), stage = planned[k], stages[k]
+        done.add(key)
+        held, share = _stage_budget(stage, schedule, microbatches, ranks, len(stages),
+                                    memory_budget)
+        wanted = dict(key[-1])
+        try:
+            full = plan_stage(stage.module, inner, memory_budget=share,
+                              microbatches=microbatches, in_flight=held,
+                              constraints=wanted or None, refining=plan)
+        except InfeasiblePlanError:
+            continue
+        if full.step_time_s < plan.step_time_s:
+            chosen[key] = full
+            try:  # the later stages, screened against its placements
+                _screened_stages(stages, schedule, microbatches, ranks, inner, memory_budget,
+                                 plan_stage, cache, pins, chosen)
+            except InfeasiblePlanError:
+                del chosen[key]
+    return [plan for plan, _ in _screened_stages(stages, schedule, microbatches, ranks, inner,
+                                                 memory_budget, plan_stage, cache, pins,
+                                                 chosen)]
+
+
+def _costed(stages: tuple[Stage, ...], blocks: tuple[str, ...], stage_plans: list[Plan],
+            schedule: Schedule, microbatches: int, ranks: int, mesh: Mesh, axis: int,
+            memory_budget: float | None) -> Plan:
+    """One plan of the whole mesh from its stages' plans, costed by the schedule (module
+    docstring): each stage's boundary sends added (`_with_sends`), the shared weights'
+    gradient all-reduce and the loss's broadcast over the pipeline axis."""
+    virtual = len(stages) // ranks
+    link = mesh.axis_links[axis]
+    axis_name = mesh.axis_names[axis]
+    inner = stage_plans[0].mesh
+    records, plans, shared_bytes, pinned = [], [], {}, {}
+    for stage, stage_plan in zip(stages, stage_plans):
+        held, _ = _stage_budget(stage, schedule, microbatches, ranks, len(stages), None)
+        plan = _with_sends(stage_plan, stage, microbatches, axis_name, link)
+        for name, placements in _shared_placements(plan, stage).items():
+            pinned.setdefault(name, placements)
+            spec = _state_node(stage.module, name).meta[TENSOR]
             shared_bytes[name] = cost.local_bytes(spec.nbytes, parse_placements(pinned[name]),
                                                   inner.shape)
         per_microbatch, once = _split_time(plan, microbatches)
         records.append(StageRecord(
-            stage.index, rank, (blocks[stage.first], blocks[stage.last]),
+            stage.index, rank_of(stage.index, ranks), (blocks[stage.first], blocks[stage.last]),
             (stage.first, stage.last), per_microbatch, once, plan.peak_memory_bytes, held,
             stage.receives, stage.sends, stage.shared))
         plans.append(plan)
@@ -344,6 +445,12 @@ def _stage_pins(gm: fx.GraphModule, mesh: Mesh, axis: int,
                                 got=repr(name), fix="use a name of the model's state or graph")
         pins[name] = drop_axis(text, axis)
     return pins
+
+
+def _shared_placements(plan: Plan, stage: Stage) -> dict[str, str]:
+    """Where `stage`'s plan stores the weights it shares with other stages, by name."""
+    return {name: plan.node(_state_node(stage.module, name).name).output
+            for name in stage.shared}
 
 
 def _state_node(module: fx.GraphModule, name: str) -> fx.Node:

@@ -82,7 +82,10 @@ class NodePlan:
 
 @dataclass(frozen=True)
 class SolverReport:
-    """What the solver proved: objective (s), lower bound, relative gap, status, wall time."""
+    """What the solver proved: objective (s), lower bound, relative gap, status, wall time;
+    `exposed_reductions` and `exposed_gathers`: the fractions of the plan's background
+    gradient reductions and parameter gathers its compute does not hide, the charges of a
+    further overlap round (`graph_planning.plan_table`)."""
 
     objective: float
     bound: float
@@ -91,6 +94,8 @@ class SolverReport:
     wall_time_s: float
     decisions: int
     tied: int
+    exposed_reductions: float = 1.0
+    exposed_gathers: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -82,17 +82,6 @@ def training_flops(gm: fx.GraphModule, on_path: dict[str, bool], sizes: dict) ->
     return total
 
 
-def exposed_charges(gm: fx.GraphModule, build: ProblemBuild, solution: Solution,
-                    sizes: dict[str, int]) -> Background:
-    """The fractions of a solution's background collectives left exposed (1 - `_hidden`):
-    the charges of the next solve (`autopar.graph_planning.plan_table`)."""
-    by_name = {n.name: n for n in gm.graph.nodes}
-    chosen = {name: build.strategies[i][solution.choices[i]]
-              for i, name in enumerate(build.nodes)}
-    hidden = _hidden(build, by_name, chosen, _edges(build, chosen), sizes)
-    return Background(1 - hidden.reductions, 1 - hidden.gathers)
-
-
 def _edges(build: ProblemBuild, chosen) -> dict[str, list]:
     """(edge, producer's strategy, consumer's strategy, transfers) per consumer."""
     edges: dict[str, list] = {name: [] for name in build.nodes}
@@ -179,7 +168,9 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
     report = SolverReport(objective=solution.cost, bound=solution.bound, gap=solution.gap,
                           status=solution.status, wall_time_s=solution.wall_time,
                           decisions=problem.num_nodes,
-                          tied=sum(len(group) - 1 for group in problem.ties))
+                          tied=sum(len(group) - 1 for group in problem.ties),
+                          exposed_reductions=1 - hidden.reductions,
+                          exposed_gathers=1 - hidden.gathers)
     limit = problem.usage_limit if problem.usage_limit is not None else float("inf")
     return Plan(model=model_name, mesh=mesh, nodes=tuple(nodes), solver=report,
                 memory_limit_bytes=limit, optimizer=build.optimizer.describe(),

@@ -1,7 +1,7 @@
 """How a time limit is spent, decided from problem sizes only (so runs are repeatable).
 
 The phases get work budgets, not deadlines: a number of Lagrangian iterations, a CP-SAT
-deterministic-time budget, a number of LNS rounds. They are derived from the time limit
+deterministic-time budget, an LNS deterministic-time budget. They are derived from the time limit
 with a per-operation cost model measured on a 2-core machine (the IOPDDL instances A, G,
 M, S: reduction, Lagrangian iteration and LNS round times within about 20%); the wall
 clock is only a safety cap that stops a phase early if the machine is slower than the
@@ -36,14 +36,17 @@ def estimate_reduce_seconds(problem: ShardingProblem) -> float:
 
 
 def iteration_seconds(flat: Flat) -> float:
-    """Rough wall time of one Lagrangian iteration."""
-    return (0.01 + 2.2e-4 * flat.num_nodes + 1e-7 * flat.edge_flat.size
-            + 5e-6 * flat.term_node.size)
+    """Rough wall time of one Lagrangian iteration (IOPDDL's A, M, S and planner problems
+    within 30%, G 1.7 times over)."""
+    return (5e-4 + 9e-5 * flat.num_nodes + 5e-9 * flat.edge_flat.size
+            + 5e-7 * flat.term_node.size)
 
 
-def lns_round_seconds(flat: Flat) -> float:
-    """Rough wall time of one LNS round (model building, CP-SAT, checks)."""
-    return 1.0 + 1.5e-4 * flat.num_nodes + 2e-5 * flat.term_node.size
+def lns_round_overhead(flat: Flat, cells: int) -> float:
+    """What one LNS round of a neighbourhood of `cells` booleans costs besides CP-SAT
+    (choosing it, building its model, checking answers), in deterministic time."""
+    seconds = 1.5e-4 * flat.num_nodes + 2e-5 * flat.term_node.size + 5e-6 * cells
+    return seconds * DET_PER_SECOND
 
 
 def finish_seconds(problem: ShardingProblem) -> float:
@@ -75,7 +78,6 @@ class Plan:
     exact: bool
     seconds: float
     iteration_seconds: float
-    round_seconds: float
     build_seconds: float
 
     @staticmethod
@@ -88,7 +90,7 @@ class Plan:
         each = iteration_seconds(flat)
         iterations = max(min(int(share * seconds / each), 400), 3)
         return Plan(iterations, 15 if exact else 60, exact, seconds, each,
-                    lns_round_seconds(flat), build if exact else 0.0)
+                    build if exact else 0.0)
 
     def rest(self, iterations_done: int) -> float:
         """Seconds left for the second phase after that many Lagrangian iterations."""
@@ -100,5 +102,6 @@ class Plan:
         building its model."""
         return max(self.rest(iterations_done) - self.build_seconds, 0.0) * DET_PER_SECOND
 
-    def lns_rounds(self, iterations_done: int) -> int:
-        return int(self.rest(iterations_done) / self.round_seconds)
+    def lns_deterministic(self, iterations_done: int) -> float:
+        """Deterministic-time budget of the LNS phase, its rounds' overheads included."""
+        return self.rest(iterations_done) * DET_PER_SECOND

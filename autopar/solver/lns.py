@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from autopar.solver.budget import LNS_ROUND_DETERMINISTIC, lns_round_overhead
 from autopar.solver.cpsat import Limits, SubModel
 from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best
@@ -82,37 +83,42 @@ def _neighbourhood(flat: Flat, x: np.ndarray, cells: int, kind: int,
     return _grow(flat, seeds, cells, rng)
 
 
-def large_neighbourhoods(flat: Flat, best: Best, *, rounds: int, deterministic: float,
-                         seed: int, keep_going: Callable[[], bool],
-                         wall: Callable[[], float], report: Callable[[str], None]) -> None:
-    """Run up to `rounds` LNS rounds of `deterministic` CP-SAT time each; improve `best`."""
+def large_neighbourhoods(flat: Flat, best: Best, *, deterministic: float, seed: int,
+                         keep_going: Callable[[], bool], wall: Callable[[], float],
+                         report: Callable[[str], None]) -> None:
+    """Run LNS rounds, each of at most `LNS_ROUND_DETERMINISTIC` CP-SAT time, until they
+    have spent `deterministic` (their CP-SAT time plus `lns_round_overhead`, so a round
+    proven optimal early leaves its time to the next); improve `best`."""
     if best.x is None or flat.num_nodes == 0:
         return
     rng = np.random.default_rng(seed)
     scales = Scales.of(flat)
     cells = 20_000
-    gained = 0.0
+    spent = 0.0
 
     def check(y: np.ndarray) -> np.ndarray:
         return np.flatnonzero(flat.profile(y) > flat.limit)
 
-    for r in range(rounds):
-        if not keep_going():
-            break
+    r = 0
+    while spent < deterministic and keep_going():
         free = _neighbourhood(flat, best.x, cells, KINDS[r % len(KINDS)], rng)
         segments = binding_segments(flat, best.x, free, 300)
+        model = SubModel(flat, scales, best.x, free)
+        budget = min(LNS_ROUND_DETERMINISTIC, deterministic - spent)
+        spent += lns_round_overhead(flat, cells)
+        added = segments
         for _ in range(3):
-            model = SubModel(flat, scales, best.x, free)
-            model.add_memory(segments)
-            result = model.solve(Limits(deterministic, wall(), seed + r, 1), check)
+            model.add_memory(added)
+            result = model.solve(Limits(budget, wall(), seed + r, 1), check)
+            spent += result.deterministic
             if result.status != "stopped":
                 break
+            added = np.setdiff1d(result.broken, segments)
             segments = np.union1d(segments, result.broken)
-        before = best.cost
         if best.offer(flat, result.x):
-            gained += before - best.cost
             report(f"lns round {r}: cost {best.cost:.6g} ({int(free.sum())} nodes free)")
         if result.status == "optimal":
             cells = min(int(cells * 1.3), MAX_CELLS)
         elif result.status in ("unknown", "feasible"):
             cells = max(int(cells * 0.8), MIN_CELLS)
+        r += 1

@@ -20,7 +20,6 @@ import numpy as np
 from autopar.errors import ProblemFormatError
 from autopar.solver.bounds import simple_bound
 from autopar.solver.budget import (
-    LNS_ROUND_DETERMINISTIC,
     Plan,
     estimate_reduce_seconds,
     finish_seconds,
@@ -107,8 +106,7 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
     if plan.exact:
         return solve_whole(flat, best, hot, deterministic=plan.deterministic(ran), wall=left,
                            seed=seed, workers=workers, report=report)
-    large_neighbourhoods(flat, best, rounds=plan.lns_rounds(ran),
-                         deterministic=LNS_ROUND_DETERMINISTIC, seed=seed,
+    large_neighbourhoods(flat, best, deterministic=plan.lns_deterministic(ran), seed=seed,
                          keep_going=lambda: left() > 0.5, wall=left, report=report)
     return Outcome("feasible" if best.x is not None else "unknown", -math.inf)
 
