@@ -57,7 +57,7 @@ def test_lagrangian_and_lns_are_deterministic() -> None:
         best = Best()
         lagrangian(flat, best, iterations=15, patience=100, seed=3,
                    keep_going=lambda: True, report=lambda _: None)
-        large_neighbourhoods(flat, best, rounds=3, deterministic=0.2, seed=3,
+        large_neighbourhoods(flat, best, deterministic=0.6, seed=3,
                              keep_going=lambda: True, wall=lambda: 30.0,
                              report=lambda _: None)
         runs.append((best.cost, tuple(best.x)))
