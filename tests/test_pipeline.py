@@ -10,7 +10,15 @@ from autopar.layout import pipeline_request
 from autopar.passes.annotate import annotate
 from autopar.passes.capture import capture
 from autopar.passes.split_stages import balanced_cuts, crossing, dataflow, find_units, split_stages
-from autopar.pipeline import SCHEDULES, Pipeline, bubble, check_request, in_flight, step_time
+from autopar.pipeline import (
+    SCHEDULES,
+    Pipeline,
+    bubble,
+    check_request,
+    in_flight,
+    step_time,
+    timeline,
+)
 from examples import llama, moe
 from examples.gpt import build
 
@@ -36,6 +44,45 @@ def test_interleaving_divides_the_bubble_by_the_stages_per_rank():
     assert bubble(times, 8, 4, SCHEDULES["Interleaved1F1B"]) == pytest.approx(1.5 / 9.5)
 
 
+def test_zero_bubble_fills_the_ramps_with_weight_gradients():
+    """A split backward leaves of each ramp's (p - 1) slowest stage times only F + B - W =
+    1/3 (forward, input and weight gradient a third each): m tau + (p - 1) t / 3."""
+    times = [0.5] * 8
+    zero_bubble = SCHEDULES["InterleavedZeroBubble"]
+    assert step_time(times, 8, 4, zero_bubble) == pytest.approx(8 + 3 * 0.5 / 3)
+    assert step_time(times, 8, 4, zero_bubble) < step_time(times, 8, 4,
+                                                            SCHEDULES["Interleaved1F1B"])
+    assert in_flight(zero_bubble, 8, 4, 0, 2) == in_flight(SCHEDULES["Interleaved1F1B"],
+                                                          8, 4, 0, 2)
+
+
+@pytest.mark.parametrize("name", ["1F1B", "Interleaved1F1B", "InterleavedZeroBubble"])
+def test_the_timeline_runs_every_piece_once_after_what_it_needs(name):
+    """Each stage's forward, backward (and for a split backward, weight gradient) of every
+    micro-batch, one at a time per rank, each after its inputs; the makespan about the
+    modelled step."""
+    schedule, ranks, m = SCHEDULES[name], 2, 4
+    times = [1.0, 2.0] if schedule.virtual == 1 else [1.0, 2.0, 1.5, 1.0]
+    slots = timeline(times, m, ranks, schedule)
+    kinds = "FBW" if schedule.splits_backward else "FB"
+    assert sorted((s.kind, s.stage, s.microbatch) for s in slots) == sorted(
+        (kind, k, j) for kind in kinds for k in range(len(times)) for j in range(m))
+    end = {(s.kind, s.stage, s.microbatch): s.end for s in slots}
+    for s in slots:
+        assert s.rank == s.stage % ranks
+        if s.kind == "F" and s.stage:
+            assert s.start >= end[("F", s.stage - 1, s.microbatch)]
+        if s.kind == "B" and s.stage + 1 < len(times):
+            assert s.start >= end[("B", s.stage + 1, s.microbatch)]
+        if s.kind == "W":
+            assert s.start >= end[("B", s.stage, s.microbatch)]
+    for r in range(ranks):
+        mine = sorted((s.start, s.end) for s in slots if s.rank == r)
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(mine, mine[1:]))
+    makespan = max(s.end for s in slots)
+    assert makespan == pytest.approx(step_time(times, m, ranks, schedule), rel=0.15)
+
+
 def test_micro_batches_in_flight_follow_the_schedule():
     """GPipe holds every micro-batch; 1F1B p - r on rank r; interleaved torch's warm-up."""
     assert in_flight(SCHEDULES["GPipe"], 8, 4, 0, 1) == 8
@@ -48,6 +95,7 @@ def test_micro_batches_in_flight_follow_the_schedule():
 @pytest.mark.parametrize("kwargs, message", [
     ({"schedule": "Bogus"}, "no pipeline schedule called 'Bogus'"),
     ({"schedule": "ZBVZeroBubble"}, "not run by autopar yet"),
+    ({"schedule": "DualPipeV"}, "not run by autopar yet"),
     ({"stages": 0}, "positive count"),
     ({"microbatches": 2.5}, "positive count"),
 ])

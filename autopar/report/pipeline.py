@@ -1,5 +1,6 @@
-"""The pipeline of a pipelined plan: a timeline of every stage's forward and backward per
-micro-batch on each pipeline rank (`autopar.pipeline.timeline`, from the cost model), and
+"""The pipeline of a pipelined plan: a timeline of every stage's forward and backward (a
+zero-bubble schedule's input and weight gradients apart) per micro-batch on each pipeline
+rank (`autopar.pipeline.timeline`, from the cost model), and
 the stages' table. Empty for a plan without a pipeline."""
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from autopar.plan_types import Plan
 from autopar.report.palette import swatch
 from autopar.report.units import esc, ms, num, size
 
-FORWARD, BACKWARD = "#5dade2", "#e67e22"
+# Colour and name of each kind of timeline slot (`autopar.pipeline.Slot`).
+KINDS = {"F": ("#5dade2", "forward"), "B": ("#e67e22", "backward"),
+         "W": ("#58d68d", "weight gradient")}
 LABEL_W, WIDTH, ROW_H, BAR_H, TOP = 90.0, 760.0, 30.0, 22.0, 22.0
 
 
@@ -25,10 +28,10 @@ def _timeline_svg(plan: Plan) -> str:
              f'rank {k}</text>' for k in range(record.ranks)]
     for slot in slots:
         y = TOP + slot.rank * ROW_H
-        colour = FORWARD if slot.kind == "F" else BACKWARD
+        colour, name = KINDS[slot.kind]
         x, w = to_x(slot.start), max(1.0, to_x(slot.end) - to_x(slot.start))
         label = (f"stage {slot.stage}, micro-batch {slot.microbatch}: "
-                 f"{'forward' if slot.kind == 'F' else 'backward'} {ms(slot.end - slot.start)}")
+                 f"{name} {ms(slot.end - slot.start)}")
         parts.append(f'<g class="pp-op" data-kind="{slot.kind}" data-stage="{slot.stage}" '
                      f'data-microbatch="{slot.microbatch}"><rect x="{num(x)}" y="{num(y)}" '
                      f'width="{num(w)}" height="{num(BAR_H)}" fill="{colour}"/>'
@@ -61,7 +64,9 @@ def pipeline_section(plan: Plan) -> str:
     record = plan.pipeline
     if record is None:
         return ""
-    legend = swatch(FORWARD, "forward") + swatch(BACKWARD, "backward")
+    splits = SCHEDULES[record.schedule].splits_backward
+    legend = "".join(swatch(colour, "input gradient" if kind == "B" and splits else name)
+                     for kind, (colour, name) in KINDS.items() if kind != "W" or splits)
     return (f'<section id="pipeline"><h2>Pipeline <span class="dim">over {esc(record.axis)}: '
             f'{esc(record.schedule)}, {record.microbatches} micro-batches, '
             f'{len(record.stages)} stages, predicted bubble {record.bubble:.1%} · each box is '

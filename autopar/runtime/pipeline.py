@@ -31,6 +31,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import fx, nn
+from torch.autograd.graph import GradientEdge
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.microbatch import TensorChunkSpec, _Replicate
@@ -39,6 +40,7 @@ from torch.utils import _pytree as pytree
 
 from autopar.passes.lower import RankProgram, StateSlot
 from autopar.passes.split_batch import BatchSplit, micro_inputs
+from autopar.pipeline import schedule_named
 from autopar.placement import parse_placements
 from autopar.plan_types import Plan
 from autopar.runtime.collectives import RankContext
@@ -66,14 +68,17 @@ class _Boundary(torch.autograd.Function):
     hands torch plain tensors to send (a pending all-reduce is waited for)."""
 
     @staticmethod
-    def forward(ctx, on_backward: Callable[[], None], *outputs: torch.Tensor):
+    def forward(ctx, on_backward: Callable[[], None], copy: bool, *outputs: torch.Tensor):
         ctx.on_backward = on_backward
-        return tuple(t.clone() if isinstance(t, PendingSum) else t.view_as(t) for t in outputs)
+        # A schedule that splits the backward detaches what a stage sent in place, which
+        # a view can't be: it gets copies.
+        return tuple(t.clone() if copy or isinstance(t, PendingSum) else t.view_as(t)
+                     for t in outputs)
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
         ctx.on_backward()
-        return None, *grads
+        return None, None, *grads
 
 
 class _CountGrad(torch.autograd.Function):
@@ -130,17 +135,85 @@ class _StageModule(nn.Module):
                 owner.counter.record("send", owner.axis_name, "forward", _nbytes(t))
         floating = [i for i, t in enumerate(sent) if t.requires_grad]
         if floating:
-            marked = _Boundary.apply(self._backward_starts, *(sent[i] for i in floating))
+            marked = _Boundary.apply(self._backward_starts, owner.splits_backward,
+                                     *(sent[i] for i in floating))
             for i, t in zip(floating, marked):
                 sent[i] = t
         return sent[0] if self._is_last else tuple(sent)
 
+    def parameters(self, recurse: bool = True):
+        """The parameters this stage reads (its owner holds them): the weight pass of a
+        schedule that splits the backward computes their gradients."""
+        owner = self._owner[0]
+        for slot in self._arguments:
+            value = owner.value(slot)
+            if isinstance(value, nn.Parameter) and value.requires_grad:
+                yield value
+
     def _backward_starts(self) -> None:
-        # Replicated parameters' gradient all-reduces wait for this stage's last micro-batch.
+        # Replicated parameters' gradient all-reduces wait for this stage's last micro-batch
+        # (with a split backward, its last weight pass: `_Stage`).
         self.backwards += 1
         owner = self._owner[0]
-        if owner.context is not None:
+        if owner.context is not None and not owner.splits_backward:
             owner.context.reducer.deferring = self.backwards < owner.microbatches
+
+
+class _Stage(PipelineStage):
+    """torch's stage with the weight pass of a split backward run as a backward pass.
+
+    torch computes the weight gradients with `autograd.grad` and stores them itself; the
+    rank programs' parameter uses (`reduce_later`, `gather_kept`, ZeRO-1 copies) reduce
+    their gradients from their own backward and hand none to autograd, so here the pass is
+    `autograd.backward` from the saved intermediates into the stage's parameters, as the
+    whole backward would run it. The gradient reducer sums the gradients of a weight pass
+    that is not the stage's last locally, and reduces them at the last."""
+
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, last_backward: bool = False):
+        context = self.submod._owner[0].context
+        if context is not None:
+            context.reducer.deferring = not last_backward
+        return super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict,
+                                   last_backward: bool = False):
+        if backward_type != "weight":
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs,
+                                                      last_backward=last_backward)
+        leaves = {_grad_node(p): p for p in self.submod.parameters()}
+        for group in bwd_kwargs["param_groups"]:
+            _weight_pass(group, [leaves[node] for node in group["params"]])
+        return (), None
+
+
+def _grad_node(tensor: torch.Tensor):
+    """The autograd node a leaf's gradient accumulates in (a non-leaf's grad_fn)."""
+    return tensor.grad_fn if tensor.grad_fn is not None else \
+        tensor.view_as(tensor).grad_fn.next_functions[0][0]
+
+
+def _weight_pass(group: dict, weights: list[torch.Tensor]) -> None:
+    """One parameter group's weight gradients (a group of torch's `stage_backward_input`):
+    backward from its intermediates with the gradients they received in the input pass,
+    into `weights` only (the inputs' gradients were made then). Each intermediate's
+    gradient is pinned to the saved one, so none is counted twice through another."""
+    intermediates, saved = group.pop("intermediates"), group.pop("grads", None)
+    if saved is None:
+        return
+    edges, grads = [], []
+    for node, received in zip(intermediates, saved):
+        for i, grad in enumerate(received):
+            if grad is not None:
+                edges.append(GradientEdge(node, i))
+                grads.append(grad)
+    handles = [node.register_prehook(lambda _, kept=received: kept)
+               for node, received in zip(intermediates, saved)] if len(intermediates) > 1 else []
+    try:
+        if edges:
+            torch.autograd.backward(edges, grad_tensors=grads, inputs=weights)
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 class PipelinedModule(nn.Module):
@@ -169,6 +242,7 @@ class PipelinedModule(nn.Module):
         record = plan.pipeline
         assert record is not None
         self.plan, self.microbatches = plan, record.microbatches
+        self.splits_backward = schedule_named(record.schedule).splits_backward
         self.coordinate = tuple(device.get_coordinate())
         self.axis_name = record.axis
         self.context, self._inner = context, inner
@@ -194,7 +268,7 @@ class PipelinedModule(nn.Module):
                                              index == 0, index == count - 1))
         # Static metadata: torch would otherwise run each stage once more to infer it, with
         # its collectives.
-        self._torch_stages = [PipelineStage(
+        self._torch_stages = [_Stage(
             module, module.index, count, here, group=self._group,
             input_args=examples[module.index][0],
             output_args=examples[module.index][1]) for module in self._stages]
