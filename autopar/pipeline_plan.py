@@ -19,17 +19,17 @@ schedule, stage count s = v p) is planned as follows, and the fastest that fits 
    pipeline axis) plus the slowest stage's exposed once-per-step reductions, the shared
    weights' gradient all-reduce and the loss's broadcast.
 
-Stage plans are cached by (m, s, stage, micro-batches in flight), so the schedules that
-hold as many activations reuse them. Candidates are planned in the order of a lower bound
+Stage plans are cached by (m, s, stage, micro-batches in flight, pins), so the schedules
+that hold as many activations reuse them. Candidates are planned in the order of a lower bound
 of their step (`_least_step`: perfect splits, no communication) and the search stops at
 the first whose bound is no better than the best plan found (branch and bound); a
 candidate whose stages hold at least the samples' activations of one that did not fit is
 skipped; while nothing fits, or the best holds `MEMORY_BINDS` of the budget, twice as
 many micro-batches are tried (`_more_microbatches`). Candidates are compared by
 screening solves (`graph_planning.screened`); the chosen one's stages are then planned in
-full slowest first, until the slowest is one so planned (`_refined_stages`). Complexity:
-at most O(|m| x |schedules|) candidates of s screening solves each, and at most s full
-solves; the sub-mesh is the same for every stage (the other axes), not searched over as
+full slowest first, until the slowest is one so planned and the others weigh little in
+the step (`_refined_stages`). Complexity: at most O(|m| x |schedules|) candidates of s
+screening solves each, and at most 2s full solves; the sub-mesh is the same for every stage (the other axes), not searched over as
 in Alpa, whose stage DP also chooses a sub-mesh shape per stage.
 """
 
