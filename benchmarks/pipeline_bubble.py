@@ -9,7 +9,7 @@ since the `cpu` profile is a datasheet guess rather than a measurement of this m
 also compares the shapes: each time over the time at the fewest micro-batches, measured and
 predicted, and the predicted bubble (1 - m max_r tau_r / T).
 
-Usage: python benchmarks/pipeline_bubble.py [--microbatches 2,4,8] [--schedules GPipe,1F1B]
+Usage: python benchmarks/pipeline_bubble.py [--microbatches 2,4,8] [--schedules GPipe,1F1B,InterleavedZeroBubble]
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main(microbatches: str, schedules: str, steps: int, warmup: int) -> None:
     measured = launch(_measure, 2, plans, steps, warmup, timeout=1800.0)
     slowest = [max(per_rank[i] for per_rank in measured) for i in range(len(cases))]
     print(f"GPT {CONFIG} on pp=2 gloo processes; median of {steps} steps after {warmup}")
-    header = (f"{'schedule':16s} {'m':>3s} {'predicted ms':>13s} {'measured ms':>12s} "
+    header = (f"{'schedule':22s} {'m':>3s} {'predicted ms':>13s} {'measured ms':>12s} "
               f"{'meas/pred':>10s} {'pred T/T0':>10s} {'meas T/T0':>10s} {'pred bubble':>12s}")
     print(header)
     for name in names:
@@ -84,7 +84,7 @@ def main(microbatches: str, schedules: str, steps: int, warmup: int) -> None:
         base_pred, base_meas = rows[0][1].step_time_s, rows[0][2]
         for m, plan, time_s in rows:
             predicted = plan.step_time_s
-            print(f"{name:16s} {m:3d} {predicted * 1e3:13.2f} {time_s * 1e3:12.2f} "
+            print(f"{name:22s} {m:3d} {predicted * 1e3:13.2f} {time_s * 1e3:12.2f} "
                   f"{time_s / predicted:10.3f} {predicted / base_pred:10.3f} "
                   f"{time_s / base_meas:10.3f} {plan.pipeline.bubble:12.1%}")
 
