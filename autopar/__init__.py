@@ -1,11 +1,13 @@
 """autopar: automatic parallelization of PyTorch models."""
 
+from autopar import checkpoint
 from autopar.api import plan
 from autopar.check import check
 from autopar.compiler import compile
 from autopar.errors import (
     AutoparError,
     CaptureError,
+    CheckpointError,
     HardwareError,
     InfeasiblePlanError,
     InitializationError,
@@ -30,10 +32,10 @@ from autopar.runtime.launch import launch
 from autopar.runtime.parallel_module import ParallelModule
 
 __all__ = [
-    "AutoparError", "CaptureError", "HardwareError", "HardwareProfile", "InfeasiblePlanError",
-    "InitializationError", "InputMismatchError", "MasterWeights", "Mesh", "MeshError",
-    "MicrobatchError", "ModelFileError", "OptimizerError", "ParallelModule", "Pipeline",
-    "PipelineError", "Plan",
-    "PlanFormatError", "ProblemFormatError", "ReportError", "ShardingError", "TrainingRunError",
-    "available_hardware", "check", "compile", "launch", "load_hardware", "master_weights", "plan",
+    "AutoparError", "CaptureError", "CheckpointError", "HardwareError", "HardwareProfile",
+    "InfeasiblePlanError", "InitializationError", "InputMismatchError", "MasterWeights", "Mesh",
+    "MeshError", "MicrobatchError", "ModelFileError", "OptimizerError", "ParallelModule",
+    "Pipeline", "PipelineError", "Plan", "PlanFormatError", "ProblemFormatError",
+    "ReportError", "ShardingError", "TrainingRunError", "available_hardware", "check",
+    "checkpoint", "compile", "launch", "load_hardware", "master_weights", "plan",
 ]

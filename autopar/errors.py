@@ -112,3 +112,8 @@ class MicrobatchError(AutoparError, ValueError):
 class PipelineError(AutoparError, ValueError):
     """A pipeline request the model, mesh or torch's schedules can't satisfy: an unknown
     schedule, more stages than blocks, micro-batches a schedule can't run."""
+
+
+class CheckpointError(AutoparError, ValueError):
+    """A checkpoint that can't be saved or loaded: a missing or incomplete one, one of
+    another model, or an optimizer that doesn't match it."""

@@ -29,8 +29,9 @@ many micro-batches are tried (`_more_microbatches`). Candidates are compared by
 screening solves (`graph_planning.screened`); the chosen one's stages are then planned in
 full slowest first, until the slowest is one so planned and the others weigh little in
 the step (`_refined_stages`). Complexity: at most O(|m| x |schedules|) candidates of s
-screening solves each, and at most 2s full solves; the sub-mesh is the same for every stage (the other axes), not searched over as
-in Alpa, whose stage DP also chooses a sub-mesh shape per stage.
+screening solves each, and at most 2s full solves; the sub-mesh is the same for every
+stage (the other axes), not searched over as in Alpa, whose stage DP also chooses a
+sub-mesh shape per stage.
 """
 
 from __future__ import annotations

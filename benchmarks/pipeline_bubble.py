@@ -9,7 +9,8 @@ since the `cpu` profile is a datasheet guess rather than a measurement of this m
 also compares the shapes: each time over the time at the fewest micro-batches, measured and
 predicted, and the predicted bubble (1 - m max_r tau_r / T).
 
-Usage: python benchmarks/pipeline_bubble.py [--microbatches 2,4,8] [--schedules GPipe,1F1B,InterleavedZeroBubble]
+Usage: python benchmarks/pipeline_bubble.py [--microbatches 2,4,8]
+       [--schedules GPipe,1F1B,Interleaved1F1B,InterleavedZeroBubble]
 """
 
 from __future__ import annotations

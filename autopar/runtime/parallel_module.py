@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 from torch import fx, nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.utils import _pytree as pytree
 
 from autopar.errors import InputMismatchError
@@ -189,7 +190,12 @@ class ParallelModule(nn.Module):
         own: each becomes the piece (`tensor.data = piece`) and is registered under every
         name of its slot. Tensors an optimizer already holds then step the pieces. Not
         collective."""
-        adopt_pieces(self, self._slots, self._value, tensors)
+        adopt_pieces(self, self._slots, self.value, tensors)
+
+    @property
+    def device_mesh(self) -> DeviceMesh | None:
+        """The DeviceMesh the slots' placements are on (None on one device)."""
+        return self._context.mesh if self._context is not None else None
 
     @property
     def counter(self) -> CommCounter:
@@ -217,7 +223,8 @@ class ParallelModule(nn.Module):
                 f"; backward {', '.join(back) or '-'}")
         return "\n".join(lines) + "\n" + self._program.code
 
-    def _value(self, slot: StateSlot) -> torch.Tensor:
+    def value(self, slot: StateSlot) -> torch.Tensor:
+        """This rank's tensor of `slot` (its piece; a constant as held)."""
         if slot.role == "constant":
             return self._constants[slot.names[0]]
         owner, leaf = self._homes[slot.names[0]]
@@ -261,7 +268,7 @@ class ParallelModule(nn.Module):
         """The program on flat user inputs: its flat outputs, mutated buffers written."""
         if self._context is not None:
             self._context.prefetch.begin()
-        values = [self._value(slot) for slot in self._arguments]
+        values = [self.value(slot) for slot in self._arguments]
         if self._scope is None:
             outputs = self._program(*values, *flat)
         else:
@@ -290,7 +297,7 @@ class ParallelModule(nn.Module):
         for slot in self._slots:
             if slot.role == "constant" or not any(n in wanted for n in slot.names):
                 continue
-            value = self._gather(self._value(slot), slot)
+            value = self._gather(self.value(slot), slot)
             full.update({name: value for name in slot.names if name in wanted})
         return {name: full[name] if name in full else held.detach()
                 for name, held in wanted.items()}
@@ -303,7 +310,7 @@ class ParallelModule(nn.Module):
         for slot in self._slots:
             if slot.role != "parameter":
                 continue
-            grad = self._value(slot).grad
+            grad = self.value(slot).grad
             full = None if grad is None else self._gather(grad, slot)
             grads.update({name: full for name in slot.names})
         return {name: grads.get(name) for name, _ in

@@ -290,6 +290,12 @@ class PipelinedModule(nn.Module):
     def counter(self) -> CommCounter:
         return self._counter
 
+    @property
+    def device_mesh(self) -> DeviceMesh | None:
+        """The DeviceMesh the slots' placements are on: the stages' sub-mesh (None when
+        the pipeline axis is the only one)."""
+        return self._inner
+
     def adopt(self, tensors: dict[str, torch.Tensor]) -> None:
         """`ParallelModule.adopt`: this rank's pieces held in the given tensors."""
         adopt_pieces(self, self._slots, self.value, tensors)

@@ -1,0 +1,91 @@
+"""Training interrupted by a checkpoint and resumed under another plan (shared by the
+parent, which plans, and the ranks, which train)."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+import autopar
+from autopar import checkpoint
+
+STEPS = 3  # before the save, and again after it
+LEARNING_RATE = 5e-5  # as the equivalence tests: larger steps amplify rounding
+# AdamW divides each gradient by its running magnitude: a gradient that is zero but for
+# rounding (a key projection's bias: softmax ignores it) would step by lr on noise, whose
+# sign depends on the order of a sum. An eps above that noise keeps such steps at noise.
+EPS = 1e-6
+CONFIG = {"batch": 8, "hidden": 64, "layers": 2}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A mesh and the memory budget, a fraction of the unconstrained plan's peak (below 1
+    makes the plan shard its state), or a forced pipeline."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    budget: float | None = None
+    pipeline: autopar.Pipeline | bool = False
+
+    @property
+    def ranks(self) -> int:
+        return int(torch.Size(self.shape).numel())
+
+
+def build(example: str, seed: int):
+    torch.manual_seed(seed)
+    return importlib.import_module(f"examples.{example}").build(**CONFIG)
+
+
+def plan_for(example: str, layout: Layout, **options) -> dict:
+    model, inputs = build(example, 0)
+    mesh = autopar.Mesh(layout.shape, layout.axes, hardware="cpu")
+    plan = autopar.plan(model, mesh, inputs, time_limit=5.0, pipeline=layout.pipeline,
+                        **options)
+    if layout.budget is not None:
+        plan = autopar.plan(model, mesh, inputs, time_limit=5.0, pipeline=layout.pipeline,
+                            memory_budget=layout.budget * plan.peak_memory_bytes, **options)
+    return plan.to_dict()
+
+
+def _train(pm, optimizer, inputs, steps: int) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        loss = pm(*inputs)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def _compiled(example: str, layout: Layout, plan: dict, seed: int):
+    model, inputs = build(example, seed)
+    mesh = autopar.Mesh(layout.shape, layout.axes, hardware="cpu")
+    pm = autopar.compile(model, mesh, inputs, plan=autopar.Plan.from_dict(plan))
+    return pm, torch.optim.AdamW(pm.parameters(), lr=LEARNING_RATE, eps=EPS), inputs
+
+
+def run_and_save(rank: int, example: str, layout: Layout, plan: dict, path: str,
+                 async_save: bool = False) -> tuple[list[float], dict]:
+    """STEPS steps, a save, STEPS more: the losses of all, and the final full state."""
+    pm, optimizer, inputs = _compiled(example, layout, plan, 0)
+    losses = _train(pm, optimizer, inputs, STEPS)
+    pending = checkpoint.save(path, pm, optimizer, step=STEPS, extra={"example": example},
+                              async_save=async_save)
+    losses += _train(pm, optimizer, inputs, STEPS)
+    pending.wait()
+    return losses, {k: v.clone() for k, v in pm.full_state_dict().items()}
+
+
+def load_and_run(rank: int, example: str, layout: Layout, plan: dict, path: str
+                 ) -> tuple[list[float], dict, int]:
+    """A model initialised otherwise, the checkpoint loaded, STEPS steps: their losses,
+    the final full state and the step the checkpoint says."""
+    pm, optimizer, inputs = _compiled(example, layout, plan, 1)
+    saved = checkpoint.load(path, pm, optimizer)
+    losses = _train(pm, optimizer, inputs, STEPS)
+    return losses, {k: v.clone() for k, v in pm.full_state_dict().items()}, saved.step
