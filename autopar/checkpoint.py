@@ -194,8 +194,9 @@ def save(path: str | os.PathLike, pm, optimizer: torch.optim.Optimizer | None = 
     # A group of its own: the background thread's collectives must not interleave with
     # the training's on the default group.
     group = dist.new_group(backend="gloo") if distributed else None
-    staged = {k: _to_cpu(v) for k, v in state.items()}
-    future = dcp.async_save(staged, checkpoint_id=str(staging), process_group=group,
+    # DCP copies the pieces to memory before it returns (its stager): the training may
+    # change them while the thread writes.
+    future = dcp.async_save(state, checkpoint_id=str(staging), process_group=group,
                             no_dist=not distributed)
     return PendingSave(future, commit, group)
 
@@ -207,15 +208,6 @@ def _everyones(mine: dict) -> dict:
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     return {k: v for part in gathered for k, v in part.items()}
-
-
-def _to_cpu(value):
-    """A copy in memory the training can't change (the background thread writes it)."""
-    if isinstance(value, DTensor):
-        return DTensor.from_local(value.to_local().detach().cpu().clone(), value.device_mesh,
-                                  value.placements, run_check=False, shape=value.shape,
-                                  stride=value.stride())
-    return value.detach().cpu().clone()
 
 
 def _info_dict(info: CheckpointInfo) -> dict:

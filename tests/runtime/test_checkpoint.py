@@ -30,7 +30,11 @@ PER_TENSOR = 1e-5
 SOURCE = {"gpt": Layout((2, 2), ("dp", "tp"), budget=0.5),
           "llama": Layout((2, 2), ("dp", "tp"), budget=0.5),
           "moe": Layout((2, 2), ("dp", "tp"), budget=0.8)}
-TARGETS = (Layout((4,), ("dp",), budget=0.5), Layout((2,), ("dp",)), Layout((1,), ("dp",)))
+
+def _targets(source: Layout) -> tuple[Layout, ...]:
+    """The same plan, 4 ranks sharding as much, 2 ranks, one."""
+    return (source, Layout((4,), ("dp",), budget=source.budget), Layout((2,), ("dp",)),
+            Layout((1,), ("dp",)))
 PIPELINED = Layout((2, 2), ("pp", "tp"),
                    pipeline=autopar.Pipeline(schedule="1F1B", microbatches=4))
 
@@ -61,7 +65,7 @@ def _resumed(example: str, source: Layout, targets, tmp_path):
 def test_a_run_resumes_under_another_plan_as_it_would_have_gone_on(example, tmp_path):
     source = SOURCE[example]
     for target, (losses, state), (after, resumed, step) in _resumed(
-            example, source, (source, *TARGETS), tmp_path):
+            example, source, _targets(source), tmp_path):
         assert step == workers.STEPS
         if target == source:
             assert after == losses[workers.STEPS:], target
@@ -70,6 +74,19 @@ def test_a_run_resumes_under_another_plan_as_it_would_have_gone_on(example, tmp_
         for a, b in zip(after, losses[workers.STEPS:]):
             assert abs(a - b) <= RELATIVE * abs(b), (target, after, losses)
         assert _close(resumed, state), target
+
+
+def test_an_asynchronous_save_holds_the_state_it_was_called_with(tmp_path):
+    """The training steps on while the pieces are written: the checkpoint is the state at
+    the call, resumed bit for bit."""
+    layout, path = SOURCE["gpt"], str(tmp_path / "async")
+    plan = workers.plan_for("gpt", layout)
+    losses, state = launch(workers.run_and_save, layout.ranks, "gpt", layout, plan, path,
+                           True)[0]
+    after, resumed, step = launch(workers.load_and_run, layout.ranks, "gpt", layout, plan,
+                                  path)[0]
+    assert step == workers.STEPS and after == losses[workers.STEPS:]
+    assert all(torch.equal(resumed[k], state[k]) for k in state)
 
 
 def test_a_pipelined_run_saves_and_resumes_on_a_mesh_without_pipeline(tmp_path):
