@@ -365,6 +365,19 @@ def load_full(path: str | os.PathLike, model: nn.Module,
     return saved
 
 
+def step_path(directory: str | os.PathLike, step: int) -> Path:
+    """Where a run that checkpoints into `directory` saves its `step`."""
+    return Path(directory) / f"step-{step:08d}"
+
+
+def latest(directory: str | os.PathLike) -> Path | None:
+    """The committed checkpoint of the highest step in `directory` (`step_path`), or None
+    (an incomplete one, a `.partial` directory, is passed over)."""
+    found = [p for p in Path(directory).glob("step-*") if p.is_dir()
+             and not p.name.endswith(PARTIAL) and (p / MANIFEST).exists()]
+    return max(found, key=lambda p: p.name) if found else None
+
+
 def consolidate(path: str | os.PathLike, file: str | os.PathLike) -> None:
     """Write the checkpoint at `path` as one `torch.save` file of full tensors (the
     parameters and buffers under their names, optimizer states under

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from autopar import checkpoint
 from autopar.api import plan as make_plan
 from autopar.compiler import check_plan
 from autopar.compiler import compile as compile_model
@@ -89,7 +90,8 @@ class TrainingRun:
     `tolerance` is what `verify` accepts (default: `Tolerance()`, or `BF16_TOLERANCE`
     relative under "bf16-master");
     `seed` seeds torch before the build (so builds drawing from torch's global generator
-    give every rank the same weights) and the solver. `plan` is a `Plan.to_dict()`, or None
+    give every rank the same weights) and the solver. `checkpoint_dir`,
+    `checkpoint_every`, `resume`: see `train_rank`. `plan` is a `Plan.to_dict()`, or None
     to let rank 0 plan under `memory_budget` within `time_limit` seconds, with
     `microbatches` and `pipeline` (`autopar.plan`'s)."""
 
@@ -109,6 +111,9 @@ class TrainingRun:
     microbatches: int | str = "auto"
     pipeline: object = "auto"
     tolerance: Tolerance | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -120,6 +125,16 @@ class TrainingRun:
         if not self.lr > 0:
             raise TrainingRunError("invalid learning rate", expected="a positive number",
                                    got=repr(self.lr), fix="e.g. --lr 5e-5")
+        if self.checkpoint_dir is None and (self.checkpoint_every or self.resume):
+            raise TrainingRunError("checkpoints asked for without a directory",
+                                   expected="--checkpoint-dir DIR with --checkpoint-every or "
+                                   "--resume", got="no --checkpoint-dir",
+                                   fix="add --checkpoint-dir DIR")
+        if self.checkpoint_dir is not None and self.precision == "bf16-master":
+            raise TrainingRunError("checkpoints of bf16-master runs are not supported",
+                                   expected="--precision fp32 with --checkpoint-dir",
+                                   got="bf16-master (its fp32 master copies live in the "
+                                   "optimizer wrapper)", fix="drop --checkpoint-dir")
 
     @property
     def accepted(self) -> Tolerance:
@@ -250,7 +265,11 @@ def train_rank(rank: int, run: TrainingRun, *,
                on_compiled: Callable[[Plan], None] | None = None) -> RankReport:
     """Train `run` on this rank; collective (every rank of the mesh calls it, under
     `autopar.launch` or torchrun, or alone on a mesh of one device). `on_compiled` gets the
-    plan once compiled, `on_step` each step's record as it completes."""
+    plan once compiled, `on_step` each step's record as it completes. With
+    `checkpoint_dir`, every `checkpoint_every` steps and after the last the run saves
+    (`autopar.checkpoint`, asynchronously but for the last; the next save waits for the
+    one before), and with `resume` it starts after the latest committed checkpoint there,
+    whatever plan or mesh saved it."""
     model, inputs = build(run)
     # Copied before compiling: the compiled model takes over the parameters.
     reference = copy.deepcopy(model) if run.verify and rank == 0 else None
@@ -264,8 +283,15 @@ def train_rank(rank: int, run: TrainingRun, *,
     optimizer = run.optimizer(pm)
     if reference is not None:
         reference_optimizer = run.optimizer(reference)
+    first = 1
+    resumed = checkpoint.latest(run.checkpoint_dir) if run.resume else None
+    if resumed is not None:
+        first = checkpoint.load(resumed, pm, optimizer).step + 1
+        if reference is not None:
+            checkpoint.load_full(resumed, reference, reference_optimizer)
+    pending = None
     records = []
-    for step in range(1, run.steps + 1):
+    for step in range(first, run.steps + 1):
         loss = training_loss(pm(*inputs))
         loss.backward()
         record = StepRecord(step, float(loss.detach()))
@@ -284,6 +310,14 @@ def train_rank(rank: int, run: TrainingRun, *,
         records.append(record)
         if on_step is not None:
             on_step(record)
+        if run.checkpoint_dir is not None and (
+                step == run.steps or run.checkpoint_every and step % run.checkpoint_every == 0):
+            if pending is not None:
+                pending.wait()
+            pending = checkpoint.save(checkpoint.step_path(run.checkpoint_dir, step), pm,
+                                      optimizer, step=step, async_save=step < run.steps)
+    if pending is not None:
+        pending.wait()
     return RankReport(rank, tuple(records), dict(pm.counter.totals()),
                       pm.plan.rank_comm_bytes(pm.coordinate),
                       pm.plan.step_time_s)

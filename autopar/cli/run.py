@@ -6,6 +6,12 @@ complete: rank 0 sends each `StepRecord` through a pipe that a thread of the par
 printing a line per step under a progress bar (shown on terminals only); a mesh of one
 device trains in this process. At the end it prints rank 0's communication against the
 plan and, with `--verify`, whether every step matched the single-process model.
+
+With `--checkpoint-dir`, the ranks checkpoint every `--checkpoint-every` steps and after
+the last (`autopar.checkpoint`), and when a rank dies the parent launches them again from
+the latest committed checkpoint, up to `--max-restarts` times. A size that fails twice in a
+row without a new checkpoint has lost a device: with `--min-nproc` below it, the run goes
+on with half the processes, planned again for a one-axis mesh of them ("dp").
 """
 
 from __future__ import annotations
@@ -111,6 +117,35 @@ def _train(run: TrainingRun, nproc: int) -> RankReport:
         return _launch(run, nproc, show)
 
 
+def _recovering(run: TrainingRun, nproc: int, planned: Callable[[TrainingRun], TrainingRun],
+                *, max_restarts: int, min_nproc: int) -> RankReport:
+    """`_train`, launched again from the latest checkpoint when a rank dies (see the module
+    docstring); rank 0's report of the run that finished. `planned` plans a run again."""
+    from autopar import checkpoint
+    from autopar.runtime.errors import LaunchError
+
+    failed_at: dict[int, list] = {}  # processes -> the latest checkpoint at each failure
+    for attempt in range(max_restarts + 1):
+        try:
+            return _train(run, nproc)
+        except LaunchError as error:
+            if run.checkpoint_dir is None or attempt == max_restarts or nproc == 1:
+                raise
+            latest = checkpoint.latest(run.checkpoint_dir)
+            failures = failed_at.setdefault(nproc, [])
+            failures.append(latest)
+            click.echo(f"a rank failed ({str(error).splitlines()[0]}); "
+                       f"restart {attempt + 1} of {max_restarts}", err=True)
+            if len(failures) >= 2 and failures[-1] == failures[-2] and nproc // 2 >= min_nproc:
+                nproc //= 2  # no progress at this size twice: a device is gone
+                run = planned(dataclasses.replace(run, mesh=(nproc,), axis_names=("dp",),
+                                                  plan=None))
+            click.echo(f"resuming from {latest.name if latest else 'the start'} on {nproc} "
+                       + ("process" if nproc == 1 else "processes"), err=True)
+            run = dataclasses.replace(run, resume=True)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
 @click.command("run")
 @click.argument("model_file", type=click.Path())
 @click.option("--nproc", type=int, default=None, help="processes (default: the mesh size)")
@@ -147,10 +182,23 @@ def _train(run: TrainingRun, nproc: int) -> RankReport:
               help="micro-batches per step (gradient accumulation), or auto")
 @click.option("--pipeline", "pipeline_text", default="auto", show_default=True,
               help="pipeline over the axis named pp: auto, off, or SCHEDULE[:MICROBATCHES] "
-                   "(GPipe, 1F1B, Interleaved1F1B), e.g. 1F1B:4")
+                   "(GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble), e.g. 1F1B:4")
+@click.option("--checkpoint-dir", type=click.Path(), default=None,
+              help="save sharded checkpoints here (step-NNNNNNNN directories)")
+@click.option("--checkpoint-every", type=int, default=0, show_default=True,
+              help="steps between checkpoints (0: only after the last step)")
+@click.option("--resume", is_flag=True,
+              help="start after the latest complete checkpoint in --checkpoint-dir")
+@click.option("--max-restarts", type=int, default=3, show_default=True,
+              help="with --checkpoint-dir: times to relaunch from the latest checkpoint "
+                   "after a rank dies")
+@click.option("--min-nproc", type=int, default=None,
+              help="with --checkpoint-dir: the fewest processes to go on with when a size "
+                   "keeps failing (default: --nproc, never fewer)")
 def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, seed,
                 memory_budget, time_limit, plan_file, settings, verify, tolerance, atol,
-                precision, microbatch_text, pipeline_text) -> None:
+                precision, microbatch_text, pipeline_text, checkpoint_dir, checkpoint_every,
+                resume, max_restarts, min_nproc) -> None:
     """Train MODEL_FILE (a .py file with build() -> (model, example_inputs)) on --nproc
     local CPU processes: the loss per step, then the bytes each collective moved against
     the plan's prediction."""
@@ -180,22 +228,31 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
                           memory_budget=memory_budget, verify=verify, precision=precision,
                           microbatches=microbatches(microbatch_text),
                           pipeline=pipeline(pipeline_text), tolerance=accepted,
-                          plan=Plan.load(plan_file).to_dict() if plan_file else None)
-        mesh = run.build_mesh()
-        plan = plan_run(run, progress=lambda message: click.echo(f"... {message}", err=True))
-        click.echo(f"{plan.model} on mesh {mesh.describe()}: modelled step "
-                   f"{units.ms(plan.step_time_s)}, peak memory "
-                   f"{units.size(plan.peak_memory_bytes)} per device"
-                   + (f", {plan.microbatches} micro-batches per step"
-                      if plan.microbatches > 1 else "")
-                   + (f", pipelined in {len(plan.pipeline.stages)} stages "
-                      f"({plan.pipeline.schedule})" if plan.pipeline is not None else ""))
+                          plan=Plan.load(plan_file).to_dict() if plan_file else None,
+                          checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                          resume=resume)
+
+        def planned(run: TrainingRun) -> TrainingRun:
+            mesh = run.build_mesh()
+            plan = plan_run(run, progress=lambda message: click.echo(f"... {message}",
+                                                                     err=True))
+            click.echo(f"{plan.model} on mesh {mesh.describe()}: modelled step "
+                       f"{units.ms(plan.step_time_s)}, peak memory "
+                       f"{units.size(plan.peak_memory_bytes)} per device"
+                       + (f", {plan.microbatches} micro-batches per step"
+                          if plan.microbatches > 1 else "")
+                       + (f", pipelined in {len(plan.pipeline.stages)} stages "
+                          f"({plan.pipeline.schedule})" if plan.pipeline is not None else ""))
+            return dataclasses.replace(run, plan=plan.to_dict())
+
+        run = planned(run)
         recipe = ", fp32 master weights, bf16 model" if precision == "bf16-master" else ""
         click.echo(f"training {steps} steps (AdamW{recipe}, lr {lr:g}) on {nproc} "
                    + ("process" if nproc == 1 else "processes")
                    + (", verified against the single-process model in rank 0" if verify
                       else ""))
-        report = _train(dataclasses.replace(run, plan=plan.to_dict()), nproc)
+        report = _recovering(run, nproc, planned, max_restarts=max_restarts,
+                             min_nproc=nproc if min_nproc is None else min_nproc)
     except AutoparError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(communication_report(report))
