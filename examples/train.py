@@ -3,6 +3,10 @@
     torchrun --nproc_per_node 2 examples/train.py --example gpt --mesh 2 --steps 5
     python examples/train.py --nproc 2 --example gpt --mesh 2 --steps 5   # autopar.launch
 
+With `--checkpoint-dir DIR` the run saves sharded checkpoints there (every
+`--checkpoint-every` steps and after the last) and starts after the latest one it finds:
+under `torchrun --max-restarts N` a run whose rank died goes on from its last checkpoint.
+
 (The default GPT is so small that the planner keeps it whole on each rank; e.g.
 `--set batch=8 --set hidden=128` makes splitting it pay.)
 
@@ -78,6 +82,12 @@ def parse(argv: list[str] | None = None) -> tuple[TrainingRun, str, int | None]:
                         metavar="KEY=VALUE", help="argument of the example's build()")
     parser.add_argument("--nproc", type=int, default=None,
                         help="processes to launch without torchrun (default: the mesh size)")
+    parser.add_argument("--model-file", default=None,
+                        help="a model file with build() to train instead of an example")
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="save checkpoints here and resume from the latest one")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="steps between checkpoints (0: after the last step only)")
     args = parser.parse_args(argv)
     try:
         shape = mesh_shape(args.mesh)
@@ -86,10 +96,13 @@ def parse(argv: list[str] | None = None) -> tuple[TrainingRun, str, int | None]:
         config = (("seed", args.seed), *parse_config(tuple(args.settings)).items())
     except click.BadParameter as exc:
         parser.error(exc.format_message())
-    run = TrainingRun(str(ROOT / "examples" / f"{args.example}.py"), shape, names, config,
-                      args.hardware, args.steps, args.lr, args.seed, args.time_limit,
-                      args.memory_budget)
-    return run, args.example, args.nproc
+    model_file = args.model_file or str(ROOT / "examples" / f"{args.example}.py")
+    run = TrainingRun(model_file, shape, names, config, args.hardware, args.steps, args.lr,
+                      args.seed, args.time_limit, args.memory_budget,
+                      checkpoint_dir=args.checkpoint_dir,
+                      checkpoint_every=args.checkpoint_every,
+                      resume=args.checkpoint_dir is not None)
+    return run, Path(model_file).stem, args.nproc
 
 
 def main(argv: list[str] | None = None) -> None:

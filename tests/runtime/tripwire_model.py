@@ -50,6 +50,6 @@ class Tripwired(nn.Module):
                         self.lost)
 
 
-def build(call: int = 0, world: int = 4, marker: str = "", lost: int = 0):
-    model, inputs = gpt.build(batch=8, hidden=64, layers=2)
+def build(call: int = 0, world: int = 4, marker: str = "", lost: int = 0, seed: int = 0):
+    model, inputs = gpt.build(batch=8, hidden=64, layers=2, seed=seed)
     return Tripwired(model, call, world, marker, bool(lost)), inputs
