@@ -180,9 +180,13 @@ def save(path: str | os.PathLike, pm, optimizer: torch.optim.Optimizer | None = 
     def commit() -> None:
         if _rank() == 0:
             (staging / MANIFEST).write_text(json.dumps(_info_dict(info)))
+            # The checkpoint replaced is moved aside first, removed once the new one is in.
+            replaced = path.with_name(path.name + ".replaced")
+            shutil.rmtree(replaced, ignore_errors=True)
             if path.exists():
-                shutil.rmtree(path)
+                os.replace(path, replaced)
             os.replace(staging, path)
+            shutil.rmtree(replaced, ignore_errors=True)
 
     distributed = dist.is_available() and dist.is_initialized()
     if not async_save:
@@ -372,9 +376,10 @@ def step_path(directory: str | os.PathLike, step: int) -> Path:
 
 def latest(directory: str | os.PathLike) -> Path | None:
     """The committed checkpoint of the highest step in `directory` (`step_path`), or None
-    (an incomplete one, a `.partial` directory, is passed over)."""
+    (an incomplete one, a `.partial` directory or one without its manifest, is passed
+    over)."""
     found = [p for p in Path(directory).glob("step-*") if p.is_dir()
-             and not p.name.endswith(PARTIAL) and (p / MANIFEST).exists()]
+             and p.name.removeprefix("step-").isdigit() and (p / MANIFEST).exists()]
     return max(found, key=lambda p: p.name) if found else None
 
 
