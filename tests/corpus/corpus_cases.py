@@ -90,7 +90,7 @@ def _replicated_digest(pm) -> str:
     for slot in pm.slots:
         if slot.role == "parameter" and all(p.is_replicate() for p in slot.placements):
             digest.update(slot.names[0].encode())
-            digest.update(pm._value(slot).detach().contiguous().numpy().tobytes())
+            digest.update(pm.value(slot).detach().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 

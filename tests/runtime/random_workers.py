@@ -39,7 +39,7 @@ def _replicated(pm) -> str:
     digest = hashlib.sha256()
     for slot in pm.slots:
         if slot.role == "parameter" and all(p.is_replicate() for p in slot.placements):
-            digest.update(pm._value(slot).detach().numpy().tobytes())
+            digest.update(pm.value(slot).detach().numpy().tobytes())
     return digest.hexdigest()
 
 
