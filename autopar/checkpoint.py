@@ -85,12 +85,16 @@ class PendingSave:
         return self._future is None or self._future.done()
 
 
+def _in_process_group() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
 def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return dist.get_rank() if _in_process_group() else 0
 
 
 def _barrier(group=None) -> None:
-    if dist.is_available() and dist.is_initialized():
+    if _in_process_group():
         dist.barrier(group=group)
 
 
@@ -100,7 +104,7 @@ def _slots(pm) -> list:
     return [s for s in pm.slots if s.role != "constant" and any(n in kept for n in s.names)]
 
 
-def _distributed(piece: torch.Tensor, slot, mesh) -> torch.Tensor:
+def _global_view(piece: torch.Tensor, slot, mesh) -> torch.Tensor:
     """`piece` as the whole tensor DCP sees: a DTensor with the slot's placements on
     `mesh`, or the piece itself when it is whole (one device, or replicated on every
     axis)."""
@@ -127,26 +131,44 @@ def _optimizer_states(optimizer: torch.optim.Optimizer, pm) -> dict[str, dict[st
     return states
 
 
-def _state_dict(pm, optimizer: torch.optim.Optimizer | None) -> tuple[dict, dict]:
-    """The DCP state dict of this rank's pieces, and the kinds of optimizer state (per
-    parameter: state name -> placed like the parameter)."""
+def _dcp_state(pm, optimizer: torch.optim.Optimizer | None,
+               kinds: Mapping[str, Mapping[str, bool]] | None = None) -> tuple[dict, dict]:
+    """The DCP state dict of this rank's pieces (their own storage: DCP saves from it and
+    loads into it), and the kinds of optimizer state (per parameter: state name -> placed
+    like the parameter). To save, `kinds` is None and comes from the optimizer's state; to
+    load, it is the checkpoint's, and states the optimizer lacks are created (`_with_states`)."""
     mesh = pm.device_mesh
     slots = {slot.names[0]: slot for slot in _slots(pm)}
-    state = {name: _distributed(pm.value(slot).detach(), slot, mesh)
+    state = {name: _global_view(pm.value(slot).detach(), slot, mesh)
              for name, slot in slots.items()}
-    kinds: dict[str, dict[str, bool]] = {}
-    if optimizer is not None:
-        for name, held in _optimizer_states(optimizer, pm).items():
-            slot, piece = slots[name], pm.value(slots[name])
-            kinds[name] = {}
-            for key, value in held.items():
-                placed = isinstance(value, torch.Tensor) and value.shape == piece.shape \
-                    and value.dim() > 0
-                kinds[name][key] = placed
-                tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
-                state[f"optim/{name}/{key}"] = _distributed(tensor, slot, mesh) if placed \
-                    else tensor
-    return state, kinds
+    found: dict[str, dict[str, bool]] = {}
+    if optimizer is None:
+        return state, found
+    for name, held in _optimizer_states(optimizer, pm).items():
+        slot, parameter = slots[name], pm.value(slots[name])
+        if kinds is None:
+            found[name] = {key: isinstance(value, torch.Tensor) and value.dim() > 0
+                           and value.shape == parameter.shape for key, value in held.items()}
+            values = {key: value if isinstance(value, torch.Tensor) else torch.tensor(value)
+                      for key, value in held.items()}
+        else:
+            found[name] = dict(kinds.get(name, {}))
+            values = _with_states(optimizer, parameter, found[name])
+        for key, placed in found[name].items():
+            value = values[key]
+            state[f"optim/{name}/{key}"] = _global_view(value, slot, mesh) if placed else value
+    return state, found
+
+
+def _with_states(optimizer: torch.optim.Optimizer, parameter: torch.Tensor,
+                 kinds: Mapping[str, bool]) -> dict:
+    """`optimizer`'s state of `parameter`, with each state `kinds` names that it lacks
+    created as zeros (shaped like the parameter where placed, a scalar otherwise)."""
+    held = optimizer.state[parameter]  # torch's state is a defaultdict
+    for key, placed in kinds.items():
+        if key not in held:
+            held[key] = torch.zeros_like(parameter.data) if placed else torch.zeros(())
+    return held
 
 
 def _groups(optimizer: torch.optim.Optimizer | None) -> tuple[dict, ...]:
@@ -169,7 +191,7 @@ def save(path: str | os.PathLike, pm, optimizer: torch.optim.Optimizer | None = 
     if _rank() == 0:
         shutil.rmtree(staging, ignore_errors=True)
     _barrier()
-    state, kinds = _state_dict(pm, optimizer)
+    state, kinds = _dcp_state(pm, optimizer)
     tensors = {slot.names[0]: (tuple(slot.shape), str(slot.dtype)) for slot in _slots(pm)}
     tensors, kinds = _everyones(tensors), _everyones(kinds)  # a pipeline rank has its stages'
     info = CheckpointInfo(
@@ -188,7 +210,7 @@ def save(path: str | os.PathLike, pm, optimizer: torch.optim.Optimizer | None = 
             os.replace(staging, path)
             shutil.rmtree(replaced, ignore_errors=True)
 
-    distributed = dist.is_available() and dist.is_initialized()
+    distributed = _in_process_group()
     if not async_save:
         dcp.save(state, checkpoint_id=str(staging), no_dist=not distributed)
         _barrier()
@@ -207,7 +229,7 @@ def save(path: str | os.PathLike, pm, optimizer: torch.optim.Optimizer | None = 
 
 def _everyones(mine: dict) -> dict:
     """The union of every rank's `mine` (collective when distributed)."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not _in_process_group():
         return mine
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
@@ -283,26 +305,6 @@ def _check_optimizer(saved: CheckpointInfo, optimizer: torch.optim.Optimizer | N
                               fix=f"build a torch.optim.{saved.optimizer} to load it")
 
 
-def _destinations(pm, optimizer, saved: CheckpointInfo) -> dict:
-    """The tensors DCP loads into, in place: this rank's pieces, and the optimizer's state
-    (created, zero, where the optimizer has none yet)."""
-    mesh = pm.device_mesh
-    slots = {slot.names[0]: slot for slot in _slots(pm)}
-    state = {name: _distributed(pm.value(slot).data, slot, mesh) for name, slot in slots.items()}
-    if optimizer is None:
-        return state
-    for name, held in _optimizer_states(optimizer, pm).items():
-        slot, parameter = slots[name], pm.value(slots[name])
-        if not held:
-            held = optimizer.state[parameter] = {}
-        for key, placed in saved.states.get(name, {}).items():
-            if key not in held:
-                held[key] = torch.zeros_like(parameter.data) if placed else torch.zeros(())
-            value = held[key]
-            state[f"optim/{name}/{key}"] = _distributed(value, slot, mesh) if placed else value
-    return state
-
-
 def load(path: str | os.PathLike, pm, optimizer: torch.optim.Optimizer | None = None
          ) -> CheckpointInfo:
     """Load the checkpoint at `path` into `pm` (a ParallelModule or PipelinedModule of any
@@ -314,9 +316,8 @@ def load(path: str | os.PathLike, pm, optimizer: torch.optim.Optimizer | None = 
     _check_model(saved, {s.names[0]: (tuple(s.shape), str(s.dtype)) for s in _slots(pm)}, path,
                  complete=pm.plan.pipeline is None)
     _check_optimizer(saved, optimizer, path)
-    state = _destinations(pm, optimizer, saved)
-    distributed = dist.is_available() and dist.is_initialized()
-    _read(state, path, no_dist=not distributed)
+    state, _ = _dcp_state(pm, optimizer, saved.states)
+    _read(state, path, no_dist=not _in_process_group())
     _restore_groups(optimizer, saved)
     _barrier()
     return saved
@@ -356,14 +357,9 @@ def load_full(path: str | os.PathLike, model: nn.Module,
     _check_optimizer(saved, optimizer, path)
     state = {name: named[name].data for name in saved.tensors}
     if optimizer is not None:
-        parameters = dict(model.named_parameters())
         for name, kinds in saved.states.items():
-            parameter = parameters[name]
-            held = optimizer.state.setdefault(parameter, {})
-            for key, placed in kinds.items():
-                if key not in held:
-                    held[key] = torch.zeros_like(parameter.data) if placed else torch.zeros(())
-                state[f"optim/{name}/{key}"] = held[key]
+            held = _with_states(optimizer, canonical[name], kinds)
+            state.update({f"optim/{name}/{key}": held[key] for key in kinds})
     _read(state, path, no_dist=True)
     _restore_groups(optimizer, saved)
     return saved

@@ -125,17 +125,19 @@ def _recovering(run: TrainingRun, nproc: int, planned: Callable[[TrainingRun], T
     from autopar.runtime.errors import LaunchError
 
     failed_at: dict[int, list] = {}  # processes -> the latest checkpoint at each failure
-    for attempt in range(max_restarts + 1):
+    attempt = 0
+    while True:
         try:
             return _train(run, nproc)
         except LaunchError as error:
             if run.checkpoint_dir is None or attempt == max_restarts or nproc == 1:
                 raise
+            attempt += 1
             latest = checkpoint.latest(run.checkpoint_dir)
             failures = failed_at.setdefault(nproc, [])
             failures.append(latest)
             click.echo(f"a rank failed ({str(error).splitlines()[0]}); "
-                       f"restart {attempt + 1} of {max_restarts}", err=True)
+                       f"restart {attempt} of {max_restarts}", err=True)
             if len(failures) >= 2 and failures[-1] == failures[-2] and nproc // 2 >= min_nproc:
                 nproc //= 2  # no progress at this size twice: a device is gone
                 run = planned(dataclasses.replace(run, mesh=(nproc,), axis_names=("dp",),
@@ -143,7 +145,6 @@ def _recovering(run: TrainingRun, nproc: int, planned: Callable[[TrainingRun], T
             click.echo(f"resuming from {latest.name if latest else 'the start'} on {nproc} "
                        + ("process" if nproc == 1 else "processes"), err=True)
             run = dataclasses.replace(run, resume=True)
-    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 @click.command("run")

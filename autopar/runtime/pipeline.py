@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import fx, nn
-from torch.autograd.graph import GradientEdge
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.microbatch import TensorChunkSpec, _Replicate
@@ -180,16 +180,10 @@ class _Stage(PipelineStage):
         if backward_type != "weight":
             return super().backward_maybe_with_nosync(backward_type, bwd_kwargs,
                                                       last_backward=last_backward)
-        leaves = {_grad_node(p): p for p in self.submod.parameters()}
+        leaves = {get_gradient_edge(p).node: p for p in self.submod.parameters()}
         for group in bwd_kwargs["param_groups"]:
             _weight_pass(group, [leaves[node] for node in group["params"]])
         return (), None
-
-
-def _grad_node(tensor: torch.Tensor):
-    """The autograd node a leaf's gradient accumulates in (a non-leaf's grad_fn)."""
-    return tensor.grad_fn if tensor.grad_fn is not None else \
-        tensor.view_as(tensor).grad_fn.next_functions[0][0]
 
 
 def _weight_pass(group: dict, weights: list[torch.Tensor]) -> None:
