@@ -172,7 +172,8 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                               microbatches=microbatches, in_flight=in_flight)
         say(f"{STAGE} solve ({build.problem.num_nodes} decisions, "
             f"{build.problem.num_edges} edges)")
-        solution = solve(build.problem, time_limit=limit, seed=seed, progress=progress)
+        solution = solve(build.problem, time_limit=limit, seed=seed, progress=progress,
+                         repeatable=True)
         if not solution.choices:
             if best is not None:  # the charges change no memory: only time can run out
                 break

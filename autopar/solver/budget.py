@@ -1,16 +1,19 @@
-"""How a time limit is spent, decided from problem sizes only (so runs are repeatable).
+"""How a time limit is spent, decided from problem sizes only.
 
-The phases get work budgets, not deadlines: a number of Lagrangian iterations, a CP-SAT
-deterministic-time budget, an LNS deterministic-time budget. They are derived from the time limit
-with a per-operation cost model measured on a 2-core machine (the IOPDDL instances A, G,
-M, S: reduction, Lagrangian iteration and LNS round times within about 20%); the wall
-clock is only a safety cap that stops a phase early if the machine is slower than the
-model assumes (only then can two runs of the same input differ). On a faster machine the
-solve simply ends before its time limit.
+The phases get work budgets: a number of Lagrangian iterations, a CP-SAT
+deterministic-time budget, an LNS deterministic-time budget. They are derived from the
+time limit with a per-operation cost model measured on a 2-core machine (the IOPDDL
+instances A, G, M, S: reduction, Lagrangian iteration and LNS round times within about
+20%). A repeatable solve keeps to all of them, the wall clock being only a safety cap
+that stops a phase early if the machine is slower than the model assumes (only then can
+two runs of the same input differ; on a faster machine the solve ends before its limit).
+Otherwise only the Lagrangian phase has a budget, and the search after it runs until
+the limit.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autopar.solver.flat import Flat
@@ -70,7 +73,8 @@ class Plan:
 
     The Lagrangian phase may stop early (no progress for `patience` iterations); the
     phase after it gets the time the plan assigns to what is left, computed from the
-    number of iterations actually run (a count, so still repeatable).
+    number of iterations actually run (a count, so still repeatable). Unless the plan is
+    `repeatable`, that phase has no work budget: it runs until the wall clock's limit.
     """
 
     lagrange_iterations: int
@@ -79,9 +83,10 @@ class Plan:
     seconds: float
     iteration_seconds: float
     build_seconds: float
+    repeatable: bool = True
 
     @staticmethod
-    def of(flat: Flat, seconds: float) -> Plan:
+    def of(flat: Flat, seconds: float, *, repeatable: bool = True) -> Plan:
         """Split `seconds` (what is left after reductions) between the phases."""
         seconds = max(seconds, 0.1)
         build = model_build_seconds(flat)
@@ -90,7 +95,7 @@ class Plan:
         each = iteration_seconds(flat)
         iterations = max(min(int(share * seconds / each), 400), 3)
         return Plan(iterations, 15 if exact else 60, exact, seconds, each,
-                    build if exact else 0.0)
+                    build if exact else 0.0, repeatable)
 
     def rest(self, iterations_done: int) -> float:
         """Seconds left for the second phase after that many Lagrangian iterations."""
@@ -100,8 +105,12 @@ class Plan:
     def deterministic(self, iterations_done: int) -> float:
         """CP-SAT deterministic-time budget of the whole-problem phase: what is left after
         building its model."""
+        if not self.repeatable:
+            return math.inf
         return max(self.rest(iterations_done) - self.build_seconds, 0.0) * DET_PER_SECOND
 
     def lns_deterministic(self, iterations_done: int) -> float:
         """Deterministic-time budget of the LNS phase, its rounds' overheads included."""
+        if not self.repeatable:
+            return math.inf
         return self.rest(iterations_done) * DET_PER_SECOND

@@ -44,12 +44,16 @@ class SubResult:
 
 @dataclass(frozen=True)
 class Limits:
-    """Search budget: deterministic time (the real limit) and a wall-clock safety cap."""
+    """Search budget: deterministic time (the real limit) and a wall-clock safety cap;
+    `probing` (CP-SAT's probing, in presolve and search) pays off on a whole problem whose
+    optimum is to be proven, but on a small neighbourhood with large edge matrices it can
+    take the whole budget before the search starts."""
 
     deterministic: float
     wall: float
     seed: int = 0
     workers: int = 1
+    probing: bool = True
 
 
 def _unaries(flat: Flat, x: np.ndarray, free: np.ndarray) -> dict[int, np.ndarray]:
@@ -196,6 +200,8 @@ class SubModel:
         params.num_workers = limits.workers
         params.random_seed = limits.seed
         params.interleave_search = limits.workers > 1
+        if not limits.probing:
+            params.cp_model_probing_level = 0
         watch = _Watch(self, check)
         status = STATUS.get(solver.Solve(self.model, watch), "unknown")
         bound = self.const + solver.best_objective_bound / self.scales.cost

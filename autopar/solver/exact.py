@@ -21,6 +21,7 @@ from autopar.solver.cpsat import Limits, SubModel
 from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best
 from autopar.solver.lp import lp_bound
+from autopar.solver.progress import Progress
 from autopar.solver.scaling import Scales
 from autopar.solver.segments import binding_segments, memory_cells
 
@@ -43,12 +44,12 @@ class Outcome:
 
 def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float,
                 wall: Callable[[], float], seed: int, workers: int,
-                report: Callable[[str], None]) -> Outcome:
+                report: Progress) -> Outcome:
     """Optimise all nodes with CP-SAT; improves `best` in place.
 
     `hot` marks segments known to matter (constrained from the start), `deterministic` is
-    the CP-SAT deterministic-time budget over all rounds, `wall()` the wall-clock seconds
-    still available (a safety cap).
+    the CP-SAT deterministic-time budget over all rounds (inf: none), `wall()` the
+    wall-clock seconds still available.
     """
     scales = Scales.of(flat)
     everyone = np.ones(flat.num_nodes, dtype=bool)
@@ -66,7 +67,8 @@ def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float
         # The relaxation's (estimated) time comes out of CP-SAT's budget.
         deterministic -= LP_SECONDS_PER_CELL * lp_cells * DET_PER_SECOND
         bound = lp_bound(flat, chosen, LP_SHARE * wall())
-        report(f"linear relaxation bound {bound:.10g}")
+        report.proved(bound)
+        report("linear relaxation solved")
         if best.cost <= bound + 1e-9 * abs(best.cost):
             return Outcome("optimal", best.cost)
     if deterministic <= 0.05 or wall() <= 0.05:
@@ -87,6 +89,7 @@ def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float
             report(f"cp-sat round {round_}: cost {best.cost:.6g}")
         if result.status != "stopped":
             bound = max(bound, result.bound)
+            report.proved(bound)
             if result.status == "optimal":
                 # Optimal for a relaxation and feasible for the whole: optimal.
                 return Outcome("optimal", best.cost)

@@ -18,6 +18,7 @@ import numpy as np
 
 from autopar.solver.flat import Flat
 from autopar.solver.forest import forest_dp, random_forest
+from autopar.solver.progress import Progress
 from autopar.solver.repair import MemoryMoves
 from autopar.solver.trws import Trws
 
@@ -60,7 +61,7 @@ def polish(flat: Flat, costs: np.ndarray, x: np.ndarray, rng: np.random.Generato
 
 def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: int,
                keep_going: Callable[[], bool],
-               report: Callable[[str], None]) -> tuple[np.ndarray, int]:
+               report: Progress) -> tuple[np.ndarray, int]:
     """Run up to `iterations` price updates (while `keep_going()`, or, until a feasible
     assignment is known, past it: a solve whose reductions used up its time still
     returns a plan when its first iterates find one); update `best`.
@@ -77,6 +78,7 @@ def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: 
     moves = MemoryMoves(flat)
     limit = flat.limit
     theta, stall, best_dual = 1.0, 0, -math.inf
+    best_prices = lam
     hot = np.zeros(nseg, dtype=bool)
     quiet = done = 0
     for it in range(iterations):
@@ -96,9 +98,11 @@ def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: 
         fixed = x if fits else moves.repair(x, flat.cost_flat, 20)
         if fixed is not None:
             fixed = moves.descend(fixed, flat.cost_flat, rng.permutation(flat.num_nodes))
-            if best.offer(flat, fixed):
-                quiet = 0
-                report(f"lagrangian iteration {it}: feasible cost {best.cost:.6g}")
+        if best.offer(flat, fixed):
+            quiet, best_prices = 0, lam
+            report(f"lagrangian iteration {it}")
+        else:
+            report.tick(f"lagrangian iteration {it}")
         if not math.isfinite(limit) or nseg == 0 or not math.isfinite(dual):
             continue  # nothing (sensible) to price: later sweeps only refine the messages
         if dual > best_dual + 1e-9 * abs(best_dual):
@@ -114,4 +118,4 @@ def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: 
         target = best.cost if math.isfinite(best.cost) else 1.5 * abs(dual) + 1.0
         step = theta * max(target - dual, 0.05 * abs(dual)) / norm
         lam = np.maximum(lam + step * g, 0.0)
-    return hot, done
+    return hot, done, best_prices

@@ -22,6 +22,7 @@ from autopar.solver.budget import LNS_ROUND_DETERMINISTIC, lns_round_overhead
 from autopar.solver.cpsat import Limits, SubModel
 from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best
+from autopar.solver.progress import Progress
 from autopar.solver.scaling import Scales
 from autopar.solver.segments import binding_segments
 
@@ -85,7 +86,7 @@ def _neighbourhood(flat: Flat, x: np.ndarray, cells: int, kind: int,
 
 def large_neighbourhoods(flat: Flat, best: Best, *, deterministic: float, seed: int,
                          keep_going: Callable[[], bool], wall: Callable[[], float],
-                         report: Callable[[str], None]) -> None:
+                         report: Progress) -> None:
     """Run LNS rounds, each of at most `LNS_ROUND_DETERMINISTIC` CP-SAT time, until they
     have spent `deterministic` (their CP-SAT time plus `lns_round_overhead`, so a round
     proven optimal early leaves its time to the next); improve `best`."""
@@ -109,14 +110,16 @@ def large_neighbourhoods(flat: Flat, best: Best, *, deterministic: float, seed: 
         added = segments
         for _ in range(3):
             model.add_memory(added)
-            result = model.solve(Limits(budget, wall(), seed + r, 1), check)
+            result = model.solve(Limits(budget, wall(), seed + r, 1, probing=False), check)
             spent += result.deterministic
             if result.status != "stopped":
                 break
             added = np.setdiff1d(result.broken, segments)
             segments = np.union1d(segments, result.broken)
         if best.offer(flat, result.x):
-            report(f"lns round {r}: cost {best.cost:.6g} ({int(free.sum())} nodes free)")
+            report(f"lns round {r}: {int(free.sum())} nodes free")
+        else:
+            report.tick(f"lns round {r}: {int(free.sum())} nodes free, {result.status}")
         if result.status == "optimal":
             cells = min(int(cells * 1.3), MAX_CELLS)
         elif result.status in ("unknown", "feasible"):

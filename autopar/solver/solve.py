@@ -3,9 +3,14 @@
 The pipeline: exact reductions (`reduce.py`), a Lagrangian heuristic for a feasible warm
 start (`lagrange.py`), then CP-SAT on the whole reduced problem when its model is small
 enough (`exact.py`, which proves optimality on our own torch graphs) or large-neighbourhood
-search with CP-SAT on parts of it (`lns.py`). Work budgets are planned from the problem's
-size and the time limit (`budget.py`), so the same input, time limit and seed give the
-same answer; the wall clock only cuts a phase short on a machine slower than planned.
+search with CP-SAT on parts of it (`lns.py`).
+
+Two ways to spend the time limit: by default the search goes on until the limit, and
+stops early only when the best cost meets a proven lower bound (optimal). A `repeatable`
+solve instead gives each phase a work budget planned from the problem's size and the
+limit (`budget.py`), so the same input, limit and seed give the same answer on any
+machine (the planner's choice: plans are reproducible); the wall clock then only cuts a
+phase short on a machine slower than planned.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best, lagrangian
 from autopar.solver.lns import large_neighbourhoods
 from autopar.solver.problem import ShardingProblem
+from autopar.solver.progress import Progress
 from autopar.solver.reduce import Infeasible, reduce_problem
 from autopar.solver.solution import Solution
 
@@ -45,15 +51,19 @@ def _check_args(time_limit: float, workers: int) -> None:
 
 
 def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
-          workers: int = 2, progress: Callable[[str], None] | None = None) -> Solution:
+          workers: int = 2, progress: Callable[[str], None] | None = None,
+          repeatable: bool = False) -> Solution:
     """Best assignment found within `time_limit` seconds, with a proven lower bound.
 
     Returned choices always satisfy `problem.is_feasible`. Status "infeasible" is a proof
-    that no assignment fits; "unknown" means none was found in time.
+    that no assignment fits; "unknown" means none was found in time. `progress` receives
+    lines with the clock, objective, bound and gap (`progress.py`); `repeatable` trades
+    the rest of the time limit for the same answer on every machine (module docstring).
     """
     _check_args(time_limit, workers)
     start = time.monotonic()
-    report = progress or (lambda _: None)
+    best = Best()
+    report = Progress(progress, best, started=start)
     # Seconds kept back from the limit for expanding and checking the answer.
     margin = finish_seconds(problem)
 
@@ -61,6 +71,7 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
         return time_limit - (time.monotonic() - start)
 
     def done(choices: tuple[int, ...], cost: float, bound: float, status: str) -> Solution:
+        report.proved(bound)
         report(f"{status}: cost {cost:.10g}, bound {bound:.10g}")
         return Solution(choices, cost, bound, status, time.monotonic() - start)
 
@@ -76,14 +87,14 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
         cost = problem.cost(choices)
         return done(choices, cost, cost, "optimal")
     flat = Flat.build(reduced)
-    best = Best()
+    report.proved(simple_bound(flat))
     # Enumeration runs about 3 million assignments a second: only when that fits.
     if assignments(flat) <= min(MAX_ASSIGNMENTS, 1e6 * time_limit):
         outcome = _enumerate(flat, best, report)
     else:
         outcome = _search(flat, best, time_limit - estimate_reduce_seconds(problem) - margin,
                           left=lambda: left() - margin, seed=seed, workers=workers,
-                          report=report)
+                          repeatable=repeatable, report=report)
     if outcome.status == "infeasible":
         return done((), math.inf, math.inf, "infeasible")
     bound = max(outcome.bound, simple_bound(flat))
@@ -97,21 +108,33 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
 
 
 def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float], seed: int,
-            workers: int, report: Callable[[str], None]) -> Outcome:
-    """Lagrangian warm start, then CP-SAT on the whole problem or LNS, as planned."""
-    plan = Plan.of(flat, seconds)
-    hot, ran = lagrangian(flat, best, iterations=plan.lagrange_iterations,
+            workers: int, repeatable: bool, report: Progress) -> Outcome:
+    """Lagrangian warm start, then CP-SAT on the whole problem or LNS, as planned; without
+    `repeatable`, a whole-problem search that ends unproven leaves its time to LNS."""
+    plan = Plan.of(flat, seconds, repeatable=repeatable)
+
+    def open_gap() -> bool:
+        return best.cost > report.bound + 1e-9 * abs(best.cost)
+
+    hot, ran, prices = lagrangian(flat, best, iterations=plan.lagrange_iterations,
                           patience=plan.patience, seed=seed,
-                          keep_going=lambda: left() > 0, report=report)
+                          keep_going=lambda: left() > 0 and open_gap(), report=report)
+    bound = -math.inf
     if plan.exact:
-        return solve_whole(flat, best, hot, deterministic=plan.deterministic(ran), wall=left,
-                           seed=seed, workers=workers, report=report)
+        outcome = solve_whole(flat, best, hot, deterministic=plan.deterministic(ran),
+                              wall=left, seed=seed, workers=workers, report=report)
+        if repeatable or outcome.status in ("optimal", "infeasible"):
+            return outcome
+        bound = outcome.bound
     large_neighbourhoods(flat, best, deterministic=plan.lns_deterministic(ran), seed=seed,
-                         keep_going=lambda: left() > 0.5, wall=left, report=report)
-    return Outcome("feasible" if best.x is not None else "unknown", -math.inf)
+                         keep_going=lambda: left() > 0.5 and open_gap(), wall=left,
+                         report=report)
+    if best.x is None:
+        return Outcome("unknown", bound)
+    return Outcome("feasible" if open_gap() else "optimal", bound)
 
 
-def _enumerate(flat: Flat, best: Best, report: Callable[[str], None]) -> Outcome:
+def _enumerate(flat: Flat, best: Best, report: Progress) -> Outcome:
     x = enumerate_best(flat)
     report(f"enumerated all {int(assignments(flat))} assignments")
     if x is None:
@@ -137,7 +160,7 @@ def min_peak_usage(problem: ShardingProblem, *, time_limit: float = 10.0) -> flo
     _check_args(time_limit, 1)
     start = time.monotonic()
     free = _cost_free(problem, None)
-    first = solve(free, time_limit=max(time_limit / 4, 0.2), workers=1)
+    first = solve(free, time_limit=max(time_limit / 4, 0.2), workers=1, repeatable=True)
     if not first.choices:
         return math.inf
     hi = problem.peak_usage(first.choices)
@@ -151,7 +174,7 @@ def min_peak_usage(problem: ShardingProblem, *, time_limit: float = 10.0) -> flo
         if mid >= hi:
             break
         trial = solve(_cost_free(problem, mid), time_limit=max(min(left, time_limit / 4), 0.05),
-                      workers=1)
+                      workers=1, repeatable=True)
         if trial.choices:
             hi = problem.peak_usage(trial.choices)
         elif trial.status == "infeasible":

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autopar.errors import ProblemFormatError
-from autopar.solver.command import solve_command
+from autopar.solver.command import process_age, solve_command
 
 
 def write(path: Path, limit: float) -> Path:
@@ -45,3 +45,20 @@ def test_nothing_fits(tmp_path: Path) -> None:
 def test_missing_file_raises(tmp_path: Path) -> None:
     with pytest.raises(ProblemFormatError):
         solve_command(str(tmp_path / "none.json"), 5.0, echo=lambda _: None)
+
+
+def test_progress_lines_only_when_asked(tmp_path: Path) -> None:
+    quiet: list[str] = []
+    solve_command(str(write(tmp_path / "p.json", 10)), 5.0, echo=quiet.append)
+    assert [line for line in quiet if line.startswith("#")] == quiet[:1]
+    assert quiet[0].startswith("# status optimal") and "since the process began" in quiet[0]
+    shown: list[str] = []
+    solve_command(str(write(tmp_path / "p.json", 10)), 5.0, echo=shown.append,
+                  progress=True)
+    assert any("objective" in line and "bound" in line and "gap" in line for line in shown)
+    assert shown[-2:] == quiet[-2:]
+
+
+def test_process_age_counts_the_interpreter_start() -> None:
+    age = process_age()
+    assert 0.0 < age < 3600.0

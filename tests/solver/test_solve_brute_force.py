@@ -12,6 +12,7 @@ from autopar.solver import solve
 from autopar.solver.exact import solve_whole
 from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best
+from autopar.solver.progress import Progress
 from autopar.solver.reduce import Infeasible, reduce_problem
 
 CASES = 240
@@ -68,7 +69,7 @@ def test_cp_sat_on_the_reduced_problem_matches_brute_force() -> None:
         best = Best()
         outcome = solve_whole(flat, best, np.zeros(flat.problem.base.size, dtype=bool),
                               deterministic=10.0, wall=lambda: 10.0, seed=0, workers=2,
-                              report=lambda _: None)
+                              report=Progress.silent())
         if math.isinf(expected):
             assert outcome.status == "infeasible" and best.x is None
         else:
