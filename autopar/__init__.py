@@ -1,9 +1,7 @@
 """autopar: automatic parallelization of PyTorch models."""
 
-from autopar import checkpoint
-from autopar.api import plan
-from autopar.check import check
-from autopar.compiler import compile
+from importlib import import_module
+
 from autopar.errors import (
     AutoparError,
     CaptureError,
@@ -23,13 +21,32 @@ from autopar.errors import (
     ShardingError,
     TrainingRunError,
 )
-from autopar.hardware import HardwareProfile, available_hardware, load_hardware
-from autopar.mesh import Mesh
-from autopar.mixed_precision import MasterWeights, master_weights
-from autopar.pipeline import Pipeline
-from autopar.plan_types import Plan
-from autopar.runtime.launch import launch
-from autopar.runtime.parallel_module import ParallelModule
+
+# The rest is imported on first use (PEP 562): `autopar solve` and other torch-free uses
+# of the package (the solver) start in a fraction of a second instead of importing torch.
+_LAZY = {
+    "plan": "autopar.api", "check": "autopar.check", "compile": "autopar.compiler",
+    "HardwareProfile": "autopar.hardware", "available_hardware": "autopar.hardware",
+    "load_hardware": "autopar.hardware", "Mesh": "autopar.mesh",
+    "MasterWeights": "autopar.mixed_precision", "master_weights": "autopar.mixed_precision",
+    "Pipeline": "autopar.pipeline", "Plan": "autopar.plan_types",
+    "launch": "autopar.runtime.launch", "ParallelModule": "autopar.runtime.parallel_module",
+}
+
+
+def __getattr__(name: str):
+    if name == "checkpoint":
+        return import_module("autopar.checkpoint")
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'autopar' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "AutoparError", "CaptureError", "CheckpointError", "HardwareError", "HardwareProfile",

@@ -35,6 +35,7 @@ SUMMARY = re.compile(r"# status (\w+), bound (\S+), gap (\S+),")
 @dataclass(frozen=True)
 class Run:
     name: str
+    index: int
     cost: float
     fits: bool
     points: float
@@ -66,8 +67,8 @@ def table(runs: list[Run]) -> str:
     head = (f"{'inst':<5}{'run':>4}{'cost':>17}{'fits':>6}{'points':>8}{'status':>10}"
             f"{'gap':>10}{'time':>9}{'limit':>7}")
     out = [head, "-" * len(head)]
-    for index, r in enumerate(runs):
-        out.append(f"{r.name:<5}{index:>4}{r.cost:>17.0f}{'yes' if r.fits else 'NO':>6}"
+    for r in runs:
+        out.append(f"{r.name:<5}{r.index:>4}{r.cost:>17.0f}{'yes' if r.fits else 'NO':>6}"
                    f"{r.points:>8.4f}{r.status:>10}{r.gap:>10}{r.seconds:>8.1f}s"
                    f"{r.timeout:>6.0f}s")
     return "\n".join(out)
@@ -99,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             problem = problem or load_iopddl(path)
             fits = bool(choices) and problem.is_feasible(tuple(choices))
             checked = problem.cost(tuple(choices)) if fits else float("inf")
-            run = Run(name, checked, fits, best_known / checked if fits else 0.0, status, gap,
-                      seconds, timeout)
+            points = best_known / checked if fits else 0.0
+            run = Run(name, index, checked, fits, points, status, gap, seconds, timeout)
             by_instance.setdefault(name, []).append(run)
             print(table([run]).splitlines()[-1], flush=True)
     print()

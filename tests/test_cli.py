@@ -2,6 +2,9 @@
 
 import json
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -50,13 +53,19 @@ def test_plan_reports_bad_input_without_a_traceback(tmp_path):
     assert result.exit_code != 0 and "not found" in result.output
 
 
-def test_solve_prints_cost_then_choices_last():
-    result = CliRunner().invoke(main, ["solve", str(EXAMPLE), "--timeout", "10"])
-    assert result.exit_code == 0, result.output
-    lines = result.output.strip().splitlines()
+def test_solve_prints_cost_then_choices_last_within_its_timeout():
+    """A real process (the command leaves with os._exit once its answer is out): the
+    whole process, interpreter start-up included, ends within the timeout."""
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "autopar.cli", "solve", str(EXAMPLE),
+                           "--timeout", "8", "--progress"], capture_output=True, text=True)
+    assert time.monotonic() - start <= 8.0
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.strip().splitlines()
     choices = json.loads(lines[-1])
     assert len(choices) == 5 and all(isinstance(c, int) for c in choices)
     assert re.search(r"\d", lines[-2])  # the cost, on the line before last
+    assert any("objective" in line for line in lines[:-2])
 
 
 def test_run_prints_the_modelled_step_in_the_summary_units(tmp_path):

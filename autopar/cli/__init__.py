@@ -1,4 +1,4 @@
-"""The `autopar` command line: one module per command, registered on the `main` group.
+"""The `autopar` command line: one module per command, imported when the command is used.
 
 - `autopar plan FILE.py ...` (`plan.py`): plan a model and print what it costs.
 - `autopar solve PROBLEM.json` (`solve.py`): solve a sharding problem (IOPDDL format).
@@ -7,19 +7,32 @@
 
 from __future__ import annotations
 
+from importlib import import_module
+
 import click
 
-from autopar.cli.check import check_command
-from autopar.cli.plan import plan_command
-from autopar.cli.report import report_command
-from autopar.cli.run import run_command
-from autopar.cli.solve import solve_command
+# Command name -> (module, attribute). A command's module is imported only when that
+# command runs or help lists it, so `autopar solve` starts without importing torch.
+COMMANDS = {
+    "plan": ("autopar.cli.plan", "plan_command"),
+    "solve": ("autopar.cli.solve", "solve_command"),
+    "run": ("autopar.cli.run", "run_command"),
+    "report": ("autopar.cli.report", "report_command"),
+    "check": ("autopar.cli.check", "check_command"),
+}
 
 
-@click.group()
+class _Commands(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attribute = COMMANDS[name]
+        return getattr(import_module(module), attribute)
+
+
+@click.group(cls=_Commands)
 def main() -> None:
     """autopar: automatic parallelization of PyTorch models."""
-
-
-for command in (plan_command, solve_command, run_command, report_command, check_command):
-    main.add_command(command)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -20,6 +21,11 @@ def solve_command(problem_file, timeout, progress) -> None:
     from autopar.solver.command import solve_command as run
 
     try:
-        sys.exit(run(problem_file, timeout, progress=progress))
+        code = run(problem_file, timeout, progress=progress)
     except AutoparError as exc:
         raise click.ClickException(str(exc)) from exc
+    # The answer is out: leave now. Tearing down the interpreter (freeing a large problem
+    # and the solver's models) takes seconds that would count against the timeout.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -31,6 +31,17 @@ EXACT_BUILD_SHARE = 0.4
 DET_PER_SECOND = 0.75
 # CP-SAT deterministic time of one LNS round.
 LNS_ROUND_DETERMINISTIC = 1.0
+# Shares of the time after the reductions: the Lagrangian warm start (before a whole-
+# problem CP-SAT model, or before the guided search), then the guided search; LNS (or
+# CP-SAT) has the rest.
+LAGRANGE_SHARE_EXACT = 0.15
+LAGRANGE_SHARE = 0.2
+# After the Lagrangian, guided-search runs until this many iterations in a row find
+# nothing better, each from the Lagrangian's prices shaken by lognormal noise of this
+# sigma; after a run that found nothing, LNS rounds for this much deterministic time.
+GUIDED_PATIENCE = 100
+PRICE_NOISE = 0.5
+LNS_SLICE = 10.0
 
 
 def estimate_reduce_seconds(problem: ShardingProblem) -> float:
@@ -43,6 +54,12 @@ def iteration_seconds(flat: Flat) -> float:
     within 30%, G 1.7 times over)."""
     return (5e-4 + 9e-5 * flat.num_nodes + 5e-9 * flat.edge_flat.size
             + 5e-7 * flat.term_node.size)
+
+
+def guided_iteration_seconds(flat: Flat) -> float:
+    """Rough wall time of one guided-search iteration (a forest move, and a descent on
+    some): about half a Lagrangian iteration, which adds a TRW-S sweep."""
+    return 0.5 * iteration_seconds(flat)
 
 
 def lns_round_overhead(flat: Flat, cells: int) -> float:
@@ -72,9 +89,9 @@ class Plan:
     """Work budgets of the phases of one solve.
 
     The Lagrangian phase may stop early (no progress for `patience` iterations); the
-    phase after it gets the time the plan assigns to what is left, computed from the
+    phases after it get the time the plan assigns to what is left, computed from the
     number of iterations actually run (a count, so still repeatable). Unless the plan is
-    `repeatable`, that phase has no work budget: it runs until the wall clock's limit.
+    `repeatable`, they have no work budget: they run until the wall clock's limit.
     """
 
     lagrange_iterations: int
@@ -82,6 +99,7 @@ class Plan:
     exact: bool
     seconds: float
     iteration_seconds: float
+    guided_seconds: float
     build_seconds: float
     repeatable: bool = True
 
@@ -91,26 +109,22 @@ class Plan:
         seconds = max(seconds, 0.1)
         build = model_build_seconds(flat)
         exact = model_cells(flat) <= EXACT_CELLS and build <= EXACT_BUILD_SHARE * seconds
-        share = 0.15 if exact else 0.45
+        share = LAGRANGE_SHARE_EXACT if exact else LAGRANGE_SHARE
         each = iteration_seconds(flat)
         iterations = max(min(int(share * seconds / each), 400), 3)
-        return Plan(iterations, 15 if exact else 60, exact, seconds, each,
-                    build if exact else 0.0, repeatable)
+        return Plan(iterations, 15 if exact else 10, exact, seconds, each,
+                    guided_iteration_seconds(flat), build if exact else 0.0, repeatable)
 
-    def rest(self, iterations_done: int) -> float:
-        """Seconds left for the second phase after that many Lagrangian iterations."""
-        return max(self.seconds - iterations_done * self.iteration_seconds,
+    def rest(self, lagrange_done: int) -> float:
+        """Seconds left for the phases after that many Lagrangian iterations."""
+        return max(self.seconds - lagrange_done * self.iteration_seconds,
                    0.1 * self.seconds)
 
-    def deterministic(self, iterations_done: int) -> float:
+    def deterministic(self, lagrange_done: int) -> float:
         """CP-SAT deterministic-time budget of the whole-problem phase: what is left after
         building its model."""
         if not self.repeatable:
             return math.inf
-        return max(self.rest(iterations_done) - self.build_seconds, 0.0) * DET_PER_SECOND
+        return max(self.rest(lagrange_done) - self.build_seconds, 0.0) * DET_PER_SECOND
 
-    def lns_deterministic(self, iterations_done: int) -> float:
-        """Deterministic-time budget of the LNS phase, its rounds' overheads included."""
-        if not self.repeatable:
-            return math.inf
-        return self.rest(iterations_done) * DET_PER_SECOND
+

@@ -61,15 +61,16 @@ def polish(flat: Flat, costs: np.ndarray, x: np.ndarray, rng: np.random.Generato
 
 def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: int,
                keep_going: Callable[[], bool],
-               report: Progress) -> tuple[np.ndarray, int]:
+               report: Progress) -> tuple[np.ndarray, int, np.ndarray]:
     """Run up to `iterations` price updates (while `keep_going()`, or, until a feasible
     assignment is known, past it: a solve whose reductions used up its time still
     returns a plan when its first iterates find one); update `best`.
 
     Stops early once a feasible assignment is known and `patience` iterations in a row
     have not improved it. Returns a mask of the segments that some iterate pushed over
-    the limit (the memory constraints that matter, for CP-SAT to start with) and the
-    number of iterations run.
+    the limit (the memory constraints that matter, for CP-SAT to start with), the
+    number of iterations run, and the segment prices of the iteration that found the
+    best assignment (where the guided search starts).
     """
     rng = np.random.default_rng(seed)
     nseg = flat.problem.base.size

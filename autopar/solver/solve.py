@@ -25,6 +25,10 @@ import numpy as np
 from autopar.errors import ProblemFormatError
 from autopar.solver.bounds import simple_bound
 from autopar.solver.budget import (
+    DET_PER_SECOND,
+    GUIDED_PATIENCE,
+    LNS_SLICE,
+    PRICE_NOISE,
     Plan,
     estimate_reduce_seconds,
     finish_seconds,
@@ -32,6 +36,7 @@ from autopar.solver.budget import (
 from autopar.solver.enumerate import MAX_ASSIGNMENTS, assignments, enumerate_best
 from autopar.solver.exact import Outcome, solve_whole
 from autopar.solver.flat import Flat
+from autopar.solver.guided import guided_search
 from autopar.solver.lagrange import Best, lagrangian
 from autopar.solver.lns import large_neighbourhoods
 from autopar.solver.problem import ShardingProblem
@@ -109,16 +114,18 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
 
 def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float], seed: int,
             workers: int, repeatable: bool, report: Progress) -> Outcome:
-    """Lagrangian warm start, then CP-SAT on the whole problem or LNS, as planned; without
-    `repeatable`, a whole-problem search that ends unproven leaves its time to LNS."""
+    """Lagrangian warm start, then CP-SAT on the whole problem, or the guided search and
+    LNS, as planned; without `repeatable`, a whole-problem search that ends unproven
+    leaves its time to the others."""
     plan = Plan.of(flat, seconds, repeatable=repeatable)
 
     def open_gap() -> bool:
         return best.cost > report.bound + 1e-9 * abs(best.cost)
 
     hot, ran, prices = lagrangian(flat, best, iterations=plan.lagrange_iterations,
-                          patience=plan.patience, seed=seed,
-                          keep_going=lambda: left() > 0 and open_gap(), report=report)
+                                  patience=plan.patience, seed=seed,
+                                  keep_going=lambda: left() > 0 and open_gap(),
+                                  report=report)
     bound = -math.inf
     if plan.exact:
         outcome = solve_whole(flat, best, hot, deterministic=plan.deterministic(ran),
@@ -126,12 +133,45 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
         if repeatable or outcome.status in ("optimal", "infeasible"):
             return outcome
         bound = outcome.bound
-    large_neighbourhoods(flat, best, deterministic=plan.lns_deterministic(ran), seed=seed,
-                         keep_going=lambda: left() > 0.5 and open_gap(), wall=left,
-                         report=report)
+    budget = plan.rest(ran) if repeatable else math.inf
+    _alternate(flat, best, prices, plan, budget=budget, seed=seed,
+               keep_going=lambda: left() > 0.5 and open_gap(), wall=left, report=report)
     if best.x is None:
         return Outcome("unknown", bound)
     return Outcome("feasible" if open_gap() else "optimal", bound)
+
+
+def _alternate(flat: Flat, best: Best, prices: np.ndarray, plan: Plan, *, budget: float,
+               seed: int, keep_going: Callable[[], bool], wall: Callable[[], float],
+               report: Progress) -> None:
+    """Guided search from `best` until it stalls, and again, until `budget` seconds of
+    planned work are spent (inf: until `keep_going()` fails); nothing runs while no
+    assignment is known.
+
+    Each run after the first starts from the Lagrangian's prices times lognormal noise
+    (sigma PRICE_NOISE, one factor per segment): restarted with the same prices the
+    search returns to the same local optimum, with shaken ones it leaves it (IOPDDL's S
+    from 0.965 points, 100 s more: 0.966 unshaken, 0.973 to 0.978 shaken over three
+    seeds). A run that found nothing better hands a slice of LNS its incumbent: CP-SAT
+    re-optimises regions exactly, which forest moves cannot on dense graphs.
+    """
+    rng = np.random.default_rng(seed)
+    start, spent, cycle = prices, 0.0, 0
+    while best.x is not None and spent < budget and keep_going():
+        before = best.cost
+        most = int((budget - spent) / plan.guided_seconds) if math.isfinite(budget) else 10**9
+        ran = guided_search(flat, best, start, iterations=max(most, 1),
+                            patience=GUIDED_PATIENCE, seed=seed + cycle,
+                            keep_going=keep_going, report=report)
+        spent += ran * plan.guided_seconds
+        start = prices * rng.lognormal(0.0, PRICE_NOISE, prices.size)
+        cycle += 1
+        if best.cost < before or spent >= budget or not keep_going():
+            continue
+        slice_ = min(LNS_SLICE, (budget - spent) * DET_PER_SECOND)
+        used = large_neighbourhoods(flat, best, deterministic=slice_, seed=seed + cycle,
+                                    keep_going=keep_going, wall=wall, report=report)
+        spent += max(used, 0.05) / DET_PER_SECOND
 
 
 def _enumerate(flat: Flat, best: Best, report: Progress) -> Outcome:
