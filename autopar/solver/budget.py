@@ -31,9 +31,8 @@ EXACT_BUILD_SHARE = 0.4
 DET_PER_SECOND = 0.75
 # CP-SAT deterministic time of one LNS round.
 LNS_ROUND_DETERMINISTIC = 1.0
-# Shares of the time after the reductions: the Lagrangian warm start (before a whole-
-# problem CP-SAT model, or before the guided search), then the guided search; LNS (or
-# CP-SAT) has the rest.
+# Shares of the time after the reductions for the Lagrangian warm start: before a whole-
+# problem CP-SAT model, and before the guided search and LNS; they have the rest.
 LAGRANGE_SHARE_EXACT = 0.15
 LAGRANGE_SHARE = 0.2
 # After the Lagrangian, guided-search runs until this many iterations in a row find
@@ -126,5 +125,3 @@ class Plan:
         if not self.repeatable:
             return math.inf
         return max(self.rest(lagrange_done) - self.build_seconds, 0.0) * DET_PER_SECOND
-
-
