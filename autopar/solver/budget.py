@@ -55,12 +55,6 @@ def iteration_seconds(flat: Flat) -> float:
             + 5e-7 * flat.term_node.size)
 
 
-def guided_iteration_seconds(flat: Flat) -> float:
-    """Rough wall time of one guided-search iteration (a forest move, and a descent on
-    some): about half a Lagrangian iteration, which adds a TRW-S sweep."""
-    return 0.5 * iteration_seconds(flat)
-
-
 def lns_round_overhead(flat: Flat, cells: int) -> float:
     """What one LNS round of a neighbourhood of `cells` booleans costs besides CP-SAT
     (choosing it, building its model, checking answers), in deterministic time."""
@@ -98,7 +92,6 @@ class Plan:
     exact: bool
     seconds: float
     iteration_seconds: float
-    guided_seconds: float
     build_seconds: float
     repeatable: bool = True
 
@@ -112,7 +105,7 @@ class Plan:
         each = iteration_seconds(flat)
         iterations = max(min(int(share * seconds / each), 400), 3)
         return Plan(iterations, 15 if exact else 10, exact, seconds, each,
-                    guided_iteration_seconds(flat), build if exact else 0.0, repeatable)
+                    build if exact else 0.0, repeatable)
 
     def rest(self, lagrange_done: int) -> float:
         """Seconds left for the phases after that many Lagrangian iterations."""
@@ -125,3 +118,9 @@ class Plan:
         if not self.repeatable:
             return math.inf
         return max(self.rest(lagrange_done) - self.build_seconds, 0.0) * DET_PER_SECOND
+
+    def lns_deterministic(self, lagrange_done: int) -> float:
+        """Deterministic-time budget of the LNS phase, its rounds' overheads included."""
+        if not self.repeatable:
+            return math.inf
+        return self.rest(lagrange_done) * DET_PER_SECOND

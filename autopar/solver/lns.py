@@ -86,13 +86,12 @@ def _neighbourhood(flat: Flat, x: np.ndarray, cells: int, kind: int,
 
 def large_neighbourhoods(flat: Flat, best: Best, *, deterministic: float, seed: int,
                          keep_going: Callable[[], bool], wall: Callable[[], float],
-                         report: Progress) -> float:
+                         report: Progress) -> None:
     """Run LNS rounds, each of at most `LNS_ROUND_DETERMINISTIC` CP-SAT time, until they
     have spent `deterministic` (their CP-SAT time plus `lns_round_overhead`, so a round
-    proven optimal early leaves its time to the next); improve `best`. Returns the
-    deterministic time spent."""
+    proven optimal early leaves its time to the next); improve `best`."""
     if best.x is None or flat.num_nodes == 0:
-        return 0.0
+        return
     rng = np.random.default_rng(seed)
     scales = Scales.of(flat)
     cells = 20_000
@@ -126,4 +125,3 @@ def large_neighbourhoods(flat: Flat, best: Best, *, deterministic: float, seed: 
         elif result.status in ("unknown", "feasible"):
             cells = max(int(cells * 0.8), MIN_CELLS)
         r += 1
-    return spent

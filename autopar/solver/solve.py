@@ -25,7 +25,6 @@ import numpy as np
 from autopar.errors import ProblemFormatError
 from autopar.solver.bounds import simple_bound
 from autopar.solver.budget import (
-    DET_PER_SECOND,
     GUIDED_PATIENCE,
     LNS_SLICE,
     PRICE_NOISE,
@@ -92,7 +91,8 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
         cost = problem.cost(choices)
         return done(choices, cost, cost, "optimal")
     flat = Flat.build(reduced)
-    report.proved(simple_bound(flat))
+    cheap_bound = simple_bound(flat)
+    report.proved(cheap_bound)
     # Enumeration runs about 3 million assignments a second: only when that fits.
     if assignments(flat) <= min(MAX_ASSIGNMENTS, 1e6 * time_limit):
         outcome = _enumerate(flat, best, report)
@@ -102,7 +102,7 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
                           repeatable=repeatable, report=report)
     if outcome.status == "infeasible":
         return done((), math.inf, math.inf, "infeasible")
-    bound = max(outcome.bound, simple_bound(flat))
+    bound = max(outcome.bound, cheap_bound)
     if best.x is None:
         return done((), math.inf, bound, "unknown")
     choices = reduced.expand(best.x)
@@ -136,11 +136,11 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
     if repeatable:
         # Work counted in CP-SAT's deterministic time only: the guided search's iteration
         # time is not modelled well enough yet to budget it without overrunning.
-        large_neighbourhoods(flat, best, deterministic=plan.rest(ran) * DET_PER_SECOND,
+        large_neighbourhoods(flat, best, deterministic=plan.lns_deterministic(ran),
                              seed=seed, keep_going=lambda: left() > 0.5 and open_gap(),
                              wall=left, report=report)
     else:
-        _alternate(flat, best, prices, plan, budget=math.inf, seed=seed,
+        _alternate(flat, best, prices, seed=seed,
                    keep_going=lambda: left() > 0.5 and open_gap(), wall=left,
                    report=report)
     if best.x is None:
@@ -148,12 +148,11 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
     return Outcome("feasible" if open_gap() else "optimal", bound)
 
 
-def _alternate(flat: Flat, best: Best, prices: np.ndarray, plan: Plan, *, budget: float,
-               seed: int, keep_going: Callable[[], bool], wall: Callable[[], float],
+def _alternate(flat: Flat, best: Best, prices: np.ndarray, *, seed: int,
+               keep_going: Callable[[], bool], wall: Callable[[], float],
                report: Progress) -> None:
-    """Guided search from `best` until it stalls, and again, until `budget` seconds of
-    planned work are spent (inf: until `keep_going()` fails); nothing runs while no
-    assignment is known.
+    """Guided search from `best` until it stalls, and again, until `keep_going()` fails;
+    nothing runs while no assignment is known.
 
     Each run after the first starts from the Lagrangian's prices times lognormal noise
     (sigma PRICE_NOISE, one factor per segment): restarted with the same prices the
@@ -163,22 +162,17 @@ def _alternate(flat: Flat, best: Best, prices: np.ndarray, plan: Plan, *, budget
     re-optimises regions exactly, which forest moves cannot on dense graphs.
     """
     rng = np.random.default_rng(seed)
-    start, spent, cycle = prices, 0.0, 0
-    while best.x is not None and spent < budget and keep_going():
+    start, cycle = prices, 0
+    while best.x is not None and keep_going():
         before = best.cost
-        most = int((budget - spent) / plan.guided_seconds) if math.isfinite(budget) else 10**9
-        ran = guided_search(flat, best, start, iterations=max(most, 1),
-                            patience=GUIDED_PATIENCE, seed=seed + cycle,
-                            keep_going=keep_going, report=report)
-        spent += ran * plan.guided_seconds
+        guided_search(flat, best, start, iterations=10**9, patience=GUIDED_PATIENCE,
+                      seed=seed + cycle, keep_going=keep_going, report=report)
         start = prices * rng.lognormal(0.0, PRICE_NOISE, prices.size)
         cycle += 1
-        if best.cost < before or spent >= budget or not keep_going():
+        if best.cost < before or not keep_going():
             continue
-        slice_ = min(LNS_SLICE, (budget - spent) * DET_PER_SECOND)
-        used = large_neighbourhoods(flat, best, deterministic=slice_, seed=seed + cycle,
-                                    keep_going=keep_going, wall=wall, report=report)
-        spent += max(used, 0.05) / DET_PER_SECOND
+        large_neighbourhoods(flat, best, deterministic=LNS_SLICE, seed=seed + cycle,
+                             keep_going=keep_going, wall=wall, report=report)
 
 
 def _enumerate(flat: Flat, best: Best, report: Progress) -> Outcome:
