@@ -6,7 +6,8 @@ map from problem indices back to graph nodes and tensors.
 
 - Node cost of a strategy: forward plus backward compute of one rank (roofline), the work
   divided over the axes where the strategy splits it (`cost.compute_divisor`). Ops off the
-  gradient path (masks, position tables) pay no backward.
+  gradient path (masks, position tables) pay no backward. A context-parallel attention
+  adds the part of its ring's transfers that its compute does not hide (`op_time`).
 - Edge cost: the forward collectives that turn the producer's placement into the one the
   consumer's strategy wants, plus the backward collectives derived in `autopar.cost`. A
   parameter's gradient reduction that the runtime overlaps with the rest of the backward
@@ -47,17 +48,19 @@ import numpy as np
 import torch.fx as fx
 
 from autopar import cost
+from autopar.context_parallel import Ring, ring_of
 from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState
 from autopar.passes.edge_costs import Background, EdgeCache, EdgeRef
 from autopar.passes.find_saved import Saved, find_saved, kept_outputs
-from autopar.passes.find_strategies import STORED_ROLES, Strategy, StrategyTable
+from autopar.passes.find_strategies import STORED_ROLES, Strategy, StrategyTable, op_spec
 from autopar.passes.gradient_path import (
     gradient_path,
     is_differentiable,
     passes_gradient,
     tensor_outputs,
 )
+from autopar.rules.attention import RING_TARGETS
 from autopar.solver.problem import ShardingProblem
 from autopar.specs import BLOCK, BYTES, FLOPS, FOLD, ROLE, TensorSpec, module_of
 
@@ -128,6 +131,29 @@ def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differenti
                                       tensor_outputs(node)[0].dtype, mesh.hardware,
                                       differentiable=differentiable,
                                       recompute=strategy.recompute)
+
+
+def op_ring(node: fx.Node, strategy: Strategy, mesh: Mesh, size=lambda value: value
+            ) -> Ring | None:
+    """The ring a context-parallel attention `node` runs under `strategy`, else None, with
+    its tensors' bytes through `size` (as in `op_compute_time`)."""
+    if node.op != "call_function" or node.target not in RING_TARGETS:
+        return None
+    return ring_of(op_spec(node), strategy.inputs, strategy.output, mesh.shape,
+                   nbytes=lambda spec: size(spec.sym_nbytes))
+
+
+def op_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bool,
+            size=lambda value: value):
+    """`op_compute_time`, plus for a context-parallel attention the part of its ring's
+    transfers its compute does not hide (`autopar.context_parallel`)."""
+    both = op_compute_time(node, strategy, mesh, differentiable=differentiable, size=size)
+    ring = op_ring(node, strategy, mesh, size)
+    if ring is None:
+        return both
+    forward = op_compute_time(node, strategy, mesh, differentiable=False, size=size)
+    return both + ring.exposed_seconds(forward, both - forward, mesh,
+                                       differentiable=differentiable)
 
 
 def stored_parameter_bytes(spec: TensorSpec, placements, mesh_shape: tuple[int, ...],
@@ -210,7 +236,7 @@ class _Builder:
         return found
 
     def node_cost(self, node: fx.Node, strategy: Strategy) -> float:
-        return self.microbatches * float(op_compute_time(
+        return self.microbatches * float(op_time(
             node, strategy, self.mesh, differentiable=self.on_path[node.name],
             size=lambda value: _number(value, self.hints)))
 

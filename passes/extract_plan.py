@@ -18,7 +18,7 @@ import sympy
 import torch.fx as fx
 
 from autopar import cost
-from autopar.passes.build_problem import ProblemBuild, op_compute_time
+from autopar.passes.build_problem import ProblemBuild, op_compute_time, op_ring, op_time
 from autopar.passes.edge_costs import (
     Background,
     background_gathers,
@@ -39,7 +39,7 @@ def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound,
     """The node's time over the graph's size symbols: compute, plus its inbound
     collectives, less the `hidden` fractions of its background reductions and gathers."""
     mesh, count = build.mesh, build.microbatches
-    total = count * sympy.sympify(op_compute_time(
+    total = count * sympy.sympify(op_time(
         node, strategy, mesh, differentiable=build.requires_grad[node.name],
         size=sympy.sympify))
     for ref, src, dst in inbound:
@@ -147,6 +147,18 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
                 t.kind, mesh.axis_names[t.axis], n * float(t.nbytes), t.backward,
                 ref.producer, time, calls=n) for t, n, time in zip(transfers, repeated, seconds))
         compute = float(problem.node_costs[i][solution.choices[i]]) / repeats[i]
+        ring = op_ring(node, strategy, mesh, lambda value: _at(value, sizes))
+        if ring is not None:  # the ring's exposed time is communication, not compute
+            differentiable = build.requires_grad[name]
+            exposed = build.microbatches * float(ring.exposed_seconds(
+                *_compute_split(node, build, strategy, sizes), mesh,
+                differentiable=differentiable))
+            compute -= exposed
+            comm += exposed
+            records.extend(TransferRecord(
+                t.kind, mesh.axis_names[t.axis], build.microbatches * float(t.nbytes),
+                t.backward, name, float(t.time(mesh)), calls=build.microbatches)
+                for t in ring.transfers(differentiable=differentiable))
         plan = NodePlan(
             name=name, op=str(node.target) if node.op == "call_function" else node.op,
             role=node.meta.get(ROLE, node.op), module=module_of(node),

@@ -7,8 +7,8 @@ placeholders, ops, the output) a tuple of `Strategy`, the all-replicated one fir
 Ops get their strategies from the rule registry (`autopar.rules`): the rule's single-axis
 strategies, plus all-replicated, are multiplied over the mesh axes and combinations that
 cut some dim unevenly are dropped (every shard has the same shape, so local shapes are
-exact). An op without a rule keeps only the replicated strategy, and one warning per op
-names it. Parameters, buffers and constants may be stored replicated or sharded along any
+exact), and so are those the rules do not admit (`rules.admissible`). An op without a rule
+keeps only the replicated strategy, and one warning per op names it. Parameters, buffers and constants may be stored replicated or sharded along any
 dim on each axis (ZeRO-3/FSDP-style storage), and a sharded parameter may instead be kept
 gathered over some of its split axes from its use to its backward (ZeRO-2); user inputs
 arrive whole on every rank, so they are replicated. A pipeline stage's boundary tensors
@@ -139,7 +139,8 @@ def _combine(per_axis: list[list[AxisStrategy]], op: OpSpec, mesh: Mesh) -> tupl
             inputs=tuple(tuple(s.inputs[i] for s in combo) for i in range(len(op.inputs))),
             output=tuple(s.output for s in combo))
         tensors = [*zip(op.inputs, strategy.inputs), *((o, strategy.output) for o in op.outputs)]
-        if all(_fits(spec, placements, mesh.shape) for spec, placements in tensors):
+        if all(_fits(spec, placements, mesh.shape) for spec, placements in tensors) \
+                and rules.admissible(op, strategy.inputs, strategy.output):
             seen.setdefault(strategy)
     return tuple(seen)
 

@@ -15,6 +15,8 @@ global. Per node:
 - ops run with this rank's local size arguments (`autopar.rules.local_args`);
 - an embedding whose table is split by rows runs `masked_embedding` from this rank's first
   row (obligation 2 of `autopar.rules`);
+- an attention whose keys are split along their length runs a `RingAttention` submodule
+  over that axis (obligation 5);
 - a random op whose output is split draws the whole tensor's numbers and keeps this rank's
   chunk (`autopar.runtime.random_ops`, obligation 4);
 - parameter gathers are chained in program order, each starting the next one's
@@ -52,6 +54,8 @@ from autopar.passes.gradient_path import gradient_path
 from autopar.passes.offer_recompute import draws_random_numbers
 from autopar.placement import Placements, Shard, format_placements, parse_placements, shard_count
 from autopar.plan_types import Plan
+from autopar.rules.attention import context_axis
+from autopar.rules.common import argument
 from autopar.rules.embedding import is_vocab_split, masked_embedding
 from autopar.runtime import random_ops
 from autopar.runtime.collectives import Collective, RankContext
@@ -59,6 +63,7 @@ from autopar.runtime.grad_reduce import owns_gradient, reducible, scatterable
 from autopar.runtime.prefetch import prefetchable
 from autopar.runtime.recompute import Recompute, Recomputed
 from autopar.runtime.redistribution import Redistribution
+from autopar.runtime.ring_attention import RingAttention
 from autopar.specs import NAMES, ROLE, TENSOR, TensorSpec
 
 aten = torch.ops.aten
@@ -264,6 +269,9 @@ class _Lowering:
             start = _first_row(op.inputs[0], placed.inputs[0], self.mesh_shape, self.coordinate)
             padding = op.arg(2, "padding_idx", -1)
             target, args, kwargs = masked_embedding, (args[0], args[1], start, padding), {}
+        ring = context_axis(op, placed.inputs)
+        if ring is not None:
+            return self._ring_attention(node, op, ring, args, kwargs)
         if (draws_random_numbers(node) and any(isinstance(p, Shard) for p in placed.output)
                 and random_ops.draws(node.target, node.args, node.kwargs)):
             if target not in random_ops.SUPPORTED:
@@ -279,6 +287,20 @@ class _Lowering:
         if placed.recompute:
             return self._recomputed(node.name, target, args, kwargs, before)
         return self.graph.create_node("call_function", target, args, kwargs, name=node.name)
+
+    def _ring_attention(self, node: fx.Node, op, axis: int, args: tuple,
+                        kwargs: dict) -> fx.Node:
+        """`node` as a `RingAttention` call over mesh axis `axis` on its (converted)
+        query, key and value."""
+        assert self.context is not None, "context-parallel attention without a DeviceMesh"
+        names = [a.name for a in node.target._schema.arguments]
+        values = {**dict(zip(names, args)), **kwargs}
+        module = RingAttention(self.context.mesh, axis, self.context.counter,
+                               is_causal=bool(argument(op, "is_causal", False)),
+                               scale=argument(op, "scale"))
+        self.root.add_module(f"{node.name}__ring", module)
+        return self.graph.call_module(
+            f"{node.name}__ring", (values["query"], values["key"], values["value"]))
 
     def _recomputed(self, name: str, target, args: tuple, kwargs: dict,
                     before: dict[fx.Node, tuple[fx.Node, Redistribution]]) -> fx.Node:

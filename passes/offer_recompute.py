@@ -10,7 +10,9 @@ recomputation, recomputing the cheap ops around the matmuls is the selective kin
 Eligible: ops on the gradient path that write a new tensor (not views, which share their
 base's storage) that some op keeps for the backward (`find_saved`), whose result is not a
 model output, and that draw no random numbers (a
-recomputed dropout would draw another mask; ops tagged `nondeterministic_seeded`).
+recomputed dropout would draw another mask; ops tagged `nondeterministic_seeded`). A
+context-parallel attention strategy (`rules.attention.context_axis`) gets no recomputed
+twin: its recomputation would pass the key/value blocks around the ring once more.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import torch
 import torch.fx as fx
 
 from autopar.passes.find_saved import find_saved, kept_outputs, storage_base
-from autopar.passes.find_strategies import Strategy, StrategyTable
+from autopar.passes.find_strategies import Strategy, StrategyTable, op_spec
 from autopar.passes.gradient_path import gradient_path
+from autopar.rules.attention import context_axis
 from autopar.specs import BYTES
 
 
@@ -74,6 +77,10 @@ def offer_recompute(gm: fx.GraphModule, table: StrategyTable) -> StrategyTable:
             continue
         own = strategies[node.name]
         if id(own) not in doubled:
-            doubled[id(own)] = own + tuple(dataclasses.replace(s, recompute=True) for s in own)
+            # A context-parallel attention would run its ring again: not offered.
+            op = op_spec(node) if node.op == "call_function" else None
+            doubled[id(own)] = own + tuple(
+                dataclasses.replace(s, recompute=True) for s in own
+                if op is None or context_axis(op, s.inputs) is None)
         strategies[node.name] = doubled[id(own)]
     return dataclasses.replace(table, strategies=strategies)

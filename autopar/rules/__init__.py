@@ -22,6 +22,13 @@ What the lowering must do beyond placing tensors as a strategy says (its obligat
    others (or the value / n on each).
 4. Random ops (dropout, rand_like, rand...) under `R` must draw the same numbers on every
    rank; under a split each rank draws its own chunk's.
+5. Context-parallel attention: `scaled_dot_product_attention` with its keys split along
+   their length on an axis (`attention.context_axis`) runs
+   `autopar.runtime.ring_attention` over that axis, not a local attention.
+
+A rule sees one axis; a few combinations over the mesh still cannot run (two axes each
+running a ring). `admissible(op, inputs, output)` says whether a combined strategy can:
+the strategy pass drops those that cannot.
 
 No rule splits a mean over a split dim (a local mean is not a summand), so a mean loss
 (F.cross_entropy, F.mse_loss, x.mean()) forces a gather of its input under data
@@ -42,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from autopar.placement import Placements
 from autopar.rules import (
     attention,
     batch_norm,
@@ -63,7 +71,8 @@ from autopar.rules import (
 )
 from autopar.rules.base import AxisStrategy, OpSpec, Rule
 
-__all__ = ["DECOMPOSITIONS", "AxisStrategy", "OpSpec", "RULES", "Rule", "local_args", "lookup"]
+__all__ = ["DECOMPOSITIONS", "AxisStrategy", "OpSpec", "RULES", "Rule", "admissible",
+           "local_args", "lookup"]
 
 _FAMILIES = (
     pointwise, matmul, convolution, views, slicing, indexing, reductions, norms, attention,
@@ -89,6 +98,7 @@ def _merge() -> Mapping[Any, Rule]:
 
 RULES: Mapping[Any, Rule] = _merge()
 _LOCAL_ARGS = MappingProxyType({**views.LOCAL_ARGS, **slicing.LOCAL_ARGS})
+_ADMISSIBLE = MappingProxyType(dict(attention.ADMISSIBLE))
 
 
 def lookup(target: Any) -> Rule | None:
@@ -101,6 +111,13 @@ def lookup(target: Any) -> Rule | None:
     if rule is None and hasattr(target, "overloadpacket"):
         rule = RULES.get(target.overloadpacket)
     return rule
+
+
+def admissible(op: OpSpec, inputs: tuple[Placements, ...], output: Placements) -> bool:
+    """Whether a strategy combined over the mesh axes (one `Placements` per tensor input,
+    one for the output) can run; true for every op without a check of its own."""
+    check = _ADMISSIBLE.get(op.target)
+    return check is None or check(op, inputs, output)
 
 
 def local_args(op: OpSpec, pieces: Sequence[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
