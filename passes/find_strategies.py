@@ -8,10 +8,11 @@ Ops get their strategies from the rule registry (`autopar.rules`): the rule's si
 strategies, plus all-replicated, are multiplied over the mesh axes and combinations that
 cut some dim unevenly are dropped (every shard has the same shape, so local shapes are
 exact), and so are those the rules do not admit (`rules.admissible`). An op without a rule
-keeps only the replicated strategy, and one warning per op names it. Parameters, buffers and constants may be stored replicated or sharded along any
-dim on each axis (ZeRO-3/FSDP-style storage), and a sharded parameter may instead be kept
-gathered over some of its split axes from its use to its backward (ZeRO-2); user inputs
-arrive whole on every rank, so they are replicated. A pipeline stage's boundary tensors
+keeps only the replicated strategy, and one warning per op names it. Parameters, buffers
+and constants may be stored replicated or sharded along any dim on each axis
+(ZeRO-3/FSDP-style storage), and a sharded parameter may instead be kept gathered over
+some of its split axes from its use to its backward (ZeRO-2); user inputs arrive whole on
+every rank, so they are replicated. A pipeline stage's boundary tensors
 (`autopar_boundary`: the inputs it receives, the outputs it sends) travel as each rank's
 piece, so they may be split as stored tensors are (the output node then has one strategy
 per combination of its tensors' placements, up to `MAX_BOUNDARY_STRATEGIES`, else
