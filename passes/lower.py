@@ -291,7 +291,7 @@ class _Lowering:
     def _ring_attention(self, node: fx.Node, op, axis: int, args: tuple,
                         kwargs: dict) -> fx.Node:
         """`node` as a `RingAttention` call over mesh axis `axis` on its (converted)
-        query, key and value."""
+        query, key, value and mask."""
         assert self.context is not None, "context-parallel attention without a DeviceMesh"
         names = [a.name for a in node.target._schema.arguments]
         values = {**dict(zip(names, args)), **kwargs}
@@ -300,7 +300,8 @@ class _Lowering:
                                scale=argument(op, "scale"))
         self.root.add_module(f"{node.name}__ring", module)
         return self.graph.call_module(
-            f"{node.name}__ring", (values["query"], values["key"], values["value"]))
+            f"{node.name}__ring", (values["query"], values["key"], values["value"],
+                                   values.get("attn_mask")))
 
     def _recomputed(self, name: str, target, args: tuple, kwargs: dict,
                     before: dict[fx.Node, tuple[fx.Node, Redistribution]]) -> fx.Node:

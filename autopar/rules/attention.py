@@ -11,8 +11,10 @@ Splits over one mesh axis:
   relative to the local query position, so it would mask the wrong keys on every rank but
   the first: not offered;
 - context parallel: q split on L, k and v on their length S, output on L, causal or not,
-  when no `attn_mask` is given, no dropout is drawn and q, k, v have the same leading
-  dims (but for grouped key/value heads). A rank's local attention would see only its own
+  when no dropout is drawn and q, k, v have the same leading dims (but for grouped
+  key/value heads). A boolean `attn_mask` (transformers builds its causal mask as one)
+  is split with the queries, its key columns whole: each ring step reads the columns of
+  the block at hand. A rank's local attention would see only its own
   keys, so this strategy carries an obligation of the lowering (5 in `autopar.rules`): run
   `autopar.runtime.ring_attention` over that axis, which passes the key/value blocks
   around the ring and merges the partial results. `context_axis` names the axis; one axis
@@ -51,7 +53,8 @@ def _ring_possible(op: OpSpec, q: TensorSpec, k: TensorSpec, v: TensorSpec, mask
         q.shape[d] == k.shape[d] == v.shape[d] or (gqa and d == heads)
         for d in range(q.ndim - 2))
     causal = bool(argument(op, "is_causal", False))
-    return (mask is None and not argument(op, "dropout_p", 0.0) and same_lead
+    mask_fits = mask is None or (mask.dtype == torch.bool and q.ndim == 4 and mask.ndim <= 4)
+    return (mask_fits and not argument(op, "dropout_p", 0.0) and same_lead
             and q.shape[-2] > 1 and k.shape[-2] > 1 and k.shape[-2] == v.shape[-2]
             and (not causal or q.shape[-2] == k.shape[-2]))
 
@@ -80,6 +83,8 @@ def _sdpa(op: OpSpec) -> list[AxisStrategy]:
         strategies.append(by_name(op, placed, S(length)))
     if _ring_possible(op, q, k, v, mask, gqa):
         placed = {"query": S(length), "key": S(k.ndim - 2), "value": S(v.ndim - 2)}
+        if mask is not None:
+            placed["attn_mask"] = follow(scores, mask, S(length))
         strategies.append(by_name(op, placed, S(length)))
     return finish(strategies)
 

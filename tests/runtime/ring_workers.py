@@ -22,7 +22,8 @@ class Case:
     length: int = 24
     dtype: torch.dtype = torch.float64
     scale: float | None = None
-
+    masked: bool = False  # a random boolean mask [batch, 1, length, key length]
+    key_length: int | None = None  # the query's length by default
 
 @dataclass(frozen=True)
 class Result:
@@ -43,19 +44,26 @@ def run_case(rank: int, case: Case) -> Result:
     mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
     generator = torch.Generator().manual_seed(0)
 
-    def tensor(heads: int) -> torch.Tensor:
-        return torch.randn(2, heads, case.length, 8, generator=generator, dtype=case.dtype)
+    def tensor(heads: int, length: int) -> torch.Tensor:
+        return torch.randn(2, heads, length, 8, generator=generator, dtype=case.dtype)
 
-    q, k, v = tensor(case.heads), tensor(case.kv_heads), tensor(case.kv_heads)
-    grad = torch.randn(2, case.heads, case.length, 8, generator=generator, dtype=case.dtype)
+    keys = case.key_length or case.length
+    q, k, v = tensor(case.heads, case.length), tensor(case.kv_heads, keys), \
+        tensor(case.kv_heads, keys)
+    grad = tensor(case.heads, case.length)
+    mask = None
+    if case.masked:  # every row keeps at least its first key
+        mask = torch.rand(2, 1, case.length, keys, generator=generator) < 0.6
+        mask[..., 0] = True
     whole = [t.clone().requires_grad_() for t in (q, k, v)]
-    out = F.scaled_dot_product_attention(*whole, is_causal=case.causal, scale=case.scale,
+    out = F.scaled_dot_product_attention(*whole, attn_mask=mask, is_causal=case.causal,
+                                         scale=case.scale,
                                          enable_gqa=case.kv_heads != case.heads)
     out.backward(grad)
     pieces = [t.chunk(world, -2)[rank].clone().requires_grad_() for t in (q, k, v)]
     counter = CommCounter()
     ring = RingAttention(mesh, 0, counter, is_causal=case.causal, scale=case.scale)
-    mine = ring(*pieces)
+    mine = ring(*pieces, None if mask is None else mask.chunk(world, -2)[rank])
     mine.backward(grad.chunk(world, -2)[rank])
     errors = tuple(_relative(p.grad, w.grad.chunk(world, -2)[rank])
                    for p, w in zip(pieces, whole))
@@ -72,7 +80,7 @@ def expected_bytes(case: Case, world: int) -> dict:
     from autopar.context_parallel import balanced, gradient_dtype
     rows = case.length // world
     item = case.dtype.itemsize
-    kv = 2 * 2 * case.kv_heads * rows * 8 * item
+    kv = 2 * 2 * case.kv_heads * (case.key_length or case.length) // world * 8 * item
     grad = kv * gradient_dtype(case.dtype).itemsize // item
     half = (rows // 2) * 2 * case.heads * 8 * item if balanced(case.causal, world, rows) else 0
     ring = Ring(0, world, half > 0, kv, grad, half, half)

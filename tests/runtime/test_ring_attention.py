@@ -3,6 +3,8 @@ moves the bytes the cost model's `Ring` predicts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from ring_workers import Case, expected_bytes, run_cases
@@ -16,13 +18,16 @@ CASES = {
     "causal-odd-rows": Case(causal=True, length=18),
     "full-scaled": Case(causal=False, scale=0.3),
     "causal-bf16": Case(causal=True, dtype=torch.bfloat16),
+    "masked": Case(causal=False, masked=True),
+    "masked-gqa": Case(causal=False, masked=True, heads=4, kv_heads=1),
+    "longer-keys": Case(causal=False, length=12, key_length=36),
 }
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_ring_attention_equals_whole_attention(world):
-    cases = tuple(Case(c.causal, c.heads, c.kv_heads, c.length // world * world, c.dtype,
-                       c.scale) for c in CASES.values())
+    cases = tuple(dataclasses.replace(c, length=c.length // world * world)
+                  for c in CASES.values())
     results = launch(run_cases, world, cases, timeout=300.0)
     for per_rank in results:
         for name, case, result in zip(CASES, cases, per_rank):
