@@ -15,6 +15,7 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 
 from autopar.graph_planning import NO_RULE, STAGE
+from autopar.hand_strategies import check_hand_strategy_names
 from autopar.layout import plan_layout
 from autopar.mesh import Mesh
 from autopar.optimizer_state import optimizer_state
@@ -28,7 +29,8 @@ from autopar.specs import TENSOR
 def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
          memory_budget: float | None = None, time_limit: float = 30.0,
          dynamic_shapes=None, constraints: Mapping[str, str] | None = None,
-         fold_layers: bool = True, seed: int = 0, hand_strategies: bool = False,
+         fold_layers: bool = True, seed: int = 0,
+         hand_strategies: bool | tuple[str, ...] = False,
          optimizer: object = None, master_weights: torch.dtype | None = None,
          recompute: bool = True, microbatches: int | str = "auto",
          pipeline: Pipeline | str | bool = "auto",
@@ -44,10 +46,11 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     `fold_layers` makes identical blocks share one decision. With `hand_strategies`, the
     plan also carries the standard hand-written strategies (data parallel, ZeRO-3, Megatron,
     data x tensor, and with recomputation) costed the same way (`autopar.hand_strategies`),
-    which costs one more solve each. `optimizer` is what the model is trained with: a torch
-    optimizer class, `(class, options)` or state bytes per parameter element (default
-    AdamW; `autopar.optimizer_state`), stepping a `master_weights` copy (e.g.
-    torch.float32 for a bfloat16 model) when given. `recompute` lets the solver recompute
+    which costs one more solve each; a tuple of their names carries those only.
+    `optimizer` is what the model is trained with: a torch optimizer class,
+    `(class, options)` or state bytes per parameter element (default AdamW;
+    `autopar.optimizer_state`), stepping a `master_weights` copy (e.g. torch.float32 for a
+    bfloat16 model) when given. `recompute` lets the solver recompute
     activations in the backward instead of keeping them. `microbatches` runs a step as
     that many micro-batches one after the other (gradient accumulation: one micro-batch's
     activations at a time, against smaller matmuls and collectives repeated per
@@ -65,6 +68,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     `MicrobatchError` for a count of micro-batches the model's step can't be cut into.
     """
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
+    check_hand_strategy_names(hand_strategies, mesh)
     say = progress or (lambda message: None)
     raised: list[str] = []
     with _warned_once(raised):

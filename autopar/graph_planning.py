@@ -82,7 +82,8 @@ def refined(options: dict, screening: Plan) -> dict:
 def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                memory_budget: float | None = None, time_limit: float = 30.0,
                constraints: Mapping[str, str] | None = None, fold_layers: bool = True,
-               seed: int = 0, hand_strategies: bool = False, optimizer: object = None,
+               seed: int = 0, hand_strategies: bool | tuple[str, ...] = False,
+               optimizer: object = None,
                master_weights: torch.dtype | None = None, recompute: bool = True,
                microbatches: int = 1, in_flight: int = 1, least_memory: bool = True,
                overlap_rounds: int = OVERLAP_ROUNDS, charges: Background = Background(),
@@ -117,10 +118,12 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                         progress=progress)
     if not hand_strategies:
         return result
-    from autopar.hand_strategies import evaluate_hand_strategies  # it plans with plan_table
+    # They plan with plan_table.
+    from autopar.hand_strategies import asked_hand_strategies, evaluate_hand_strategies
 
     hand = evaluate_hand_strategies(gm, mesh, memory_budget=budget, time_limit=time_limit,
                                     fold_layers=fold_layers, seed=seed, table=found,
+                                    strategies=asked_hand_strategies(hand_strategies, mesh),
                                     optimizer=state, microbatches=microbatches,
                                     progress=progress)
     # Each hand strategy is a restriction of the same search; the overlap of gradient

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from autopar.errors import InfeasiblePlanError
+from autopar.errors import InfeasiblePlanError, ShardingError
 from autopar.graph_planning import STAGE, plan_table
 from autopar.mesh import Mesh
 from autopar.optimizer_state import ADAMW, OptimizerState
@@ -128,8 +128,10 @@ def _module(node: fx.Node) -> str:
 
 def standard_hand_strategies(mesh: Mesh) -> tuple[HandStrategy, ...]:
     """Data parallel, ZeRO-3, Megatron over all devices, data x tensor parallel, FSDP with
-    full recomputation, and Megatron with selective recomputation and a distributed
-    optimizer over the first axis."""
+    full recomputation, Megatron with selective recomputation and a distributed optimizer
+    over the first axis, and context x tensor parallel with FSDP (torchtitan's long-context
+    recipe: the sequence split over the axis before the last, attention on a ring there,
+    parameters sharded over it and the axes before it, Megatron over the last)."""
     n = mesh.ndim
     axes = ", ".join(mesh.axis_names)
     strategies = [
@@ -166,7 +168,40 @@ def standard_hand_strategies(mesh: Mesh) -> tuple[HandStrategy, ...]:
         strategies.append(HandStrategy(
             name, "distributed optimizer over the first axis, Megatron over the others",
             None, note=two_axes))
+    name = "CP x TP x FSDP"
+    if n >= 2:
+        cp, tp = mesh.axis_names[-2], mesh.axis_names[-1]
+        strategies.append(HandStrategy(
+            name, f"sequence split over {cp} (ring attention), parameters sharded over "
+                  f"{', '.join(mesh.axis_names[:-1])}, Megatron over {tp}",
+            ("zero",) * (n - 2) + ("cp", "tp")))
+    else:
+        strategies.append(HandStrategy(
+            name, "sequence split over one axis with ring attention, Megatron over the last",
+            None, note=two_axes))
     return tuple(strategies)
+
+
+def check_hand_strategy_names(asked: bool | tuple[str, ...], mesh: Mesh) -> None:
+    """Raise `ShardingError` unless `asked` (the `hand_strategies` option of
+    `autopar.plan`) is a bool or a tuple of names of standard hand strategies of `mesh`
+    or of Megatron 3D (`autopar.hand_pipeline`)."""
+    if isinstance(asked, bool):
+        return
+    from autopar.hand_pipeline import NAME as MEGATRON_3D
+
+    known = (*(s.name for s in standard_hand_strategies(mesh)), MEGATRON_3D)
+    if not isinstance(asked, tuple) or not all(name in known for name in asked):
+        raise ShardingError("unknown hand strategies asked for",
+                            expected=f"True, False or a tuple of names among {known}",
+                            got=repr(asked), fix=f"e.g. hand_strategies=({known[0]!r},)")
+
+
+def asked_hand_strategies(asked: bool | tuple[str, ...], mesh: Mesh
+                          ) -> tuple[HandStrategy, ...]:
+    """The standard hand strategies of `mesh` the `hand_strategies` option asks for."""
+    every = standard_hand_strategies(mesh)
+    return every if asked is True else tuple(s for s in every if s.name in (asked or ()))
 
 
 def plan_record(strategy: HandStrategy, plan: Plan, budget: float,

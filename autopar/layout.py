@@ -90,10 +90,11 @@ def _with_megatron_3d(chosen: Plan, model: nn.Module, gm: fx.GraphModule,
     """`chosen` with the Megatron 3D hand strategy among its records when hand strategies
     are asked for, and with `adopt` replaced by its plan when that fits and is faster (a
     restriction of the same search, as for the other hand strategies)."""
-    if not options.get("hand_strategies") or mesh.ndim < 2:
-        return chosen
-    from autopar.hand_pipeline import megatron_3d  # it plans with plan_table
+    from autopar.hand_pipeline import NAME, megatron_3d  # it plans with plan_table
 
+    asked = options.get("hand_strategies")
+    if not (asked is True or (isinstance(asked, tuple) and NAME in asked)) or mesh.ndim < 2:
+        return chosen
     state = optimizer_state(options.get("optimizer"))
     record, plan = megatron_3d(model, gm, example_inputs, mesh, memory_budget=budget,
                                edge_caches=options.get("edge_caches"),

@@ -140,6 +140,7 @@ def _totals_table(plan: Plan) -> Table:
         *((("predicted MFU (bf16 peak)", f"{plan.mfu:.1%}"),) if plan.mfu is not None else ()),
         ("micro-batches per step", str(plan.microbatches)),
         ("recomputed in the backward", _recomputed(plan)),
+        ("context parallel", _context_parallel(plan)),
         ("parameter storage", _storage(plan)),
         ("optimizer", plan.optimizer),
         ("solver", f"{solver.status}, gap {solver.gap:.2%}, {solver.wall_time_s:.2f} s, "
@@ -156,6 +157,18 @@ def _recomputed(plan: Plan) -> str:
         return "nothing"
     kinds = sorted({n.op.removeprefix("aten.").split(".")[0] for n in ops})
     return f"{len(ops)} ops ({', '.join(kinds)})"
+
+
+def _context_parallel(plan: Plan) -> str:
+    """The attentions that run on a ring, by mesh axis: the nodes whose own transfers are
+    sends (an edge's conversion is never one)."""
+    axes: dict[str, int] = defaultdict(int)
+    for node in plan.nodes:
+        ring = {t.axis for t in node.transfers if t.kind == "send"}
+        for axis in ring:
+            axes[axis] += 1
+    return ", ".join(f"{count} attention(s) on a ring over {axis}"
+                     for axis, count in sorted(axes.items())) or "none"
 
 
 def _storage(plan: Plan) -> str:
@@ -256,7 +269,8 @@ def _hand_notes(plan: Plan) -> list[str]:
     notes = [f"{r.name}: {r.note}" for r in plan.hand_strategies if r.note]
     return [*notes, "scaling eff. = (one device's compute / devices) / step time. bytes moved "
                     "per device, forward + backward: AR all-reduce, AG all-gather, RS "
-                    "reduce-scatter, A2A all-to-all, P2P sends between pipeline stages, BC "
+                    "reduce-scatter, A2A all-to-all, P2P sends (between pipeline stages, around "
+                    "attention rings), BC "
                     "broadcast (summed over a pipeline's ranks). Hand strategies are the "
                     "cheapest plans within their roles, solved with no memory limit (Megatron "
                     "3D within it when some choice of micro-batches fits)."]

@@ -44,12 +44,15 @@ class Case:
     seq: int
     mesh: tuple[int, ...] = (8, 8)
     axes: tuple[str, ...] = ("dp", "tp")
+    hand: tuple[str, ...] = ()  # hand strategies to plan next to the solver's plan
 
 
 CASES = {
     "70b": Case("Llama-3-70B shape", 80, 8192, 64, 8, 28672, 128256, 64, 4096),
     "8b": Case("Llama-3-8B shape", 32, 4096, 32, 8, 14336, 128256, 64, 8192),
-    "8b-131k": Case("Llama-3-8B shape", 32, 4096, 32, 8, 14336, 128256, 8, 131072),
+    "8b-131k": Case("Llama-3-8B shape", 32, 4096, 32, 8, 14336, 128256, 8, 131072,
+                    hand=("CP x TP x FSDP",)),
+    "8b-4k": Case("Llama-3-8B shape", 32, 4096, 32, 8, 14336, 128256, 256, 4096),
     "70b-3d": Case("Llama-3-70B shape", 80, 8192, 64, 8, 28672, 128256, 512, 4096,
                    (2, 8, 8), ("pp", "dp", "tp")),
     "405b-3d": Case("Llama-3-405B shape", 126, 16384, 128, 8, 53248, 128256, 1024, 4096,
@@ -116,7 +119,32 @@ def report(case: Case, time_limit: float) -> None:
               f"bubble {record.bubble:.1%}")
     if "pp" in case.axes:
         _compare_megatron_3d(model, inputs, mesh, plan, time_limit)
+    if case.hand:
+        _compare_hand(model, inputs, mesh, plan, case.hand, time_limit)
     print()
+
+
+def _compare_hand(model, inputs, mesh: autopar.Mesh, plan: autopar.Plan,
+                  names: tuple[str, ...], time_limit: float) -> None:
+    """The named standard hand strategies, planned with the plan's micro-batches under the
+    same cost model, next to the plan."""
+    start = time.monotonic()
+    with_hand = autopar.plan(model, mesh, inputs, optimizer=torch.optim.AdamW,
+                             master_weights=torch.float32, time_limit=time_limit,
+                             microbatches=plan.microbatches, hand_strategies=names)
+    took = time.monotonic() - start
+    for record in with_hand.hand_strategies:
+        if record.name not in names:
+            continue
+        if record.step_time_s is None:
+            print(f"{record.name}: {record.note}")
+            continue
+        mfu = plan.mfu * plan.step_time_s / record.step_time_s if plan.mfu else float("nan")
+        print(f"{record.name} ({took:.0f} s, {record.description}): step "
+              f"{record.step_time_s:.3f} s, MFU {mfu:.3f}, peak "
+              f"{record.peak_memory_bytes / 2**30:.2f} GiB, "
+              f"{'fits' if record.fits else 'does not fit'}; solver's plan "
+              f"{plan.step_time_s / record.step_time_s:.3f} x its step")
 
 
 def _compare_megatron_3d(model, inputs, mesh: autopar.Mesh, plan: autopar.Plan,

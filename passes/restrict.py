@@ -13,6 +13,10 @@ A hand strategy gives each mesh axis a role (`ROLES`):
 - "tp", Megatron tensor parallel: parameters of two or more dims are stored split on the
   axis and read split (no gather: the op's compute is split, column- or row-wise); 1-dim
   parameters (biases, norm weights) are free; user inputs are read replicated.
+- "cp", context parallel with FSDP over the same devices (torchtitan shards parameters
+  over the data and context axes together): parameters as for "zero"; user inputs split on
+  their dim 1 (the sequence) when its size divides; every attention that can runs its ring
+  on the axis (`rules.attention.context_axis`).
 
 A hand strategy may also fix activation recomputation (`RECOMPUTE`): "none"; "full", every
 op that may be recomputed is, except a block's results that later blocks read (the blocks'
@@ -41,17 +45,19 @@ from autopar.errors import ShardingError
 from autopar.mesh import Mesh
 from autopar.passes.annotate import size_hints
 from autopar.passes.build_problem import recompute_region
-from autopar.passes.find_strategies import Strategy, StrategyTable
+from autopar.passes.find_strategies import Strategy, StrategyTable, op_spec
 from autopar.placement import Placement, Replicate, Shard
+from autopar.rules.attention import RING_TARGETS, context_axis
 from autopar.specs import BYTES, FLOPS, ROLE, TENSOR, TensorSpec
 
-ROLES = ("dp", "zero", "dopt", "tp")
+ROLES = ("dp", "zero", "dopt", "tp", "cp")
 RECOMPUTE = ("none", "full", "selective")
 # Arithmetic intensity above which selective recomputation keeps an op's output: matmuls
 # and attention do hundreds of FLOPs per byte, norms and elementwise ops a few.
 SELECTIVE_KEEP_FLOPS_PER_BYTE = 16
 
-# What a placement on one axis must be: None (anything), "R", "S" (any Shard) or "S0".
+# What a placement on one axis must be: None (anything), "R", "S" (any Shard), "S0" or
+# "S1" (that Shard).
 Want = str | None
 
 
@@ -68,8 +74,8 @@ def _ok(placement: Placement, want: Want) -> bool:
         return True
     if want == "R":
         return isinstance(placement, Replicate)
-    if want == "S0":
-        return placement == Shard(0)
+    if want in ("S0", "S1"):
+        return placement == Shard(int(want[1]))
     return isinstance(placement, Shard)
 
 
@@ -79,12 +85,13 @@ def _storage_wants(spec: TensorSpec, roles: Sequence[str]) -> tuple[Want, ...]:
     # biases and norm weights free, as "tp" does.
     matrix = spec.ndim >= 2
     by_role = {"dp": "R", "zero": "S", "dopt": "S" if matrix else None,
-               "tp": "S" if matrix else None}
+               "tp": "S" if matrix else None, "cp": "S"}
     return tuple(by_role[role] for role in roles)
 
 
 def _read_wants(spec: TensorSpec, roles: Sequence[str]) -> tuple[Want, ...]:
-    by_role = {"dp": "R", "zero": "R", "dopt": "R", "tp": "S" if spec.ndim >= 2 else None}
+    by_role = {"dp": "R", "zero": "R", "dopt": "R", "tp": "S" if spec.ndim >= 2 else None,
+               "cp": "R"}
     return tuple(by_role[role] for role in roles)
 
 
@@ -104,9 +111,13 @@ def _input_wants(spec: TensorSpec, roles: Sequence[str], mesh: Mesh) -> tuple[Wa
     # The batch is cut over the data-parallel axes in order, outer first, as long as the
     # pieces divide it; an axis it no longer divides reads the input whole.
     wants: list[Want] = []
-    pieces = 1
+    pieces, sequence_pieces = 1, 1
     for role, size in zip(roles, mesh.shape):
-        if role != "tp" and spec.ndim and spec.shape[0] % (pieces * size) == 0:
+        if role == "cp":
+            divides = spec.ndim >= 2 and spec.shape[1] % (sequence_pieces * size) == 0
+            wants.append("S1" if divides else "R")
+            sequence_pieces *= size if divides else 1
+        elif role != "tp" and spec.ndim and spec.shape[0] % (pieces * size) == 0:
             wants.append("S0")
             pieces *= size
         else:
@@ -156,12 +167,26 @@ def _keep_op(candidates: tuple[Strategy, ...],
                    for position, per_axis in wants for axis, want in enumerate(per_axis))]
 
 
+def _keep_rings(node: fx.Node, candidates: tuple[Strategy, ...],
+                ring_axes: tuple[int, ...]) -> tuple[Strategy, ...]:
+    """An attention's strategies that run the ring on a "cp" axis, where it has any."""
+    if not ring_axes or node.target not in RING_TARGETS:
+        return candidates
+    op = op_spec(node)
+    rings = tuple(s for s in candidates if context_axis(op, s.inputs) in ring_axes)
+    return rings or candidates
+
+
 def _check_roles(roles: Sequence[str], mesh: Mesh, recompute: str | None) -> tuple[str, ...]:
     roles = tuple(roles)
     if len(roles) != mesh.ndim or any(role not in ROLES for role in roles):
         raise ShardingError("a hand strategy needs one role per mesh axis",
                             expected=f"{mesh.ndim} of {ROLES}", got=repr(roles),
                             fix=f"e.g. {('dp',) * mesh.ndim}")
+    if roles.count("cp") > 1:
+        raise ShardingError("one axis at most runs the attention ring",
+                            expected='at most one "cp" role', got=repr(roles),
+                            fix='give the other axes "dp", "zero", "dopt" or "tp"')
     if recompute is not None and recompute not in RECOMPUTE:
         raise ShardingError("unknown recomputation mode", expected=f"None or one of {RECOMPUTE}",
                             got=repr(recompute), fix="e.g. recompute='selective'")
@@ -184,6 +209,8 @@ def restrict(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
     share the restricted tuple too, so the problem pass still recognises repeated blocks."""
     roles = _check_roles(roles, mesh, recompute)
     free_axes = tuple(size == 1 for size in mesh.shape)
+    ring_axes = tuple(axis for axis, role in enumerate(roles)
+                      if role == "cp" and not free_axes[axis])
     by_name = {node.name: node for node in gm.graph.nodes}
     region_outputs = _region_outputs(gm) if recompute is not None else set()
     hints = size_hints(gm)
@@ -217,11 +244,13 @@ def restrict(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
                   if kind == "op" else None)
         key = (id(candidates), kind, wants, wanted)
         if key not in cache:
-            if kind == "output" or (not wants and wanted is None):
+            if kind == "output" or (not wants and wanted is None and not (
+                    ring_axes and node.target in RING_TARGETS)):
                 cache[key] = candidates
             else:
                 kept = (_keep_storage(candidates, wants, roles) if kind == "storage"
-                        else _keep_op(_keep_recompute(candidates, wanted), wants))
+                        else _keep_op(_keep_rings(node, _keep_recompute(candidates, wanted),
+                                                  ring_axes), wants))
                 cache[key] = tuple(kept) if kept else None
         kept = cache[key]
         if kept is None:

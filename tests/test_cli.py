@@ -29,7 +29,7 @@ def test_plan_prints_the_summary_and_writes_json(tmp_path):
                  "Megatron tensor parallel", "data x tensor parallel", "scaling efficiency",
                  "peak memory / capacity", "AR dp"):
         assert text in result.output, text
-    assert len(json.loads(out.read_text())["hand_strategies"]) == 8  # seven, and one device
+    assert len(json.loads(out.read_text())["hand_strategies"]) == 9  # eight, and one device
 
 
 def test_plan_can_skip_the_hand_strategies_and_write_the_report(tmp_path):
