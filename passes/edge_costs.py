@@ -77,7 +77,10 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
         return None
     transfers = cost.edge_transfers(nbytes, src.output, read, dst.output,
                                     mesh_shape, requires_grad=ref.requires_grad,
-                                    regather=ref.saved and src.gathered is None,
+                                    # Only what the consumer keeps is gathered again
+                                    # (a linear keeps its weight, not its bias).
+                                    regather=ref.saved and ref.consumer_saves
+                                    and src.gathered is None,
                                     recompute=dst.recompute and not ref.consumer_is_view)
     # ZeRO-1 keeps one gathered copy for the step: an edge that gathers it again (for a
     # recomputation) or moves it otherwise than one gather and one scatter can't share it.
