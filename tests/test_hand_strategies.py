@@ -12,7 +12,7 @@ from examples import gpt, mlp
 MEGATRON_3D = "Megatron 3D"
 NAMES = ("data parallel", "fully sharded (ZeRO-3)", "Megatron tensor parallel",
          "FSDP + full recompute", "Megatron TP + selective recompute + distributed optimizer",
-         "data x tensor parallel")
+         "data x tensor parallel", "CP x TP x FSDP")
 
 
 @pytest.fixture(scope="module")

@@ -54,11 +54,22 @@ def test_nonlinear_ops_never_take_partial() -> None:
         assert all(P not in (*s.inputs, s.output) for s in strategies(target, *args)), target
 
 
-def test_causal_attention_keeps_the_sequence_whole() -> None:
+def test_causal_attention_splits_the_sequence_only_on_the_ring() -> None:
+    """A causal attention's local mask is right only with every key at hand: its sequence
+    splits with the keys' (the ring), never with the keys whole."""
     q = f(2, 4, 8, 8)
-    causal = outputs(aten.scaled_dot_product_attention.default, q, q, q, is_causal=True)
-    assert causal == {S(0), S(1)}
-    assert S(2) in outputs(aten.scaled_dot_product_attention.default, q, q, q)
+    causal = strategies(aten.scaled_dot_product_attention.default, q, q, q, is_causal=True)
+    assert {s.output for s in causal} == {S(0), S(1), S(2)}
+    assert [s.inputs for s in causal if s.output == S(2)] == [(S(2), S(2), S(2))]
+    full = strategies(aten.scaled_dot_product_attention.default, q, q, q)
+    assert {s.inputs for s in full if s.output == S(2)} == {(S(2), R, R), (S(2), S(2), S(2))}
+
+
+def test_attention_with_dropout_or_a_float_mask_runs_no_ring() -> None:
+    q = f(2, 4, 8, 8)
+    for kwargs in ({"dropout_p": 0.1}, {"attn_mask": f(8, 8)}):
+        got = strategies(aten.scaled_dot_product_attention.default, q, q, q, **kwargs)
+        assert all(s.inputs[1] != S(2) for s in got), kwargs
 
 
 def test_cut_dims_stay_whole() -> None:
