@@ -140,7 +140,7 @@ def _totals_table(plan: Plan) -> Table:
         *((("predicted MFU (bf16 peak)", f"{plan.mfu:.1%}"),) if plan.mfu is not None else ()),
         ("micro-batches per step", str(plan.microbatches)),
         ("recomputed in the backward", _recomputed(plan)),
-        ("context parallel", _context_parallel(plan)),
+        ("context parallel", describe_context_parallel(plan)),
         ("parameter storage", _storage(plan)),
         ("optimizer", plan.optimizer),
         ("solver", f"{solver.status}, gap {solver.gap:.2%}, {solver.wall_time_s:.2f} s, "
@@ -159,7 +159,7 @@ def _recomputed(plan: Plan) -> str:
     return f"{len(ops)} ops ({', '.join(kinds)})"
 
 
-def _context_parallel(plan: Plan) -> str:
+def describe_context_parallel(plan: Plan) -> str:
     """The attentions that run on a ring, by mesh axis: the nodes whose own transfers are
     sends (an edge's conversion is never one)."""
     axes: dict[str, int] = defaultdict(int)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 import autopar
+from autopar.summary import describe_context_parallel
 
 # The loss wrapper the transformers tests train with.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "runtime"))
@@ -107,6 +108,7 @@ def report(case: Case, time_limit: float) -> None:
     print("communication by collective (s, before overlap):",
           ", ".join(f"{key} {value:.3f}" for key, value in sorted(
               seconds.items(), key=lambda item: -item[1])))
+    print(f"context parallel: {describe_context_parallel(plan)}")
     print(f"layer 0 recomputes: {dict(recomputed) or 'nothing'}")
     print(f"layer 0 keeps: {dict(kept)}")
     print("layer 0 parameters (stored, kept gathered):",
