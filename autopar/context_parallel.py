@@ -7,8 +7,9 @@ query and output bytes, KV its key plus value bytes and G the bytes of their gra
 accumulated (fp32 for half types, else their dtype):
 
     forward    c - 1 sends of KV            the key/value blocks, one ring step each
-    backward   c - 1 sends of KV, c of G    the blocks again, each with its dK, dV, which
-                                            end where the block started
+    backward   c - 1 sends of KV + G, and   the blocks again, each with its dK, dV, which
+               one of KV                    end where the block started (the last send
+                                            complete, in the inputs' dtype)
     balanced   forward Q h and O h,         causal attention with c even: rank r swaps the
                backward O h and Q h         second half of its queries (h = floor(l/2) / l
                                             of them, l its rows) with rank c-1-r and the
@@ -19,7 +20,7 @@ The ring overlaps each step's transfer with that step's compute, a c-th of the n
 (balanced: every step does the same share of the work on average):
 
     forward  = t_f + (c - 1) max(0, x(KV) - t_f / c) + x(Q h) + x(O h)
-    backward = t_b + (c - 1) max(0, x(KV + G) - t_b / c) + x(G) + x(O h) + x(Q h)
+    backward = t_b + (c - 1) max(0, x(KV + G) - t_b / c) + x(KV) + x(O h) + x(Q h)
 
 where t_f, t_b are the node's forward and backward compute and x(B) = B / beta + alpha a
 send over the axis. The swaps and the last dK, dV send wait for their data: exposed.
@@ -78,7 +79,7 @@ class Ring:
         if not differentiable:
             return tuple(forward)
         backward = [send(self.kv_bytes + self.grad_bytes, True) for _ in range(steps)]
-        backward.append(send(self.grad_bytes, True))
+        backward.append(send(self.kv_bytes, True))
         if self.balanced:
             backward = [send(self.output_half_bytes, True), *backward,
                         send(self.query_half_bytes, True)]
@@ -99,7 +100,7 @@ class Ring:
         if differentiable:
             total += steps * _max(0, send(self.kv_bytes + self.grad_bytes)
                                   - backward_s / self.ranks)
-            total += send(self.grad_bytes) + swaps
+            total += send(self.kv_bytes) + swaps
         return total
 
 

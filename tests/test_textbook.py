@@ -210,23 +210,22 @@ def _rings(plan) -> dict[str, set[str]]:
 @pytest.mark.parametrize("seq,batch,ring", [(4096, 32, False), (131072, 1, True)])
 def test_context_parallelism_is_chosen_for_long_sequences_only(seq, batch, ring):
     """Llama-3-8B-wide blocks (hidden 4096, 32 query and 8 key/value heads, ffn 14336, two
-    layers) in bfloat16 on 8 H100s, 131072 tokens a step either way. At 32 sequences of 4096
-    the batch splits 8 ways: data parallelism moves only the gradients, while a ring would
-    move each rank's keys and values (2 x 4 x 4096 x 1024 x 2 B = 64 MiB a layer, forward,
-    twice that backward) around attention too short to hide it (4 s^2 h / 8 = 3.4 GFLOP a
-    sequence and rank, under 10 ms per layer). At one sequence of 131072 nothing splits but
-    the heads (Megatron: each block's activations, 131072 x 4096 x 2 B = 1 GiB, gathered
-    and scattered several times a layer) or the sequence: the ring moves 64 MiB per step
-    for 1/8 of an attention of 4 s^2 h / 8 = 35 TFLOP per rank and layer, some 70 ms,
-    hidden behind it; the rest of the block runs on its own tokens with no activation
-    collective at all. The planner rings the long sequence and not the short ones."""
+    layers) in bfloat16 on 8x8 H100s, 131072 tokens a step either way. At 32 sequences of
+    4096 the batch splits over dp and the heads over tp: no collective inside attention,
+    while a ring over dp would pass each rank's keys and values (32 sequences, 4 of the 32
+    heads they are expanded to, 512 positions: 32 x 4 x 512 x 128 x 2 B x 2 = 32 MiB a
+    step) over InfiniBand around attention blocks too short to hide them (the cost model: 21 ms a step without a ring, 64 ms with one).
+    At one sequence of 131072 the batch does not split and 32 heads can't fill 64 devices:
+    without a ring, attention is replicated over one axis (338 ms a step); on a ring each
+    rank attends to an eighth of the sequence, 1/8 of the attention's 4 s^2 h FLOPs hiding
+    the blocks' sends (64 ms)."""
     from examples import llama
 
     model, inputs = llama.build(vocab=32000, seq=seq, hidden=4096, heads=32, kv_heads=8,
                                 ffn=14336, layers=2, batch=batch, device="meta",
                                 dtype=torch.bfloat16)
-    plan = autopar.plan(model, autopar.Mesh((8,), ("x",), hardware="h100-sxm"), inputs,
-                        time_limit=10, microbatches=1)
+    mesh = autopar.Mesh((8, 8), ("dp", "tp"), hardware="h100-sxm")
+    plan = autopar.plan(model, mesh, inputs, time_limit=10, microbatches=1)
     rings = _rings(plan)
     assert rings
-    assert all(axes == ({"x"} if ring else set()) for axes in rings.values()), rings
+    assert all(bool(axes) == ring for axes in rings.values()), rings

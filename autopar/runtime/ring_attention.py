@@ -8,8 +8,9 @@ log-sum-exp (the online softmax):
 
     lse = logaddexp(lse_1, lse_2),  out = out_1 exp(lse_1 - lse) + out_2 exp(lse_2 - lse)
 
-The backward runs the ring again with each block's dK, dV travelling with it, so that they
-arrive back where the block started after c sends; each block's gradients come from the
+The backward runs the ring again with each block's dK, dV travelling with it (accumulated in
+fp32 for half types; the last send, complete, in the inputs' dtype), so that they arrive
+back where the block started after c sends; each block's gradients come from the
 attention kernel's backward given the merged output and log-sum-exp, which makes them the
 block's exact share. Under a causal mask (`context_parallel.balanced`) rank r first swaps
 the second half of its queries with rank c-1-r: it then holds the positions of one early
@@ -268,6 +269,8 @@ class _RingAttention(torch.autograd.Function):
                 (dk_in, dv_in), handle = grads
                 _wait(handle)
                 dk, dv = dk + dk_in, dv + dv_in
+            if step == ring.size - 1:  # complete: home in the inputs' dtype
+                dk, dv = dk.to(k.dtype), dv.to(v.dtype)
             grads = ring.shift([dk, dv], "backward")
             if shift is not None:
                 block, handle = shift
