@@ -214,7 +214,8 @@ def test_context_parallelism_is_chosen_for_long_sequences_only(seq, batch, ring)
     4096 the batch splits over dp and the heads over tp: no collective inside attention,
     while a ring over dp would pass each rank's keys and values (32 sequences, 4 of the 32
     heads they are expanded to, 512 positions: 32 x 4 x 512 x 128 x 2 B x 2 = 32 MiB a
-    step) over InfiniBand around attention blocks too short to hide them (the cost model: 21 ms a step without a ring, 64 ms with one).
+    step) over InfiniBand around attention blocks too short to hide them (the cost model:
+    21 ms a step without a ring, 64 ms with one).
     At one sequence of 131072 the batch does not split and 32 heads can't fill 64 devices:
     without a ring, attention is replicated over one axis (338 ms a step); on a ring each
     rank attends to an eighth of the sequence, 1/8 of the attention's 4 s^2 h FLOPs hiding
