@@ -8,7 +8,8 @@ def pytest_addoption(parser) -> None:
     parser.addoption("--slow", action="store_true", default=False,
                      help="also run the tests marked slow (forced strategies over both axes of "
                           "a 2x2 mesh, the whole pipeline matrix, pipelining over a slow "
-                          "link, the pipelined Llama golden plan: about 8 minutes)")
+                          "link, the pipelined Llama golden plan, checkpoints resumed under "
+                          "other plans and after a lost rank: about 15 minutes)")
     parser.addoption("--corpus", action="store_true", default=False,
                      help="also train the whole model corpus (tests/corpus) on a 2x2 mesh next "
                           "to the single-process models: about 15 minutes on 2 cores")

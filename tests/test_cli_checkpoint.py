@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from click.testing import CliRunner
 
@@ -37,6 +38,7 @@ def _final(directory: Path, steps: int = STEPS) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_a_lost_rank_resumes_from_the_last_checkpoint_and_ends_as_if_never_lost(tmp_path):
     _run(tmp_path / "whole")
     uninterrupted = _final(tmp_path / "whole")

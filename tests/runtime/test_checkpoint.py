@@ -59,9 +59,8 @@ def _resumed(example: str, source: Layout, targets, tmp_path):
         yield target, (losses, state), resumed
 
 
-@pytest.mark.parametrize("example", [
-    "gpt", pytest.param("llama", marks=pytest.mark.slow),
-    pytest.param("moe", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["gpt", "llama", "moe"])
 def test_a_run_resumes_under_another_plan_as_it_would_have_gone_on(example, tmp_path):
     source = SOURCE[example]
     for target, (losses, state), (after, resumed, step) in _resumed(
@@ -89,6 +88,7 @@ def test_an_asynchronous_save_holds_the_state_it_was_called_with(tmp_path):
     assert all(torch.equal(resumed[k], state[k]) for k in state)
 
 
+@pytest.mark.slow
 def test_a_pipelined_run_saves_and_resumes_on_a_mesh_without_pipeline(tmp_path):
     for target, (losses, state), (after, resumed, _) in _resumed(
             "gpt", PIPELINED, (PIPELINED, Layout((2,), ("dp",))), tmp_path):
