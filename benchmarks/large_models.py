@@ -136,17 +136,8 @@ def _compare_hand(model, inputs, mesh: autopar.Mesh, plan: autopar.Plan,
                              microbatches=plan.microbatches, hand_strategies=names)
     took = time.monotonic() - start
     for record in with_hand.hand_strategies:
-        if record.name not in names:
-            continue
-        if record.step_time_s is None:
-            print(f"{record.name}: {record.note}")
-            continue
-        mfu = plan.mfu * plan.step_time_s / record.step_time_s if plan.mfu else float("nan")
-        print(f"{record.name} ({took:.0f} s, {record.description}): step "
-              f"{record.step_time_s:.3f} s, MFU {mfu:.3f}, peak "
-              f"{record.peak_memory_bytes / 2**30:.2f} GiB, "
-              f"{'fits' if record.fits else 'does not fit'}; solver's plan "
-              f"{plan.step_time_s / record.step_time_s:.3f} x its step")
+        if record.name in names:
+            _print_against(f"{record.name} ({took:.0f} s, {record.description})", record, plan)
 
 
 def _compare_megatron_3d(model, inputs, mesh: autopar.Mesh, plan: autopar.Plan,
@@ -164,13 +155,19 @@ def _compare_megatron_3d(model, inputs, mesh: autopar.Mesh, plan: autopar.Plan,
                             optimizer=optimizer_state(torch.optim.AdamW,
                                                       master_weights=torch.float32))
     took = time.monotonic() - start
+    _print_against(f"Megatron 3D ({took:.0f} s)", record, plan)
+
+
+def _print_against(label: str, record, plan: autopar.Plan) -> None:
+    """A hand strategy's record next to the plan: step, MFU, peak memory, fit."""
     if record.step_time_s is None:
-        print(f"Megatron 3D: {record.note}")
+        print(f"{label}: {record.note}")
         return
     mfu = plan.mfu * plan.step_time_s / record.step_time_s if plan.mfu else float("nan")
-    print(f"Megatron 3D ({took:.0f} s): step {record.step_time_s:.3f} s, MFU {mfu:.3f}, "
+    print(f"{label}: step {record.step_time_s:.3f} s, MFU {mfu:.3f}, "
           f"peak {record.peak_memory_bytes / 2**30:.2f} GiB, "
-          f"{'fits' if record.fits else 'does not fit'}; {record.note}; solver's plan "
+          f"{'fits' if record.fits else 'does not fit'}; "
+          f"{record.note + '; ' if record.note else ''}solver's plan "
           f"{plan.step_time_s / record.step_time_s:.3f} x its step")
 
 
