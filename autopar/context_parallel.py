@@ -24,6 +24,12 @@ The ring overlaps each step's transfer with that step's compute, a c-th of the n
 
 where t_f, t_b are the node's forward and backward compute and x(B) = B / beta + alpha a
 send over the axis. The swaps and the last dK, dV send wait for their data: exposed.
+
+The ring also runs many kernels where the op ran one: per pair of a query piece and a key
+block it attends to (c pairs, 2c + 1 balanced: half a's queries see a + 1 key halves), the
+attention kernel and the merge's elementwise ops forward (`FORWARD_LAUNCHES`), the kernel
+and three accumulations backward (`BACKWARD_LAUNCHES`), each at the hardware's launch
+overhead (`Ring.launch_seconds`): on short sequences that outweighs what the ring saves.
 The blocks in flight (two of KV in the forward, two of KV and of G in the backward) are
 transient workspace, not modelled as memory.
 """
@@ -35,11 +41,17 @@ from dataclasses import dataclass
 import torch
 
 from autopar.cost import Transfer, _max, local_bytes
+from autopar.hardware import HardwareProfile
 from autopar.mesh import Mesh
 from autopar.placement import Placements
 from autopar.rules.attention import context_axis
 from autopar.rules.base import OpSpec
 from autopar.rules.common import argument, tensor_slots
+
+
+# Kernel launches per attended block: forward the kernel and the merge (logaddexp, two
+# exps, a multiply, an add, a copy), backward the kernel and the dQ, dK, dV accumulations.
+FORWARD_LAUNCHES, BACKWARD_LAUNCHES = 7, 4
 
 
 def balanced(causal: bool, ranks: int, rows: int) -> bool:
@@ -65,6 +77,19 @@ class Ring:
     grad_bytes: object  # their gradients, in `gradient_dtype`
     query_half_bytes: object  # the queries swapped with the mirror rank (0 unless balanced)
     output_half_bytes: object
+
+    @property
+    def blocks(self) -> int:
+        """Pairs of a query piece and a key piece attended to by the busiest rank."""
+        return 2 * self.ranks + 1 if self.balanced else self.ranks
+
+    def launch_seconds(self, hardware: HardwareProfile, *, differentiable: bool) -> float:
+        """The launch overhead of the ring's kernels beyond the one the op's compute time
+        counts, forward and backward (module docstring)."""
+        launches = self.blocks * FORWARD_LAUNCHES - 1
+        if differentiable:
+            launches += self.blocks * BACKWARD_LAUNCHES - 1
+        return launches * hardware.launch_overhead_s
 
     def transfers(self, *, differentiable: bool) -> tuple[Transfer, ...]:
         """The sends of one forward (and backward, when `differentiable`), in order."""

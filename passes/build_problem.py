@@ -145,15 +145,17 @@ def op_ring(node: fx.Node, strategy: Strategy, mesh: Mesh, size=lambda value: va
 
 def op_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bool,
             size=lambda value: value):
-    """`op_compute_time`, plus for a context-parallel attention the part of its ring's
-    transfers its compute does not hide (`autopar.context_parallel`)."""
+    """`op_compute_time`, plus for a context-parallel attention its ring's extra kernel
+    launches and the part of its transfers its compute does not hide
+    (`autopar.context_parallel`)."""
     both = op_compute_time(node, strategy, mesh, differentiable=differentiable, size=size)
     ring = op_ring(node, strategy, mesh, size)
     if ring is None:
         return both
     forward = op_compute_time(node, strategy, mesh, differentiable=False, size=size)
-    return both + ring.exposed_seconds(forward, both - forward, mesh,
-                                       differentiable=differentiable)
+    return (both + ring.launch_seconds(mesh.hardware, differentiable=differentiable)
+            + ring.exposed_seconds(forward, both - forward, mesh,
+                                   differentiable=differentiable))
 
 
 def stored_parameter_bytes(spec: TensorSpec, placements, mesh_shape: tuple[int, ...],
