@@ -48,7 +48,6 @@ from autopar.rules.attention import context_axis
 from autopar.rules.base import OpSpec
 from autopar.rules.common import argument, tensor_slots
 
-
 # Kernel launches per attended block: forward the kernel and the merge (logaddexp, two
 # exps, a multiply, an add, a copy), backward the kernel and the dQ, dK, dV accumulations.
 FORWARD_LAUNCHES, BACKWARD_LAUNCHES = 7, 4
