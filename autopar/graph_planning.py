@@ -118,7 +118,7 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                         progress=progress)
     if not hand_strategies:
         return result
-    # They plan with plan_table.
+    # Imported here: the hand strategies plan with this module's plan_table.
     from autopar.hand_strategies import asked_hand_strategies, evaluate_hand_strategies
 
     hand = evaluate_hand_strategies(gm, mesh, memory_budget=budget, time_limit=time_limit,

@@ -269,9 +269,9 @@ def _hand_notes(plan: Plan) -> list[str]:
     notes = [f"{r.name}: {r.note}" for r in plan.hand_strategies if r.note]
     return [*notes, "scaling eff. = (one device's compute / devices) / step time. bytes moved "
                     "per device, forward + backward: AR all-reduce, AG all-gather, RS "
-                    "reduce-scatter, A2A all-to-all, P2P sends (between pipeline stages, around "
-                    "attention rings), BC "
-                    "broadcast (summed over a pipeline's ranks). Hand strategies are the "
+                    "reduce-scatter, A2A all-to-all, P2P sends (between pipeline stages, "
+                    "around attention rings), BC broadcast (summed over a pipeline's "
+                    "ranks). Hand strategies are the "
                     "cheapest plans within their roles, solved with no memory limit (Megatron "
                     "3D within it when some choice of micro-batches fits)."]
 

@@ -14,8 +14,8 @@ Splits over one mesh axis:
   when no dropout is drawn and q, k, v have the same leading dims (but for grouped
   key/value heads). A boolean `attn_mask` (transformers builds its causal mask as one)
   is split with the queries, its key columns whole: each ring step reads the columns of
-  the block at hand. A rank's local attention would see only its own
-  keys, so this strategy carries an obligation of the lowering (5 in `autopar.rules`): run
+  the block at hand. A rank's local attention would see only its own keys, so this
+  strategy carries an obligation of the lowering (5 in `autopar.rules`): run
   `autopar.runtime.ring_attention` over that axis, which passes the key/value blocks
   around the ring and merges the partial results. `context_axis` names the axis; one axis
   at most runs the ring, and no other axis splits the lengths (`admissible`).
@@ -48,6 +48,8 @@ def _operand(q: TensorSpec, spec: TensorSpec, d: int, gqa: bool) -> Placement:
 
 def _ring_possible(op: OpSpec, q: TensorSpec, k: TensorSpec, v: TensorSpec, mask,
                    gqa: bool) -> bool:
+    """Whether the ring runtime can take this call: no dropout, no mask but a boolean one
+    (on 4-d inputs), the same leading dims, and (causal) as many keys as queries."""
     heads = q.ndim - 3
     same_lead = q.ndim == k.ndim == v.ndim and all(
         q.shape[d] == k.shape[d] == v.shape[d] or (gqa and d == heads)
