@@ -44,12 +44,13 @@ class Outcome:
 
 def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float,
                 wall: Callable[[], float], seed: int, workers: int,
-                report: Progress) -> Outcome:
+                report: Progress, tolerance: float = 1e-9) -> Outcome:
     """Optimise all nodes with CP-SAT; improves `best` in place.
 
     `hot` marks segments known to matter (constrained from the start), `deterministic` is
     the CP-SAT deterministic-time budget over all rounds (inf: none), `wall()` the
-    wall-clock seconds still available.
+    wall-clock seconds still available. A best cost within `tolerance` (relative) of the
+    linear relaxation's bound ends the search there: "optimal" only within 1e-9.
     """
     scales = Scales.of(flat)
     everyone = np.ones(flat.num_nodes, dtype=bool)
@@ -71,6 +72,8 @@ def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float
         report("linear relaxation solved")
         if best.cost <= bound + 1e-9 * abs(best.cost):
             return Outcome("optimal", best.cost)
+        if best.cost <= bound + tolerance * abs(best.cost):
+            return _found(best, bound)
     if deterministic <= 0.05 or wall() <= 0.05:
         return _found(best, bound)  # no time to build the model
     model = SubModel(flat, scales, hint, everyone)  # built once: the edges dominate

@@ -27,6 +27,7 @@ from autopar.solver.bounds import simple_bound
 from autopar.solver.budget import (
     GUIDED_PATIENCE,
     LNS_SLICE,
+    PLANNER_GAP,
     PRICE_NOISE,
     Plan,
     estimate_reduce_seconds,
@@ -118,9 +119,10 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
     on a work budget when `repeatable`, else guided search and LNS until the limit; a
     whole-problem search that ends unproven leaves its time to those."""
     plan = Plan.of(flat, seconds, repeatable=repeatable)
+    tolerance = PLANNER_GAP if repeatable else 1e-9
 
     def open_gap() -> bool:
-        return best.cost > report.bound + 1e-9 * abs(best.cost)
+        return best.cost > report.bound + tolerance * abs(best.cost)
 
     hot, ran, prices = lagrangian(flat, best, iterations=plan.lagrange_iterations,
                                   patience=plan.patience, seed=seed,
@@ -129,7 +131,8 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
     bound = -math.inf
     if plan.exact:
         outcome = solve_whole(flat, best, hot, deterministic=plan.deterministic(ran),
-                              wall=left, seed=seed, workers=workers, report=report)
+                              wall=left, seed=seed, workers=workers, report=report,
+                              tolerance=tolerance)
         if repeatable or outcome.status in ("optimal", "infeasible"):
             return outcome
         bound = outcome.bound
@@ -145,7 +148,8 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
                    report=report)
     if best.x is None:
         return Outcome("unknown", bound)
-    return Outcome("feasible" if open_gap() else "optimal", bound)
+    proved = best.cost <= report.bound + 1e-9 * abs(best.cost)
+    return Outcome("optimal" if proved else "feasible", bound)
 
 
 def _alternate(flat: Flat, best: Best, prices: np.ndarray, *, seed: int,
