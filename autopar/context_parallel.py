@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autopar.cost import Transfer, _max, local_bytes
+from autopar.cost import Transfer, _divide, _max, local_bytes
 from autopar.hardware import HardwareProfile
 from autopar.mesh import Mesh
 from autopar.placement import Placements
@@ -145,7 +145,7 @@ def ring_of(op: OpSpec, inputs: tuple[Placements, ...], output: Placements,
 
     def gradient(name: str):
         dtype = slots[name][0].dtype
-        return _part(local(name), gradient_dtype(dtype).itemsize, dtype.itemsize)
+        return _divide(local(name) * gradient_dtype(dtype).itemsize, dtype.itemsize)
 
     ranks = mesh_shape[axis]
     rows = slots["query"][0].shape[-2] // ranks
@@ -153,12 +153,6 @@ def ring_of(op: OpSpec, inputs: tuple[Placements, ...], output: Placements,
     swapped = rows // 2 if is_balanced else 0
     out = local_bytes(nbytes(op.outputs[0]), output, mesh_shape)
     return Ring(axis, ranks, is_balanced, local("key") + local("value"),
-                gradient("key") + gradient("value"), _part(local("query"), swapped, rows),
-                _part(out, swapped, rows))
+                gradient("key") + gradient("value"), _divide(local("query") * swapped, rows),
+                _divide(out * swapped, rows))
 
-
-def _part(nbytes, numerator: int, denominator: int):
-    """`nbytes * numerator / denominator`, an exact integer where it is one."""
-    if isinstance(nbytes, int) and (nbytes * numerator) % denominator == 0:
-        return nbytes * numerator // denominator
-    return nbytes * numerator / denominator

@@ -25,7 +25,7 @@ import torch.fx as fx
 from autopar.passes.find_saved import find_saved, kept_outputs, storage_base
 from autopar.passes.find_strategies import Strategy, StrategyTable, op_spec
 from autopar.passes.gradient_path import gradient_path
-from autopar.rules.attention import context_axis
+from autopar.rules.attention import RING_TARGETS, context_axis
 from autopar.specs import BYTES
 
 
@@ -78,7 +78,7 @@ def offer_recompute(gm: fx.GraphModule, table: StrategyTable) -> StrategyTable:
         own = strategies[node.name]
         if id(own) not in doubled:
             # A context-parallel attention would run its ring again: not offered.
-            op = op_spec(node) if node.op == "call_function" else None
+            op = op_spec(node) if node.target in RING_TARGETS else None
             doubled[id(own)] = own + tuple(
                 dataclasses.replace(s, recompute=True) for s in own
                 if op is None or context_axis(op, s.inputs) is None)

@@ -35,13 +35,13 @@ LNS_ROUND_DETERMINISTIC = 1.0
 # problem CP-SAT model, and before the guided search and LNS; they have the rest.
 LAGRANGE_SHARE_EXACT = 0.15
 LAGRANGE_SHARE = 0.2
-# After the Lagrangian, guided-search runs until this many iterations in a row find
-# nothing better, each from the Lagrangian's prices shaken by lognormal noise of this
-# sigma; after a run that found nothing, LNS rounds for this much deterministic time.
 # A repeatable solve (the planner's) stops once its gap is within this: a plan 0.1% from
 # proven optimal is not worth the rest of the budget (the 70B shape on 8x8 spent 22 of its
 # 24 s proving the last 0.015%), and the summary reports the gap.
 PLANNER_GAP = 1e-3
+# After the Lagrangian, guided-search runs until this many iterations in a row find
+# nothing better, each from the Lagrangian's prices shaken by lognormal noise of this
+# sigma; after a run that found nothing, LNS rounds for this much deterministic time.
 GUIDED_PATIENCE = 100
 PRICE_NOISE = 0.5
 LNS_SLICE = 10.0
