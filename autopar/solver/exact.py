@@ -1,7 +1,9 @@
 """CP-SAT on the whole reduced problem, adding memory constraints lazily.
 
 First the linear relaxation (`lp.py`) when it is cheap: if its bound meets the warm
-start's cost, that cost is optimal and CP-SAT is not needed. CP-SAT then starts from the
+start's cost, that cost is optimal and CP-SAT is not needed; if not, HiGHS's branch and
+bound from the warm start, which closes gaps that memory opens in a few nodes where CP-SAT
+needs long searches. CP-SAT then, with what time is left, starts from the
 segments that could bind around the hint; a solution that breaks a segment left out stops
 the search, the segment joins, and CP-SAT runs again (hinted with the best feasible
 assignment so far). Leaving constraints out only relaxes the problem, so an infeasible
@@ -20,7 +22,7 @@ from autopar.solver.budget import DET_PER_SECOND, model_cells
 from autopar.solver.cpsat import Limits, SubModel
 from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best
-from autopar.solver.lp import lp_bound
+from autopar.solver.lp import LinearModel
 from autopar.solver.progress import Progress
 from autopar.solver.scaling import Scales
 from autopar.solver.segments import binding_segments, memory_cells
@@ -29,9 +31,11 @@ from autopar.solver.segments import binding_segments, memory_cells
 FIRST_SEGMENTS = 400
 # The linear relaxation is tried first on models up to this many variables, with at most
 # this share of the wall time; when it meets the best cost, that cost is proven optimal.
+# Otherwise branch and bound has this share of the time left; CP-SAT's budget is the rest.
 LP_CELLS = 150_000
 LP_SHARE = 0.25
-LP_SECONDS_PER_CELL = 5e-5
+LP_SECONDS_PER_CELL = 2e-5
+BRANCH_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -65,17 +69,28 @@ def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float
     bound, spent = -math.inf, 0.0
     lp_cells = model_cells(flat) + memory_cells(flat, chosen)
     if best.x is not None and lp_cells <= LP_CELLS:
-        # The relaxation's (estimated) time comes out of CP-SAT's budget.
+        # The relaxation's (estimated) time and branch and bound's share (spent whole
+        # unless it closes the gap, which ends the search) come out of CP-SAT's budget.
         deterministic -= LP_SECONDS_PER_CELL * lp_cells * DET_PER_SECOND
-        bound = lp_bound(flat, chosen, LP_SHARE * wall())
+        linear = LinearModel(flat, chosen)
+        bound = linear.relax(LP_SHARE * wall()).bound
         report.proved(bound)
         report("linear relaxation solved")
-        if best.cost <= bound + 1e-9 * abs(best.cost):
-            return Outcome("optimal", best.cost)
-        if best.cost <= bound + tolerance * abs(best.cost):
-            return _found(best, bound)
+        if not _open(best, bound, tolerance):
+            return _closed(best, bound)
+        seconds = BRANCH_SHARE * min(deterministic / DET_PER_SECOND, wall())
+        deterministic -= seconds * DET_PER_SECOND
+        branched = linear.branch(best.x, tolerance, min(seconds, wall()))
+        if best.offer(flat, branched.x):
+            report(f"branch and bound: cost {best.cost:.6g}")
+        bound = max(bound, branched.bound)
+        report.proved(bound)
+        report("branch and bound ended")
+        if not _open(best, bound, tolerance):
+            return _closed(best, bound)
     if deterministic <= 0.05 or wall() <= 0.05:
         return _found(best, bound)  # no time to build the model
+    hint = best.x if best.x is not None else hint
     model = SubModel(flat, scales, hint, everyone)  # built once: the edges dominate
     added = chosen
     for round_ in range(1000):
@@ -101,6 +116,19 @@ def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float
         added = np.setdiff1d(result.broken, chosen)
         chosen = np.union1d(chosen, result.broken)
         hint = best.x if best.x is not None else hint
+    return _found(best, bound)
+
+
+def _open(best: Best, bound: float, tolerance: float) -> bool:
+    """Whether `best`'s cost is more than `tolerance` (relative) above `bound`."""
+    return best.cost > bound + tolerance * abs(best.cost)
+
+
+def _closed(best: Best, bound: float) -> Outcome:
+    """The outcome of a search whose bound met `best` within its tolerance: "optimal"
+    only within 1e-9."""
+    if best.cost <= bound + 1e-9 * abs(best.cost):
+        return Outcome("optimal", best.cost)
     return _found(best, bound)
 
 
