@@ -44,6 +44,7 @@ autograd. autopar's own Functions save through `save_for_backward` or keep no te
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -188,6 +189,9 @@ class ForwardProbe:
             self.saved = self._measure(packed)
 
     def _measure(self, packed: list) -> SavedBytes:
+        # Garbage in reference cycles waits for the collector, whose timing depends on
+        # every allocation the process made before: collect it, measure what is held.
+        gc.collect()
         # An object only the list references has the count of a fresh one in the same
         # expression (the list's reference, the loop variable's, getrefcount's argument:
         # how many depends on the Python version); one more is autograd's, or a live owner's.
