@@ -1,14 +1,13 @@
-"""CP-SAT on the whole reduced problem, adding memory constraints lazily.
+"""The whole reduced problem, exactly: HiGHS first, then CP-SAT adding memory rows lazily.
 
 First the linear relaxation (`lp.py`) when it is cheap: if its bound meets the warm
-start's cost, that cost is optimal and CP-SAT is not needed; if not, HiGHS's branch and
-bound from the warm start, which closes gaps that memory opens in a few nodes where CP-SAT
-needs long searches. CP-SAT then, with what time is left, starts from the
+start's cost, that cost is optimal and nothing else runs; if not, HiGHS's branch and
+bound from the warm start, which closes in a few nodes the gaps that memory opens, where
+CP-SAT needs long searches. CP-SAT then, with what time is left, starts from the
 segments that could bind around the hint; a solution that breaks a segment left out stops
 the search, the segment joins, and CP-SAT runs again (hinted with the best feasible
 assignment so far). Leaving constraints out only relaxes the problem, so an infeasible
-verdict or a lower bound from any round holds for the full one.
-"""
+verdict or a lower bound from any round holds for the full one."""
 
 from __future__ import annotations
 
@@ -49,12 +48,13 @@ class Outcome:
 def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float,
                 wall: Callable[[], float], seed: int, workers: int,
                 report: Progress, tolerance: float = 1e-9) -> Outcome:
-    """Optimise all nodes with CP-SAT; improves `best` in place.
+    """Optimise all nodes (module docstring); improves `best` in place.
 
     `hot` marks segments known to matter (constrained from the start), `deterministic` is
-    the CP-SAT deterministic-time budget over all rounds (inf: none), `wall()` the
-    wall-clock seconds still available. A best cost within `tolerance` (relative) of the
-    linear relaxation's bound ends the search there: "optimal" only within 1e-9.
+    the budget over all phases in CP-SAT's deterministic time (inf: none; HiGHS's phases
+    take their planned share of it), `wall()` the wall-clock seconds still available. A
+    best cost within `tolerance` (relative) of a proven bound ends the search there:
+    "optimal" only within 1e-9.
     """
     scales = Scales.of(flat)
     everyone = np.ones(flat.num_nodes, dtype=bool)

@@ -1,9 +1,10 @@
 """`solve`: choose a strategy per node of a `ShardingProblem`, and `min_peak_usage`.
 
 The pipeline: exact reductions (`reduce.py`), a Lagrangian heuristic for a feasible warm
-start (`lagrange.py`), then CP-SAT on the whole reduced problem when its model is small
-enough (`exact.py`, which proves optimality on our own torch graphs) or large-neighbourhood
-search with CP-SAT on parts of it (`lns.py`).
+start (`lagrange.py`), then the whole reduced problem when its model is small enough
+(`exact.py`: HiGHS's linear relaxation and branch and bound, which prove optimality on our
+own torch graphs, then CP-SAT) or large-neighbourhood search with CP-SAT on parts of it
+(`lns.py`).
 
 Two ways to spend the time limit: by default the search goes on until the limit, and
 stops early only when the best cost meets a proven lower bound (optimal). A `repeatable`
