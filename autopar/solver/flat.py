@@ -8,6 +8,7 @@ numpy calls, which the heuristics evaluate thousands of times.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,13 @@ class Flat:
     term_flat: np.ndarray
     term_pos: np.ndarray
     integral: bool
+    # Edge costs as paid by single strategies (`with_neighbours`): per (edge, strategy of
+    # one end) the strategy's flat cell, the edge entry for the other end's strategy 0,
+    # the other end, and the entry's stride per strategy of the other end.
+    pay_cell: np.ndarray
+    pay_base: np.ndarray
+    pay_other: np.ndarray
+    pay_stride: np.ndarray
 
     @staticmethod
     def build(problem: ReducedProblem) -> Flat:
@@ -64,9 +72,20 @@ class Flat:
         integral = bool(np.array_equal(term_flat, np.round(term_flat))
                         and np.array_equal(problem.base, np.round(problem.base))
                         and (limit is None or float(limit).is_integer()))
+        # Strategy k of a pays M[k, x_b] at edge_off + k * cols + x_b; strategy l of b
+        # pays M[x_a, l] at edge_off + x_a * cols + l.
+        edges = np.arange(edge_a.size)
+        side_a, side_b = np.repeat(edges, sizes[edge_a]), np.repeat(edges, sizes[edge_b])
+        k, l_ = _ranges(sizes[edge_a]), _ranges(sizes[edge_b])
+        pay_cell = np.concatenate([offsets[edge_a][side_a] + k, offsets[edge_b][side_b] + l_])
+        pay_base = np.concatenate([edge_off[side_a] + k * edge_cols[side_a],
+                                   edge_off[side_b] + l_])
+        pay_other = np.concatenate([edge_b[side_a], edge_a[side_b]])
+        pay_stride = np.concatenate([np.ones(k.size, dtype=np.int64), edge_cols[side_b]])
         return Flat(problem, sizes, offsets, cost_flat, edge_a, edge_b, edge_off, edge_cols,
                     edge_flat, tuple(tuple(n) for n in nbrs), problem.term_node,
-                    problem.term_lo, problem.term_hi, term_off, term_flat, term_pos, integral)
+                    problem.term_lo, problem.term_hi, term_off, term_flat, term_pos, integral,
+                    pay_cell, pay_base, pay_other, pay_stride)
 
     @property
     def num_nodes(self) -> int:
@@ -118,6 +137,21 @@ class Flat:
         extra = np.bincount(self.term_pos, prices * self.term_flat, self.cost_flat.size)
         return self.cost_flat + extra
 
+    @functools.cached_property
+    def neighbour_ids(self) -> tuple[list[int], ...]:
+        """Per node, its neighbours' indices as plain ints (for Python-level loops)."""
+        return tuple([int(j) for j, _ in n] for n in self.nbrs)
+
+    def with_neighbours(self, x: np.ndarray, costs: np.ndarray,
+                        outside: np.ndarray | None = None) -> np.ndarray:
+        """Flat vector: `costs` plus each strategy's edge costs to its neighbours as in x
+        (only to the neighbours marked in `outside`, when given): `local` for every node
+        at once."""
+        paid = self.edge_flat[self.pay_base + x[self.pay_other] * self.pay_stride]
+        if outside is not None:
+            paid = np.where(outside[self.pay_other], paid, 0.0)
+        return costs + np.bincount(self.pay_cell, paid, costs.size)
+
     def local(self, i: int, x: np.ndarray, costs: np.ndarray) -> np.ndarray:
         """Cost of each strategy of node i with every other node fixed as in x."""
         out = costs[self.offsets[i]:self.offsets[i + 1]].copy()
@@ -130,3 +164,9 @@ class Flat:
         idx = np.flatnonzero(self.term_node == i)
         return [(int(self.term_lo[t]), int(self.term_hi[t]),
                  self.term_flat[self.term_off[t]:self.term_off[t] + self.sizes[i]]) for t in idx]
+
+
+def _ranges(sizes: np.ndarray) -> np.ndarray:
+    """0..n-1 for every n in `sizes`, concatenated."""
+    starts = np.repeat(np.cumsum(sizes) - sizes, sizes)
+    return np.arange(int(sizes.sum()), dtype=np.int64) - starts

@@ -32,43 +32,41 @@ def random_forest(flat: Flat, order: np.ndarray, allowed: np.ndarray | None = No
     A node joins when its neighbours already in the forest lie in distinct trees, so no
     cycle can close. `allowed` masks nodes that may join.
     """
-    n = flat.num_nodes
-    root = np.arange(n)
-    inside = np.zeros(n, dtype=bool)
-
-    def find(i: int) -> int:
-        while root[i] != i:
-            root[i] = root[root[i]]
-            i = root[i]
-        return i
-
-    for v in order:
-        v = int(v)
-        if allowed is not None and not allowed[v]:
+    # Plain lists and ints: this loop runs once per search iteration over every node, and
+    # numpy's per-element indexing would take most of its time.
+    neighbours = flat.neighbour_ids
+    root = list(range(flat.num_nodes))
+    inside = [False] * flat.num_nodes
+    permitted = None if allowed is None else allowed.tolist()
+    for v in order.tolist():
+        if permitted is not None and not permitted[v]:
             continue
-        seen = set()
+        seen: list[int] = []
         ok = True
-        for j, _ in flat.nbrs[v]:
+        for j in neighbours[v]:
             if inside[j]:
-                r = find(j)
+                r = j
+                while root[r] != r:  # find, halving the path
+                    root[r] = root[root[r]]
+                    r = root[r]
                 if r in seen:
                     ok = False
                     break
-                seen.add(r)
+                seen.append(r)
         if ok:
             inside[v] = True
             for r in seen:
                 root[r] = v
     # Orient each tree from an arbitrary root, breadth first.
-    visited = ~inside
+    visited = [not member for member in inside]
     nodes: list[int] = []
     parents: list[int] = []
     mats: list[np.ndarray | None] = []
-    for start in np.flatnonzero(inside):
+    for start in range(flat.num_nodes):
         if visited[start]:
             continue
         visited[start] = True
-        nodes.append(int(start))
+        nodes.append(start)
         parents.append(-1)
         mats.append(None)
         head = len(nodes) - 1
@@ -94,25 +92,22 @@ def forest_dp(flat: Flat, costs: np.ndarray, x: np.ndarray, forest: Forest,
     """
     inside = np.zeros(flat.num_nodes, dtype=bool)
     inside[forest.nodes] = True
+    unary = flat.with_neighbours(x, costs, outside=~inside)
     acc: dict[int, np.ndarray] = {}
     for v in forest.nodes:
-        a = costs[flat.offsets[v]:flat.offsets[v + 1]].copy()
-        for j, m in flat.nbrs[v]:
-            if not inside[j]:
-                a += m[:, x[j]]
+        a = unary[flat.offsets[v]:flat.offsets[v + 1]]
         if masks is not None and v in masks:
-            a[~masks[v]] = np.inf
+            a = np.where(masks[v], a, np.inf)
         acc[v] = a
     pick: dict[int, np.ndarray] = {}
     for v, p, m in zip(reversed(forest.nodes), reversed(forest.parents),
                        reversed(forest.mats)):
         if p < 0:
             continue
-        table = m + acc[v][None, :]
-        best = table.argmin(axis=1)
-        pick[v] = best
-        acc[p] = acc[p] + table[np.arange(table.shape[0]), best]
-    y = x.copy()
+        table = m + acc[v]
+        pick[v] = table.argmin(axis=1)
+        acc[p] = acc[p] + table.min(axis=1)
+    y = x.tolist()
     for v, p in zip(forest.nodes, forest.parents):
-        y[v] = int(np.argmin(acc[v])) if p < 0 else int(pick[v][y[p]])
-    return y
+        y[v] = int(acc[v].argmin()) if p < 0 else int(pick[v][y[p]])
+    return np.array(y, dtype=x.dtype)

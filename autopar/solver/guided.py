@@ -48,20 +48,26 @@ NEAR = 1.01
 
 def guided_search(flat: Flat, best: Best, prices: np.ndarray, *, iterations: int,
                   patience: int, seed: int, keep_going: Callable[[], bool],
-                  report: Progress) -> int:
-    """Run up to `iterations` iterations from `best.x` and segment `prices` (while
-    `keep_going()`, and until `patience` iterations in a row find nothing better);
-    improve `best` in place. Returns the number of iterations run."""
-    if best.x is None or flat.num_nodes == 0:
+                  report: Progress, start: np.ndarray | None = None) -> int:
+    """Run up to `iterations` iterations from `start` (default `best.x`, which must fit) and
+    segment `prices`, while `keep_going()` and until `patience` iterations in a row find
+    nothing better than the run's own best; improve `best` in place. Returns the number
+    of iterations run."""
+    start = best.x if start is None else start
+    if start is None or flat.num_nodes == 0:
         return 0
     rng = np.random.default_rng(seed)
     moves = MemoryMoves(flat)
     limit = flat.limit
     bounded = np.isfinite(limit) and flat.problem.base.size > 0
-    usage = float(flat.profile(best.x).sum()) if bounded else 0.0
-    scale = best.cost / usage if usage > 0 else 0.0
+    # The run's own best: a run from elsewhere than the incumbent polishes and measures
+    # its progress against where it stands, not against a better assignment it left.
+    own = Best()
+    own.offer(flat, start)
+    usage = float(flat.profile(start).sum()) if bounded else 0.0
+    scale = own.cost / usage if usage > 0 else 0.0
     prices = prices.copy()
-    x = best.x.copy()
+    x = start.copy()
     quiet, oscillating = 0, False
     for it in range(iterations):
         if quiet >= patience or not keep_going():
@@ -73,7 +79,7 @@ def guided_search(flat: Flat, best: Best, prices: np.ndarray, *, iterations: int
         overflow = flat.profile(x) - limit if bounded else np.zeros(0)
         over = overflow > 0
         if not over.any():
-            candidate = x if flat.objective(x) < best.cost * NEAR else None
+            candidate = x if flat.objective(x) < own.cost * NEAR else None
         elif it % REPAIR_EVERY == 0:
             candidate = moves.repair(x, flat.cost_flat, 20)
         else:
@@ -81,8 +87,9 @@ def guided_search(flat: Flat, best: Best, prices: np.ndarray, *, iterations: int
         if candidate is not None:
             candidate = moves.descend(candidate, flat.cost_flat,
                                       rng.permutation(flat.num_nodes))
-        if best.offer(flat, candidate):
+        if own.offer(flat, candidate):
             quiet = 0
+        if best.offer(flat, candidate):
             report(f"guided search iteration {it}")
         else:
             report.tick(f"guided search iteration {it}")
