@@ -57,14 +57,9 @@ class Limits:
 
 
 def _unaries(flat: Flat, x: np.ndarray, free: np.ndarray) -> dict[int, np.ndarray]:
-    out = {}
-    for i in np.flatnonzero(free):
-        u = flat.cost_flat[flat.offsets[i]:flat.offsets[i + 1]].copy()
-        for j, m in flat.nbrs[i]:
-            if not free[j]:
-                u += m[:, x[j]]
-        out[int(i)] = u
-    return out
+    """Per free node, its costs plus its edges' to the fixed nodes as in x."""
+    unary = flat.with_neighbours(x, flat.cost_flat, outside=~free)
+    return {int(i): unary[flat.offsets[i]:flat.offsets[i + 1]] for i in np.flatnonzero(free)}
 
 
 def _fixed_cost(flat: Flat, x: np.ndarray, free: np.ndarray) -> float:

@@ -66,7 +66,7 @@ class Flat:
         term_flat = (np.concatenate(problem.term_usage) if problem.term_usage
                      else np.zeros(0))
         # Flat strategy position of every entry of every term vector.
-        term_pos = (np.concatenate([offsets[i] + np.arange(sizes[i]) for i in problem.term_node])
+        term_pos = (np.repeat(offsets[problem.term_node], term_sizes) + _ranges(term_sizes)
                     if problem.term_node.size else np.zeros(0, dtype=np.int64))
         limit = problem.limit
         integral = bool(np.array_equal(term_flat, np.round(term_flat))
@@ -151,6 +151,12 @@ class Flat:
         if outside is not None:
             paid = np.where(outside[self.pay_other], paid, 0.0)
         return costs + np.bincount(self.pay_cell, paid, costs.size)
+
+    def node_minimum(self, values: np.ndarray) -> np.ndarray:
+        """Per node, the least entry of its strategies in a flat vector."""
+        if self.num_nodes == 0:
+            return np.zeros(0)
+        return np.minimum.reduceat(values, self.offsets[:-1])
 
     def local(self, i: int, x: np.ndarray, costs: np.ndarray) -> np.ndarray:
         """Cost of each strategy of node i with every other node fixed as in x."""

@@ -87,9 +87,12 @@ def guided_search(flat: Flat, best: Best, prices: np.ndarray, *, iterations: int
         if candidate is not None:
             candidate = moves.descend(candidate, flat.cost_flat,
                                       rng.permutation(flat.num_nodes))
-        if own.offer(flat, candidate):
+        # `best` is never worse than the run's own best, so only a gain of the run's can
+        # be one of `best`'s: it alone is offered twice.
+        gained = own.offer(flat, candidate)
+        if gained:
             quiet = 0
-        if best.offer(flat, candidate):
+        if gained and best.offer(flat, candidate):
             report(f"guided search iteration {it}")
         else:
             report.tick(f"guided search iteration {it}")

@@ -59,11 +59,9 @@ def _grow(flat: Flat, seeds: list[int], cells: int, rng: np.random.Generator) ->
 
 def _regret(flat: Flat, x: np.ndarray) -> np.ndarray:
     """Per node: how much cheaper its best strategy would be, all neighbours as in x."""
-    out = np.zeros(flat.num_nodes)
-    for i in range(flat.num_nodes):
-        local = flat.local(i, x, flat.cost_flat)
-        out[i] = local[x[i]] - local.min()
-    return out
+    local = flat.with_neighbours(x, flat.cost_flat)
+    with np.errstate(invalid="ignore"):  # inf - inf: a node with no finite strategy
+        return local[flat.offsets[:-1] + x] - flat.node_minimum(local)
 
 
 def _neighbourhood(flat: Flat, x: np.ndarray, cells: int, kind: int,

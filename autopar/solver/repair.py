@@ -132,16 +132,12 @@ class MemoryMoves:
         in turn takes its cheapest strategy that keeps every segment within the limit."""
         flat = self.flat
         x = x.copy()
-        if flat.num_nodes == 0:
-            return x
         prof = flat.profile(x)
         # Nodes with a cheaper strategy now; the others are visited only once a neighbour
         # has moved (module docstring).
         local_all = flat.with_neighbours(x, costs)
-        current = local_all[flat.offsets[:-1] + x]
-        with np.errstate(invalid="ignore"):
-            cheapest = np.minimum.reduceat(local_all, flat.offsets[:-1])
-        gains = (cheapest < current) & (flat.sizes >= 2)
+        gains = ((flat.node_minimum(local_all) < local_all[flat.offsets[:-1] + x])
+                 & (flat.sizes >= 2))
         for i in order:
             i = int(i)
             if not gains[i]:
