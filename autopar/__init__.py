@@ -24,21 +24,34 @@ from autopar.errors import (
 
 # The rest is imported on first use (PEP 562): `autopar solve` and other torch-free uses
 # of the package (the solver) start in a fraction of a second instead of importing torch.
-_LAZY = {
-    "plan": "autopar.api", "check": "autopar.check", "compile": "autopar.compiler",
-    "HardwareProfile": "autopar.hardware", "available_hardware": "autopar.hardware",
-    "load_hardware": "autopar.hardware", "Mesh": "autopar.mesh",
-    "MasterWeights": "autopar.mixed_precision", "master_weights": "autopar.mixed_precision",
-    "Pipeline": "autopar.pipeline", "Plan": "autopar.plan_types",
-    "launch": "autopar.runtime.launch", "ParallelModule": "autopar.runtime.parallel_module",
+_LAZY = {  # public name -> (module, attribute)
+    "plan": ("autopar.planning.entry", "plan"), "check": ("autopar.tools.coverage", "check"),
+    "compile": ("autopar.compiler", "compile"),
+    "HardwareProfile": ("autopar.values.hardware", "HardwareProfile"),
+    "available_hardware": ("autopar.values.hardware", "available_hardware"),
+    "load_hardware": ("autopar.values.hardware", "load_hardware"),
+    "Mesh": ("autopar.values.mesh", "Mesh"),
+    "MasterWeights": ("autopar.runtime.master_weights", "MasterWeights"),
+    "master_weights": ("autopar.runtime.master_weights", "master_weights"),
+    "Pipeline": ("autopar.values.pipeline", "Pipeline"), "Plan": ("autopar.values.plan", "Plan"),
+    "launch": ("autopar.runtime.launch", "launch"),
+    "ParallelModule": ("autopar.runtime.parallel_module", "ParallelModule"),
+    "summary": ("autopar.present.summary", "render_summary"),
+    "report": ("autopar.present.report", "write_report"),
+    "to_dot": ("autopar.present.report", "to_dot"),
 }
+# Modules of the public API, and the packages, reached as attributes (`autopar.runtime`).
+_MODULES = {"checkpoint": "autopar.tools.checkpoint"} | {name: f"autopar.{name}" for name in (
+    "cli", "costs", "passes", "planning", "present", "rules", "runtime", "solver", "tools",
+    "values")}
 
 
 def __getattr__(name: str):
-    if name == "checkpoint":
-        return import_module("autopar.checkpoint")
+    if name in _MODULES:
+        return import_module(_MODULES[name])
     if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
+        module, attribute = _LAZY[name]
+        value = getattr(import_module(module), attribute)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'autopar' has no attribute {name!r}")
@@ -54,5 +67,6 @@ __all__ = [
     "MeshError", "MicrobatchError", "ModelFileError", "OptimizerError", "ParallelModule",
     "Pipeline", "PipelineError", "Plan", "PlanFormatError", "ProblemFormatError",
     "ReportError", "ShardingError", "TrainingRunError", "available_hardware", "check",
-    "checkpoint", "compile", "launch", "load_hardware", "master_weights", "plan",
+    "checkpoint", "compile", "launch", "load_hardware", "master_weights", "plan", "report",
+    "summary", "to_dot",
 ]

@@ -15,7 +15,6 @@ import torch.distributed as dist
 from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.api import graph_digest, input_signature, plan_model
 from autopar.errors import (
     CaptureError,
     InputMismatchError,
@@ -23,16 +22,14 @@ from autopar.errors import (
     PlanFormatError,
     PlanningError,
 )
-from autopar.mesh import Mesh
-from autopar.micro_batches import micro_graph
-from autopar.passes.annotate import annotate
-from autopar.passes.capture import CALL_SPEC, CONSTANTS, LOSS, MUTATED, capture
-from autopar.passes.find_strategies import is_decision
-from autopar.passes.lower import lower
-from autopar.passes.split_batch import ACCUMULATE, loss_weights, split_batch
-from autopar.passes.split_stages import find_units, split_stages
-from autopar.pipeline import Pipeline
-from autopar.plan_types import Plan
+from autopar.passes.capturing.annotate import annotate
+from autopar.passes.capturing.capture import CALL_SPEC, CONSTANTS, LOSS, MUTATED, capture
+from autopar.passes.layout.split_microbatches import loss_weights, split_microbatches
+from autopar.passes.layout.split_stages import find_units, split_stages
+from autopar.passes.lowering.lower import lower
+from autopar.passes.strategies.find_strategies import is_decision
+from autopar.planning.entry import graph_digest, input_signature, plan_model
+from autopar.planning.microbatches import micro_graph
 from autopar.runtime.collectives import RankContext
 from autopar.runtime.compile_on_call import CompileOnCall
 from autopar.runtime.errors import ProcessGroupError
@@ -40,7 +37,11 @@ from autopar.runtime.groups import device_mesh
 from autopar.runtime.materialize import local_pieces, state_slots
 from autopar.runtime.parallel_module import ParallelModule
 from autopar.runtime.pipeline import PipelinedModule, boundary_examples, stage_user_keys
-from autopar.specs import NAMES, ROLE, TENSOR, TensorSpec
+from autopar.values.mesh import Mesh
+from autopar.values.microbatch import ACCUMULATE
+from autopar.values.pipeline import Pipeline
+from autopar.values.plan import Plan
+from autopar.values.specs import NAMES, ROLE, TENSOR, TensorSpec
 
 
 def check_plan(plan: Plan, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh) -> None:
@@ -72,7 +73,7 @@ def check_plan(plan: Plan, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh
             raise PlanFormatError(
                 f"the plan was made for another model: node {node.name!r} ({op}) of "
                 "this model is " + ("missing from it" if node.name not in planned
-                   else f"{planned[node.name]} in it"),
+                                    else f"{planned[node.name]} in it"),
                 expected=f"a plan of this model ({sum(map(is_decision, gm.graph.nodes))} "
                          "decisions)",
                 got=f"a plan of {plan.model} ({len(plan.nodes)} decisions)",
@@ -154,10 +155,10 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
     memory counts per parameter element (see `autopar.plan`); train a bfloat16 model with
     `master_weights=torch.float32` through `autopar.master_weights`, which keeps exactly that.
     `microbatches` and `pipeline` are `autopar.plan`'s; a plan of several micro-batches
-    runs each call as that many (`autopar.runtime.microbatch`), a pipelined plan runs this
+    runs each call as that many (`autopar.runtime.microbatches`), a pipelined plan runs this
     rank's stages under torch's schedule (`autopar.runtime.pipeline`); a forced pipeline
     of a model whose ops mix samples trains it by gradient accumulation over the
-    micro-batches (`passes/split_batch`'s ACCUMULATED, which the plan's warnings state).
+    micro-batches (`passes/split_microbatches`'s ACCUMULATED, which the plan's warnings state).
 
     Raises `ProcessGroupError` (no process group, or a world size that is not the mesh's),
     `MeshError`/`PlanFormatError` for a plan of another mesh or model, and the planning
@@ -216,7 +217,7 @@ def assemble_pipeline(model: nn.Module, gm: fx.GraphModule, plan: Plan,
     here = _rank_device(device)
     # A pipelined plan of a step that mixes samples was asked for (auto pipelines only steps
     # that split exactly), so it accumulates as planned; an exact step splits as before.
-    split = split_batch(gm, record.microbatches, mixing=ACCUMULATE)
+    split = split_microbatches(gm, record.microbatches, mixing=ACCUMULATE)
     micro = gm if record.microbatches == 1 else micro_graph(model, example_inputs, split)
     weights = loss_weights(split, micro)
     units = find_units(micro)
@@ -262,7 +263,7 @@ def mesh_of(mesh: Mesh | DeviceMesh, hardware: str | None = None) -> Mesh:
     type ("cpu"; for "cuda" the profile whose name the GPU's name contains)."""
     if isinstance(mesh, Mesh):
         return mesh if hardware is None else Mesh(mesh.shape, mesh.axis_names,
-                                                   hardware=hardware)
+                                                  hardware=hardware)
     if not isinstance(mesh, DeviceMesh):
         raise MeshError("compile needs a mesh", expected="an autopar.Mesh or a torch "
                         "DeviceMesh", got=type(mesh).__name__,
@@ -298,7 +299,7 @@ def assemble(model: nn.Module, gm: fx.GraphModule, plan: Plan,
     here = _rank_device(device)
     split = weights = None
     if plan.microbatches > 1:
-        split = split_batch(gm, plan.microbatches)
+        split = split_microbatches(gm, plan.microbatches)
         gm = micro_graph(model, example_inputs, split)
         weights = loss_weights(split, gm)
     program = lower(gm, plan, coordinate, context, here)

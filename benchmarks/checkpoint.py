@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import autopar  # noqa: E402
-from autopar import checkpoint  # noqa: E402
 from autopar.runtime.launch import launch  # noqa: E402
+from autopar.tools import checkpoint  # noqa: E402
 from examples import gpt  # noqa: E402
 
 LAYOUTS = {"2x2 sharded": ((2, 2), ("dp", "tp"), 0.5), "data parallel": ((4,), ("dp",), None)}

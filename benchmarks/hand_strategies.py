@@ -2,7 +2,7 @@
 
 For every case of the golden set (`tests/golden/golden_cases.py`: each example model at a
 mid-size config built on the meta device, on meshes 8 and 2x4, hardware profiles h100-sxm
-and a100-sxm), plans the model and costs the hand strategies (`autopar.hand_strategies`:
+and a100-sxm), plans the model and costs the hand strategies (`autopar.planning.hand_strategies`:
 data parallel, ZeRO-3, Megatron over all devices, data x tensor parallel), then prints one
 table: the solver's predicted step time, each hand strategy's (`*` marks one over the memory
 budget, `-` one that doesn't apply), the best hand strategy that fits, and solver / best. A
@@ -30,10 +30,13 @@ sys.path.insert(0, str(ROOT / "tests" / "golden"))
 from golden_cases import CASES, TIME_LIMIT, GoldenCase  # noqa: E402
 
 import autopar  # noqa: E402
-from autopar.graph_planning import plan_graph  # noqa: E402
-from autopar.hand_strategies import SINGLE_DEVICE, standard_hand_strategies  # noqa: E402
-from autopar.passes.annotate import annotate  # noqa: E402
-from autopar.passes.capture import capture  # noqa: E402
+from autopar.passes.capturing.annotate import annotate  # noqa: E402
+from autopar.passes.capturing.capture import capture  # noqa: E402
+from autopar.planning.hand_strategies import (
+    plan_compared,  # noqa: E402
+    standard_hand_strategies,  # noqa: E402
+)
+from autopar.values.plan import SINGLE_DEVICE  # noqa: E402
 
 TOLERANCE = 1e-9
 # Column headings of the standard hand strategies.
@@ -77,8 +80,8 @@ def main(names: str, time_limit: float) -> None:
         gm = graphs[name]
         mesh = case.mesh_value()
         start = time.perf_counter()
-        plan = plan_graph(gm, mesh, model_name=name, time_limit=time_limit,
-                          hand_strategies=True)
+        plan = plan_compared(gm, mesh, model_name=name, time_limit=time_limit,
+                             hand_strategies=True)
         seconds = time.perf_counter() - start
         records = {r.name: r for r in plan.hand_strategies if r.name != SINGLE_DEVICE}
         cells = []

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 import autopar
-from autopar.summary import describe_context_parallel
+from autopar.present.summary import describe_context_parallel
 
 # The loss wrapper the transformers tests train with.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "runtime"))
@@ -143,10 +143,10 @@ def _compare_hand(model, inputs, mesh: autopar.Mesh, plan: autopar.Plan,
 def _compare_megatron_3d(model, inputs, mesh: autopar.Mesh, plan: autopar.Plan,
                          time_limit: float) -> None:
     """The Megatron 3D hand strategy under the same cost model, next to the plan."""
-    from autopar.hand_pipeline import megatron_3d
-    from autopar.optimizer_state import optimizer_state
-    from autopar.passes.annotate import annotate
-    from autopar.passes.capture import capture
+    from autopar.costs.optimizer_state import optimizer_state
+    from autopar.passes.capturing.annotate import annotate
+    from autopar.passes.capturing.capture import capture
+    from autopar.planning.pipeline.megatron_3d import megatron_3d
 
     start = time.monotonic()
     record, _ = megatron_3d(model, annotate(capture(model, inputs)), inputs, mesh,

@@ -6,7 +6,7 @@ ZeRO-2 and recomputation), four gloo ranks (`autopar.launch`) compile the
 model, train one AdamW step and measure (`autopar.runtime.memory_probe`): the parameter
 pieces, gradients and optimizer states held after the step, and the storages autograd
 holds at the end of the forward. The table sets them against the plan's prediction at
-the end of the forward (`autopar.memory.predicted_memory`), per rank (rank 0; a row is
+the end of the forward (`autopar.tools.predicted_memory.predicted_memory`), per rank (rank 0; a row is
 marked when the ranks differ), as bytes and measured / predicted.
 
 Rows: `parameters` (stored pieces), `gradients` (the .grad tensors' own bytes), `grad

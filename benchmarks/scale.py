@@ -21,9 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import autopar  # noqa: E402
-from autopar import api, graph_planning  # noqa: E402
-from autopar.graph_planning import STAGE  # noqa: E402
-from autopar.passes.capture import capture  # noqa: E402
+from autopar.passes.capturing.capture import capture  # noqa: E402
+from autopar.planning import entry, graph  # noqa: E402
+from autopar.planning.graph import STAGE  # noqa: E402
 from examples import llama  # noqa: E402
 
 PRESETS = {
@@ -54,13 +54,13 @@ def plan_timed(layers: int, mesh: autopar.Mesh, time_limit: float, shape: dict):
 @contextmanager
 def every_block_planned():
     """Plan as if blocks had nothing in common: each traced, each its own decisions."""
-    saved = api.capture, graph_planning.fold_depth
-    api.capture = functools.partial(capture, repeat_blocks=False)
-    graph_planning.fold_depth = lambda gm, keep=frozenset(): gm
+    saved = entry.capture, graph.fold_depth
+    entry.capture = functools.partial(capture, repeat_blocks=False)
+    graph.fold_depth = lambda gm, keep=frozenset(): gm
     try:
         yield
     finally:
-        api.capture, graph_planning.fold_depth = saved
+        entry.capture, graph.fold_depth = saved
 
 
 def node_view(node) -> tuple:

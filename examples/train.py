@@ -40,7 +40,7 @@ import click  # noqa: E402
 import autopar  # noqa: E402
 from autopar.cli.options import axis_names, mesh_shape  # noqa: E402
 from autopar.cli.options import config as parse_config  # noqa: E402
-from autopar.training import (  # noqa: E402
+from autopar.tools.training import (  # noqa: E402
     RankReport,
     TrainingRun,
     communication_report,
@@ -52,7 +52,7 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def train(rank: int, run: TrainingRun, example: str) -> RankReport:
-    """One rank's whole run (`autopar.training.train_rank`); rank 0 prints the modelled
+    """One rank's whole run (`autopar.tools.training.train_rank`); rank 0 prints the modelled
     step time, each step's loss and the communication report."""
     if rank != 0:
         return train_rank(rank, run)

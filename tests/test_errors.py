@@ -92,7 +92,7 @@ def test_corrupt_and_newer_plan_files(tmp_path):
 
 
 def test_model_file_without_build(tmp_path):
-    from autopar.model_file import load_model_file
+    from autopar.tools.model_file import load_model_file
 
     path = tmp_path / "model.py"
     path.write_text("x = 1\n")
@@ -101,7 +101,7 @@ def test_model_file_without_build(tmp_path):
 
 
 def test_model_file_that_fails_to_import(tmp_path):
-    from autopar.model_file import load_model_file
+    from autopar.tools.model_file import load_model_file
 
     path = tmp_path / "broken.py"
     path.write_text("import not_a_module_anywhere\n")
@@ -113,7 +113,7 @@ def test_model_file_that_fails_to_import(tmp_path):
 def test_model_file_inside_a_package_imports_its_siblings():
     from pathlib import Path
 
-    from autopar.model_file import load_model_file
+    from autopar.tools.model_file import load_model_file
 
     gpt_file = Path(__file__).resolve().parents[1] / "examples" / "gpt.py"
     model, inputs = load_model_file(gpt_file, layers=1)

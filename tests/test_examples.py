@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from autopar.passes.annotate import annotate
-from autopar.passes.capture import capture
-from autopar.specs import FLOPS, MODULE, NAMES, ROLE
+from autopar.passes.capturing.annotate import annotate
+from autopar.passes.capturing.capture import capture
+from autopar.values.specs import FLOPS, MODULE, NAMES, ROLE
 from examples import bert, gpt, llama, mlp, moe, resnet
 
 EXAMPLES = [mlp, gpt, llama, bert, moe, resnet]

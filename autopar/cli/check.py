@@ -19,8 +19,8 @@ from autopar.errors import AutoparError
 @click.option("--set", "settings", multiple=True, help="build() argument, KEY=VALUE")
 def check_command(model_file, settings) -> None:
     """Check MODEL_FILE (a .py file with build() -> (model, example_inputs))."""
-    from autopar.check import check
-    from autopar.model_file import load_model_file
+    from autopar.tools.coverage import check
+    from autopar.tools.model_file import load_model_file
 
     try:
         model, inputs = load_model_file(model_file, **config(settings))

@@ -51,7 +51,7 @@ def pipeline(text: str):
     """`"auto"`, `"off"` (False), or `SCHEDULE[:MICROBATCHES]` as an `autopar.Pipeline` over
     the axis named pp (e.g. `1F1B:8`, `Interleaved1F1B`)."""
     from autopar.errors import PipelineError
-    from autopar.pipeline import Pipeline
+    from autopar.values.pipeline import Pipeline
 
     if text in ("auto", "off"):
         return text == "auto" and "auto"

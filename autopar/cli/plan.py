@@ -5,7 +5,7 @@ Progress goes to stderr as it happens: one line per pass and per hand strategy's
 when stderr is a file or a pipe). The summary, with the comparison against the hand
 strategies unless `--no-hand-strategies`, goes to stdout; `--out` saves the plan as JSON and
 `--report` writes its HTML report. Warnings raised while planning are the plan's (see
-`autopar.api.plan_model`): the summary ends with each once, as a "warning:" line, rather
+`autopar.planning.entry.plan_model`): the summary ends with each once, as a "warning:" line, rather
 than as Python's warning lines; planning that fails prints them so on stderr.
 """
 
@@ -26,7 +26,7 @@ from autopar.errors import AutoparError
 @contextmanager
 def progress_lines() -> Iterator[Callable[[str], None]]:
     """A progress callback: a spinner over the stage lines on a terminal, plain lines else."""
-    from autopar.graph_planning import STAGE
+    from autopar.planning.graph import STAGE
 
     console = Console(stderr=True)
     if not console.is_terminal:
@@ -62,9 +62,11 @@ def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, tim
                  settings, hand_strategies, microbatch_text, pipeline_text, out,
                  report_out) -> None:
     """Plan MODEL_FILE (a .py file with build() -> (model, example_inputs))."""
-    from autopar.api import plan
-    from autopar.mesh import Mesh
-    from autopar.model_file import load_model_file
+    from autopar.planning.entry import plan
+    from autopar.present.report import write_report
+    from autopar.present.summary import render_summary
+    from autopar.tools.model_file import load_model_file
+    from autopar.values.mesh import Mesh
 
     shape, count = mesh_shape(mesh_text), microbatches(microbatch_text)
     layout = pipeline(pipeline_text)
@@ -81,13 +83,13 @@ def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, tim
         for message in dict.fromkeys(str(w.message) for w in caught):
             click.echo(f"warning: {message}", err=True)
         raise click.ClickException(str(exc)) from exc
-    click.echo(result.summary())
+    click.echo(render_summary(result))
     if out:
         result.save(out)
         click.echo(f"plan written to {out}")
     if report_out:
         try:
-            written = result.report(report_out)
+            written = write_report(result, report_out)
         except AutoparError as exc:
             raise click.ClickException(str(exc)) from exc
         click.echo(f"report written to {written}")

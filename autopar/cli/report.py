@@ -18,19 +18,19 @@ from autopar.errors import AutoparError
               help="also write the graph as graphviz DOT text to this file")
 def report_command(plan_file, out, dot_out) -> None:
     """Write the report of PLAN_FILE (a plan saved by `autopar plan --out` or plan.save)."""
-    from autopar.plan_types import Plan
-    from autopar.report import ReportError
+    from autopar.present.report import ReportError, to_dot, write_report
+    from autopar.values.plan import Plan
 
     target = Path(out) if out else Path(plan_file).with_suffix(".html")
     try:
         plan = Plan.load(plan_file)
-        written = plan.report(target)
+        written = write_report(plan, target)
     except AutoparError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"report written to {written}")
     if dot_out:
         try:
-            Path(dot_out).write_text(plan.to_dot())
+            Path(dot_out).write_text(to_dot(plan))
         except OSError as exc:
             error = ReportError(f"cannot write the graph to {dot_out}: {exc.strerror or exc}",
                                 expected="a writable file path, e.g. plan.dot", got=dot_out,

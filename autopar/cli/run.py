@@ -26,7 +26,7 @@ import click
 from autopar.cli.options import axis_names as parse_axis_names
 from autopar.cli.options import config, mesh_shape, microbatches, pipeline
 from autopar.errors import AutoparError
-from autopar.training import (
+from autopar.tools.training import (
     ABSOLUTE_TOLERANCE,
     BF16_TOLERANCE,
     LEARNING_RATE,
@@ -121,8 +121,8 @@ def _recovering(run: TrainingRun, nproc: int, planned: Callable[[TrainingRun], T
                 *, max_restarts: int, min_nproc: int) -> RankReport:
     """`_train`, launched again from the latest checkpoint when a rank dies (see the module
     docstring); rank 0's report of the run that finished. `planned` plans a run again."""
-    from autopar import checkpoint
     from autopar.runtime.errors import LaunchError
+    from autopar.tools import checkpoint
 
     failed_at: dict[int, list] = {}  # processes -> the latest checkpoint at each failure
     attempt = 0
@@ -203,9 +203,9 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
     """Train MODEL_FILE (a .py file with build() -> (model, example_inputs)) on --nproc
     local CPU processes: the loss per step, then the bytes each collective moved against
     the plan's prediction."""
-    from autopar.plan_types import Plan
-    from autopar.report import units  # the summary's units (autopar.summary)
-    from autopar.training import plan_run
+    from autopar.present.report import units  # the summary's units (autopar.present.summary)
+    from autopar.tools.training import plan_run
+    from autopar.values.plan import Plan
 
     shape = mesh_shape(mesh_text)
     size = 1

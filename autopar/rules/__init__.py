@@ -49,7 +49,6 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from autopar.placement import Placements
 from autopar.rules import (
     attention,
     batch_norm,
@@ -70,6 +69,7 @@ from autopar.rules import (
     views,
 )
 from autopar.rules.base import AxisStrategy, OpSpec, Rule
+from autopar.values.placement import Placements
 
 __all__ = ["DECOMPOSITIONS", "AxisStrategy", "OpSpec", "RULES", "Rule", "admissible",
            "local_args", "lookup"]

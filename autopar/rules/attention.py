@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import torch
 
-from autopar.placement import Placement, Placements
 from autopar.rules.base import AxisStrategy, OpSpec, Rule
 from autopar.rules.common import R, S, argument, by_name, finish, follow, tensor_slots
-from autopar.specs import TensorSpec
+from autopar.values.placement import Placement, Placements
+from autopar.values.specs import TensorSpec
 
 aten = torch.ops.aten
 

@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autopar.placement import Placement
-from autopar.specs import TensorSpec
+from autopar.values.placement import Placement
+from autopar.values.specs import TensorSpec
 
 
 @dataclass(frozen=True)

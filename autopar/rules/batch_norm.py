@@ -33,7 +33,7 @@ computation dtype (float32 for half inputs), x centred before scaling (the weigh
 is a sum of g * (x - mean), without cancellation), output cast back to x's dtype, the saved
 statistics as the device returns them. `DECOMPOSITIONS` is merged into
 `autopar.rules.DECOMPOSITIONS`, which capture applies. A step with training-mode batch norm
-is not run as micro-batches: its statistics are the whole batch's (`split_batch` refuses it).
+is not run as micro-batches: its statistics are the whole batch's (`split_microbatches` refuses it).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from autopar.placement import Partial, Placement, Replicate, Shard
 from autopar.rules.base import AxisStrategy, OpSpec
-from autopar.specs import TensorSpec
+from autopar.values.placement import Partial, Placement, Replicate, Shard
+from autopar.values.specs import TensorSpec
 
 R: Placement = Replicate()
 P: Placement = Partial("sum")
@@ -142,3 +142,22 @@ def unary_moves(pairs: Iterable[tuple[int, int]], src: TensorSpec, dst: TensorSp
     if partial and is_float(src) and is_float(dst):
         out.append(AxisStrategy((P,), P))
     return finish(out)
+
+
+def draws(target, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of `target` (tagged `nondeterministic_seeded`) draws numbers: not
+    with a zero dropout probability (`p`, `dropout_p`, `dropout`: scaled_dot_product_attention's
+    is usually 0), `train=False`, or a one-layer RNN (its dropout is between layers)."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return True
+    for index, argument in enumerate(schema.arguments):
+        value = args[index] if index < len(args) else kwargs.get(argument.name,
+                                                                 argument.default_value)
+        if argument.name in ("p", "dropout_p", "dropout", "num_layers") \
+                and isinstance(value, (int, float)) \
+                and value == (1 if argument.name == "num_layers" else 0):
+            return False
+        if argument.name == "train" and value is False:
+            return False
+    return True

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from autopar.placement import Placement
 from autopar.rules.base import AxisStrategy, OpSpec
 from autopar.rules.common import P, R, S, finish, is_float
-from autopar.specs import TensorSpec
+from autopar.values.placement import Placement
+from autopar.values.specs import TensorSpec
 
 aten = torch.ops.aten
 

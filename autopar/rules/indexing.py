@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from autopar.placement import Placement
 from autopar.rules.base import AxisStrategy, OpSpec, Rule
 from autopar.rules.common import (
     P,
@@ -28,7 +27,8 @@ from autopar.rules.common import (
     norm_dim,
     tensor_slots,
 )
-from autopar.specs import TensorSpec
+from autopar.values.placement import Placement
+from autopar.values.specs import TensorSpec
 
 aten = torch.ops.aten
 

@@ -26,11 +26,11 @@ from collections.abc import Sequence
 
 import torch
 
-from autopar.placement import Placement, Shard
 from autopar.rules.base import AxisStrategy, OpSpec, Rule
 from autopar.rules.common import P, R, S, finish, follow, is_float, tensor_slots
 from autopar.rules.einsum import RULES as EINSUM_RULES
-from autopar.specs import TensorSpec
+from autopar.values.placement import Placement, Shard
+from autopar.values.specs import TensorSpec
 
 aten = torch.ops.aten
 

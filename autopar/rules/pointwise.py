@@ -22,7 +22,7 @@ import torch
 
 from autopar.rules.base import AxisStrategy, OpSpec, Rule
 from autopar.rules.common import P, R, S, argument, finish, follow, is_float, tensor_slots
-from autopar.specs import TensorSpec
+from autopar.values.specs import TensorSpec
 
 aten = torch.ops.aten
 

@@ -25,7 +25,7 @@ These ops are tagged `nondeterministic_seeded`: in training, with dropout > 0 an
 one layer, they draw a dropout mask between layers inside the kernel. A rank running the op
 on its samples would draw a mask of its own, not its chunk of the whole batch's (obligation
 4 of `autopar.rules`), so the split is offered only when no number is drawn, and only when
-the lowering agrees (`random_ops.draws`, which the lowering asks before running a split
+the lowering agrees (`common.draws`, which the lowering asks before running a split
 random op, and which refuses what it cannot reproduce).
 """
 
@@ -36,8 +36,7 @@ from collections.abc import Callable
 import torch
 
 from autopar.rules.base import AxisStrategy, OpSpec, Rule
-from autopar.rules.common import S, argument, by_name, finish
-from autopar.runtime import random_ops
+from autopar.rules.common import S, argument, by_name, draws, finish
 
 aten = torch.ops.aten
 
@@ -47,7 +46,7 @@ def _draws_nothing(op: OpSpec) -> bool:
     between layers); and the lowering sees it so too."""
     quiet = (not argument(op, "train") or argument(op, "dropout") == 0
              or argument(op, "num_layers") == 1)
-    return quiet and not random_ops.draws(op.target, tuple(op.args), dict(op.kwargs))
+    return quiet and not draws(op.target, tuple(op.args), dict(op.kwargs))
 
 
 def _recurrent(op: OpSpec) -> list[AxisStrategy]:

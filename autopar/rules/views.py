@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from autopar.placement import Placement
 from autopar.rules.base import AxisStrategy, OpSpec, Rule
 from autopar.rules.common import P, R, S, argument, finish, is_float, norm_dim, unary_moves
+from autopar.values.placement import Placement
 
 aten = torch.ops.aten
 

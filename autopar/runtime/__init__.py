@@ -32,12 +32,12 @@ from autopar.runtime.pending import PendingSum
 from autopar.runtime.recompute import Recompute
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.regather import Regather
-from autopar.runtime.steps import Step, local_shape, plan_steps
+from autopar.runtime.steps import Step, local_shape, redistribution_steps
 
 __all__ = [
     "CommCounter", "LaunchArgumentError", "LaunchError", "PendingSum", "ProcessGroupError",
     "Recompute", "Redistribution",
     "RedistributionError", "Regather", "Step", "UnsupportedRedistributionError", "device_mesh",
-    "init_from_env", "keep_freed_memory", "local_shape", "plan_steps", "redistribute",
+    "init_from_env", "keep_freed_memory", "local_shape", "redistribution_steps", "redistribute",
     "transfer_totals",
 ]

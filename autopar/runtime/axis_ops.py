@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.placement import Partial, Replicate, Shard
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.steps import Step
+from autopar.values.placement import Partial, Replicate, Shard
 
 
 def axis_name(mesh: DeviceMesh, axis: int) -> str:

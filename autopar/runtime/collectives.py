@@ -2,7 +2,7 @@
 
 Forward converts a rank's local piece from `redistribution.src` to `.dst`; backward converts
 the gradient from `.grad_arriving` to `.grad_needed`, both axis by axis in the order and with
-the collectives `autopar.cost.edge_transfers` charged for the edge (see `steps.py`). This is
+the collectives `autopar.costs.formulas.edge_transfers` charged for the edge (see `steps.py`). This is
 docs/DESIGN.md's backward table made code: Megatron's copy/reduce/scatter/gather regions for any
 axis and any pair of placements. Each collective is counted on the caller's `CommCounter`.
 
@@ -19,7 +19,6 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.placement import Replicate, Shard, format_placements
 from autopar.runtime.axis_ops import apply_steps
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.errors import RedistributionError
@@ -35,6 +34,7 @@ from autopar.runtime.prefetch import Prefetch, prefetchable
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.regather import Regather
 from autopar.runtime.steps import local_shape
+from autopar.values.placement import Replicate, Shard, format_placements
 
 
 class _Redistribute(torch.autograd.Function):

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from autopar.errors import InputMismatchError
-from autopar.placement import format_placements
 from autopar.runtime.parallel_module import ParallelModule
+from autopar.values.placement import format_placements
 
 Compiler = Callable[[tuple, dict[str, str] | None], ParallelModule]
 """(example inputs, placements to pin by tensor name or None) -> this rank's module."""

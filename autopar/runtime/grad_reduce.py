@@ -24,7 +24,7 @@ hands the gradient of the gathered copy to the reducer, which starts its reduce-
 once (one per gradient: packing several into one call would need them interleaved rank by
 rank) and adds this rank's chunk to the shard's `.grad` when the backward ends.
 
-In a step of several micro-batches (`autopar.runtime.microbatch`) the reducer also
+In a step of several micro-batches (`autopar.runtime.microbatches`) the reducer also
 accumulates: while `deferring`, a replicated parameter's gradient is summed locally and
 all-reduced once, in the last micro-batch's backward (DDP's `no_sync`); and a parameter
 kept gathered for the whole step (ZeRO-1, `whole_copy`) is gathered once into a leaf copy

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from autopar.mesh import Mesh
 from autopar.runtime.errors import ProcessGroupError
+from autopar.values.mesh import Mesh
 
 
 def device_type() -> str:

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from autopar.errors import InitializationError
-from autopar.passes.lower import StateSlot
-from autopar.placement import Replicate
+from autopar.runtime.program import StateSlot
 from autopar.runtime.shards import local_piece
+from autopar.values.placement import Replicate
 
 
 def state_slots(model: nn.Module, graph_state: tuple[StateSlot, ...],

@@ -1,5 +1,5 @@
 """What one rank really holds: training state after a step, and what autograd keeps at the
-end of the forward. The measured side of `autopar.memory.predicted_memory`.
+end of the forward. The measured side of `autopar.tools.predicted_memory.predicted_memory`.
 
 `state_bytes(module, optimizer)`, after `optimizer.step()` and before `zero_grad()`:
 exact bytes of the rank's parameter pieces, their `.grad`, and the tensors in

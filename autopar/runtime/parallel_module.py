@@ -2,13 +2,13 @@
 
 It holds this rank's pieces of the model's parameters and buffers, registered under the
 model's own names (`pm.named_parameters()` reads like `model.named_parameters()`, with local
-shapes), and runs the rank program of `autopar.passes.lower` on them. `pm(*inputs)` takes
+shapes), and runs the rank program of `autopar.passes.lowering.lower` on them. `pm(*inputs)` takes
 the global inputs, the same on every rank, and returns global outputs; `loss.backward()`
 leaves on every local parameter the gradient of its piece, already reduced over the mesh, so
 any torch optimizer steps the pieces as if they were the whole model.
 
 A plan of several micro-batches runs each call as that many forwards and backwards of
-one micro-batch (`autopar.runtime.microbatch`); the call returns the batch's loss and its
+one micro-batch (`autopar.runtime.microbatches`); the call returns the batch's loss and its
 backward hands over the accumulated gradients.
 
 Inputs must have the structure, shapes and dtypes of the example inputs the model was
@@ -27,16 +27,16 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.utils import _pytree as pytree
 
 from autopar.errors import InputMismatchError
-from autopar.passes.lower import RankProgram, StateSlot
-from autopar.passes.split_batch import BatchSplit, micro_inputs
-from autopar.placement import format_placements
-from autopar.plan_types import Plan
 from autopar.runtime.collectives import RankContext
 from autopar.runtime.counter import CommCounter
-from autopar.runtime.microbatch import run_microbatches
+from autopar.runtime.microbatches import run_microbatches
+from autopar.runtime.program import RankProgram, StateSlot
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.shards import gather_full, local_piece
-from autopar.specs import TensorSpec
+from autopar.values.microbatch import BatchSplit, micro_inputs
+from autopar.values.placement import format_placements
+from autopar.values.plan import Plan
+from autopar.values.specs import TensorSpec
 
 
 def _whole_batch(spec, split: BatchSplit | None, cut: bool):
@@ -246,7 +246,7 @@ class ParallelModule(nn.Module):
         leaves: list = []
 
         def loss_of(micro: list) -> torch.Tensor:
-            # The program returns the loss and Nones (split_batch checked it).
+            # The program returns the loss and Nones (split_microbatches checked it).
             leaves[:] = self._run_flat(micro)
             return next(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
 

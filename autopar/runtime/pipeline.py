@@ -1,6 +1,6 @@
 """`PipelinedModule`: one rank's stages of a pipelined plan, run by torch's schedules.
 
-Each stage's graph (`autopar.passes.split_stages`) is lowered for this rank's coordinate on
+Each stage's graph (`autopar.passes.layout.split_stages`) is lowered for this rank's coordinate on
 the other mesh axes (its own collectives on that sub-mesh) and wrapped in a torch
 `PipelineStage` over the pipeline axis' process group; torch's schedule class
 (`ScheduleGPipe`, `Schedule1F1B`, `ScheduleInterleaved1F1B`) runs the step: it cuts the
@@ -9,11 +9,11 @@ gradients back.
 
 `pm(*inputs)` is called on every rank with the whole batch, as for any plan. It runs the
 whole schedule, forwards and backwards, and returns the batch's loss on every rank, the
-micro-batches' losses weighted as `split_batch` says (torch's `loss_fn` multiplies each by
+micro-batches' losses weighted as `split_microbatches` says (torch's `loss_fn` multiplies each by
 its weight, which travels as the schedule's `target`; 1/m each for a model whose ops mix
 samples, which a forced pipeline trains by gradient accumulation); `loss.backward()` then hands the
 accumulated gradients to `.grad`, times the gradient it receives
-(`autopar.runtime.microbatch.hand_over`). Every stage reads the user inputs it needs from
+(`autopar.runtime.microbatches.hand_over`). Every stage reads the user inputs it needs from
 the call: torch passes them to every stage as keyword arguments, cut like the batch or
 whole. The gradients of a weight two stages hold (a tied embedding) are summed over the
 pipeline axis after the schedule; replicated parameters' all-reduces wait for the stage's
@@ -38,14 +38,9 @@ from torch.distributed.pipelining.microbatch import TensorChunkSpec, _Replicate
 from torch.distributed.pipelining.schedules import get_schedule_class
 from torch.utils import _pytree as pytree
 
-from autopar.passes.lower import RankProgram, StateSlot
-from autopar.passes.split_batch import BatchSplit, micro_inputs
-from autopar.pipeline import schedule_named
-from autopar.placement import parse_placements
-from autopar.plan_types import Plan
 from autopar.runtime.collectives import RankContext
 from autopar.runtime.counter import CommCounter
-from autopar.runtime.microbatch import hand_over
+from autopar.runtime.microbatches import hand_over
 from autopar.runtime.parallel_module import (
     adopt_pieces,
     check_inputs,
@@ -54,8 +49,13 @@ from autopar.runtime.parallel_module import (
     register_pieces,
 )
 from autopar.runtime.pending import PendingSum
+from autopar.runtime.program import RankProgram, StateSlot
 from autopar.runtime.shards import chunk_of, gather_full
-from autopar.specs import BOUNDARY, ROLE, TENSOR
+from autopar.values.microbatch import BatchSplit, micro_inputs
+from autopar.values.pipeline import schedule_named
+from autopar.values.placement import parse_placements
+from autopar.values.plan import Plan
+from autopar.values.specs import BOUNDARY, ROLE, TENSOR
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -230,7 +230,7 @@ class PipelinedModule(nn.Module):
         `inputs` the whole batch's flat input specs; `shared` the weights summed over the
         pipeline axis (canonical name, local elements, dtype), in the same order on every
         rank; `loss_index` is the loss's position among the model's flat outputs (the
-        others, which `split_batch` checked are None, are returned as None)."""
+        others, which `split_microbatches` checked are None, are returned as None)."""
         super().__init__()
         self._loss_index = loss_index
         record = plan.pipeline

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from autopar.placement import Placements
 from autopar.runtime.shards import chunk_of
+from autopar.values.placement import Placements
 
 aten = torch.ops.aten
 
@@ -38,25 +38,6 @@ _SCALED_MASK = {aten.dropout.default, aten.native_dropout.default}
 _PROBABILITIES = {aten.bernoulli.default}
 
 SUPPORTED = frozenset(_SHAPE_ONLY | _SCALED_MASK | _PROBABILITIES)
-
-
-def draws(target, args: tuple, kwargs: dict) -> bool:
-    """Whether a call of `target` (tagged `nondeterministic_seeded`) draws numbers: not
-    with a zero dropout probability (`p`, `dropout_p`, `dropout`: scaled_dot_product_attention's
-    is usually 0), `train=False`, or a one-layer RNN (its dropout is between layers)."""
-    schema = getattr(target, "_schema", None)
-    if schema is None:
-        return True
-    for index, argument in enumerate(schema.arguments):
-        value = args[index] if index < len(args) else kwargs.get(argument.name,
-                                                                 argument.default_value)
-        if argument.name in ("p", "dropout_p", "dropout", "num_layers") \
-                and isinstance(value, (int, float)) \
-                and value == (1 if argument.name == "num_layers" else 0):
-            return False
-        if argument.name == "train" and value is False:
-            return False
-    return True
 
 
 def seeded_piece(target, x: torch.Tensor, *args, full_shape: tuple[int, ...],

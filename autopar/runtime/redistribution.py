@@ -1,6 +1,6 @@
 """`Redistribution`: everything the runtime needs to move one tensor along one graph edge.
 
-It is the cost model's view of the edge (`autopar.cost.edge_transfers`) made executable: the
+It is the cost model's view of the edge (`autopar.costs.formulas.edge_transfers`) made executable: the
 forward and backward `Transfer`s as the cost model lists them, the placements they convert
 between, and the per-axis steps that perform exactly those transfers. Construction checks
 that the steps and the transfers agree collective for collective, so the bytes the runtime
@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from autopar import cost
-from autopar.placement import Placements, format_placements
+from autopar.costs import formulas
 from autopar.runtime.errors import RedistributionError, UnsupportedRedistributionError
-from autopar.runtime.steps import Step, nbytes_of, plan_steps
+from autopar.runtime.steps import Step, nbytes_of, redistribution_steps
+from autopar.values.placement import Placements, format_placements
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Redistribution:
     """One edge: `src` -> `dst` forward, `grad_arriving` -> `grad_needed` backward.
 
     `forward` holds the forward transfers and `backward` the backward ones (backward=True),
-    exactly as `cost.edge_transfers` returns them: with `regather`, the backward list starts
+    exactly as `formulas.edge_transfers` returns them: with `regather`, the backward list starts
     with a repeat of every forward all-gather (a parameter stored sharded is gathered again
     for the backward instead of being kept). `requires_grad=False` edges have no backward
     transfers and must not be differentiated through. `forward_steps`/`backward_steps` are
@@ -38,8 +38,8 @@ class Redistribution:
     dst: Placements
     grad_arriving: Placements
     grad_needed: Placements
-    forward: tuple[cost.Transfer, ...]
-    backward: tuple[cost.Transfer, ...]
+    forward: tuple[formulas.Transfer, ...]
+    backward: tuple[formulas.Transfer, ...]
     requires_grad: bool = True
     regather: bool = False
     forward_steps: tuple[Step, ...] = field(init=False, repr=False, compare=False)
@@ -50,24 +50,24 @@ class Redistribution:
                  dst: Placements, consumer_output: Placements, mesh_shape: tuple[int, ...],
                  *, requires_grad: bool = True, regather: bool = False) -> Redistribution:
         """The edge from a producer with output `src` to a consumer that reads it as `dst`
-        and produces `consumer_output`; transfers from `cost.edge_transfers`."""
+        and produces `consumer_output`; transfers from `formulas.edge_transfers`."""
         shape, mesh_shape = tuple(shape), tuple(mesh_shape)
         src, dst = tuple(src), tuple(dst)
         nbytes = nbytes_of(shape, torch.empty((), dtype=dtype).element_size())
-        transfers = cost.edge_transfers(nbytes, src, dst, tuple(consumer_output), mesh_shape,
-                                        requires_grad=requires_grad, regather=regather)
+        transfers = formulas.edge_transfers(nbytes, src, dst, tuple(consumer_output), mesh_shape,
+                                            requires_grad=requires_grad, regather=regather)
         # None: not executable; the step checks of __post_init__ then say why.
         transfers = transfers or ()
         return cls(shape, dtype, mesh_shape, src, dst,
-                   cost.arriving_grad(dst, tuple(consumer_output)), cost.needed_grad(src),
+                   formulas.arriving_grad(dst, tuple(consumer_output)), formulas.needed_grad(src),
                    tuple(t for t in transfers if not t.backward),
                    tuple(t for t in transfers if t.backward),
                    requires_grad=requires_grad, regather=regather)
 
     def __post_init__(self) -> None:
-        forward_steps = plan_steps(self.src, self.dst, self.shape, self.mesh_shape)
-        backward_steps = (plan_steps(self.grad_arriving, self.grad_needed, self.shape,
-                                     self.mesh_shape) if self.requires_grad else ())
+        forward_steps = redistribution_steps(self.src, self.dst, self.shape, self.mesh_shape)
+        backward_steps = (redistribution_steps(self.grad_arriving, self.grad_needed, self.shape,
+                                               self.mesh_shape) if self.requires_grad else ())
         object.__setattr__(self, "forward_steps", forward_steps)
         object.__setattr__(self, "backward_steps", backward_steps)
         gathers = [s for s in forward_steps if s.kind == "all_gather"]
@@ -81,7 +81,7 @@ class Redistribution:
         self._check(self.forward, forward_steps, "forward")
         self._check(self.backward, again + list(backward_steps), "backward")
 
-    def _check(self, transfers: tuple[cost.Transfer, ...], steps: list[Step] | tuple[Step, ...],
+    def _check(self, transfers: tuple[formulas.Transfer, ...], steps: list[Step] | tuple[Step, ...],
                direction: str) -> None:
         # The steps are what runs; the transfers are what was charged: they must agree.
         charged = [(t.kind, t.axis) for t in transfers]

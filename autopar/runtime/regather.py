@@ -5,7 +5,7 @@ would normally keep the gathered copy alive until its backward. Inside a `Regath
 (torch saved-tensor hooks), whenever an op saves a tensor produced by a regather edge (or a
 view of one), it keeps a small handle instead: the local shard plus the view geometry. When
 the backward unpacks it, the shard is gathered again (recorded as backward all-gathers on the
-counter, the repeat `cost.edge_transfers(..., regather=True)` charges), once per backward
+counter, the repeat `formulas.edge_transfers(..., regather=True)` charges), once per backward
 pass however many of the op's saved tensors point into it.
 
 Contract: enter the scope around the forward of the code that consumes regathered tensors

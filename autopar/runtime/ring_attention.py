@@ -12,7 +12,7 @@ The backward runs the ring again with each block's dK, dV travelling with it (ac
 fp32 for half types; the last send, complete, in the inputs' dtype), so that they arrive
 back where the block started after c sends; each block's gradients come from the
 attention kernel's backward given the merged output and log-sum-exp, which makes them the
-block's exact share. Under a causal mask (`context_parallel.balanced`) rank r first swaps
+block's exact share. Under a causal mask (`autopar.costs.ring.balanced`) rank r first swaps
 the second half of its queries with rank c-1-r: it then holds the positions of one early
 and one late half, and every rank attends to as many key positions as every other. Causal
 masking compares global positions: a query half and a key half are fully visible, masked
@@ -23,7 +23,7 @@ block is then computed, masked or not, and the ranks' work is equal without a sw
 The blocks run through the fused attention kernels where the device has them with a
 log-sum-exp output (CPU: `_scaled_dot_product_flash_attention_for_cpu`), otherwise through
 the explicit softmax. Every send is counted on the `CommCounter` as the cost model's
-`send`, with the bytes of `autopar.context_parallel.Ring.transfers`.
+`send`, with the bytes of `autopar.costs.ring.Ring.transfers`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.context_parallel import balanced, gradient_dtype
+from autopar.costs.ring import balanced, gradient_dtype
 from autopar.runtime.axis_ops import axis_name
 from autopar.runtime.counter import CommCounter
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.placement import Partial, Placements, Replicate, Shard
 from autopar.runtime.axis_ops import apply_steps
 from autopar.runtime.counter import CommCounter
-from autopar.runtime.steps import plan_steps
+from autopar.runtime.steps import redistribution_steps
+from autopar.values.placement import Partial, Placements, Replicate, Shard
 
 
 def chunk_of(full: torch.Tensor, placements: Placements, mesh_shape: tuple[int, ...],
@@ -43,6 +43,6 @@ def gather_full(piece: torch.Tensor, placements: Placements, shape: tuple[int, .
     if tuple(placements) == replicated:
         return piece.detach().clone()
     assert mesh is not None, "a sharded tensor without a DeviceMesh"
-    steps = plan_steps(tuple(placements), replicated, tuple(shape), tuple(mesh.shape))
+    steps = redistribution_steps(tuple(placements), replicated, tuple(shape), tuple(mesh.shape))
     with torch.no_grad():
         return apply_steps(piece.detach(), steps, mesh, CommCounter(), "forward")

@@ -1,7 +1,7 @@
 """The per-axis steps of a redistribution, in the order the cost model charges them.
 
-`plan_steps(src, dst, ...)` turns one sharding into another one mesh axis at a time, in the
-order `autopar.cost.conversion_steps` fixes (the order decides which axis moves how many
+`redistribution_steps(src, dst, ...)` turns one sharding into another one mesh axis at a time, in the
+order `autopar.costs.formulas.conversion_steps` fixes (the order decides which axis moves how many
 bytes, so the runtime takes it from the cost model rather than restating it). Each step is
 one of
 
@@ -21,9 +21,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from autopar.cost import axis_collective, conversion_steps
+from autopar.costs.formulas import axis_collective, conversion_steps
 from autopar.errors import ShardingError
-from autopar.placement import (
+from autopar.runtime.errors import UnsupportedRedistributionError
+from autopar.values.placement import (
     Partial,
     Placement,
     Placements,
@@ -33,7 +34,6 @@ from autopar.placement import (
     format_placements,
     shard_count,
 )
-from autopar.runtime.errors import UnsupportedRedistributionError
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def check_placements(placements: Placements, shape: tuple[int, ...],
                 fix="reduce with sum, or replicate the tensor")
         if not isinstance(placement, Shard | Replicate | Partial):
             raise ShardingError("unknown placement", expected="Shard, Replicate or Partial",
-                                got=repr(placement), fix="use autopar.placement's types")
+                                got=repr(placement), fix="use autopar.values.placement's types")
     for dim, size in enumerate(shape):
         pieces = shard_count(placements, mesh_shape, dim)
         if size % pieces:
@@ -89,8 +89,8 @@ def check_placements(placements: Placements, shape: tuple[int, ...],
                                 fix="pick placements that divide the dim evenly")
 
 
-def plan_steps(src: Placements, dst: Placements, shape: tuple[int, ...],
-               mesh_shape: tuple[int, ...]) -> tuple[Step, ...]:
+def redistribution_steps(src: Placements, dst: Placements, shape: tuple[int, ...],
+                         mesh_shape: tuple[int, ...]) -> tuple[Step, ...]:
     """The steps turning `src` into `dst`, validated against `shape` and `mesh_shape`."""
     check_placements(src, shape, mesh_shape)
     check_placements(dst, shape, mesh_shape)

@@ -84,7 +84,7 @@ def model_build_seconds(flat: Flat) -> float:
 
 
 @dataclass(frozen=True)
-class Plan:
+class PhaseBudgets:
     """Work budgets of the phases of one solve.
 
     The Lagrangian phase may stop early (no progress for `patience` iterations); the
@@ -102,7 +102,7 @@ class Plan:
     repeatable: bool = True
 
     @staticmethod
-    def of(flat: Flat, seconds: float, *, repeatable: bool = True) -> Plan:
+    def of(flat: Flat, seconds: float, *, repeatable: bool = True) -> PhaseBudgets:
         """Split `seconds` (what is left after reductions) between the phases."""
         seconds = max(seconds, 0.1)
         build = model_build_seconds(flat)
@@ -110,8 +110,8 @@ class Plan:
         share = LAGRANGE_SHARE_EXACT if exact else LAGRANGE_SHARE
         each = iteration_seconds(flat)
         iterations = max(min(int(share * seconds / each), 400), 3)
-        return Plan(iterations, 15 if exact else 10, exact, seconds, each,
-                    build if exact else 0.0, repeatable)
+        return PhaseBudgets(iterations, 15 if exact else 10, exact, seconds, each,
+                            build if exact else 0.0, repeatable)
 
     def rest(self, lagrange_done: int) -> float:
         """Seconds left for the phases after that many Lagrangian iterations."""

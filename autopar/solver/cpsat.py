@@ -94,7 +94,7 @@ class SubModel:
         for e in np.flatnonzero(free[flat.edge_a] & free[flat.edge_b]):
             terms += self._edge(int(e))
         self.model.Minimize(cp_model.LinearExpr.WeightedSum([v for _, v in terms],
-                                                           [c for c, _ in terms]))
+                                                            [c for c, _ in terms]))
 
     def hint(self, x: np.ndarray) -> None:
         """Hint assignment `x` (replacing any hint before): each node's literals only,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.solver.reduced import ReducedProblem
+from autopar.solver.reduced_problem import ReducedProblem
 
 
 @dataclass(frozen=True, eq=False)

@@ -9,7 +9,7 @@ leaf's response.
 Usage that no longer depends on any choice lives in `base` (per segment).
 
 Every node keeps `keep[i]`, the original indices of its remaining strategies (ascending), so
-the records in `log` (see `reduced.py`) can map a reduced solution back to the original.
+the records in `log` (see `reduced_problem.py`) can map a reduced solution back to the original.
 """
 
 from __future__ import annotations

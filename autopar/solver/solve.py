@@ -1,6 +1,6 @@
 """`solve`: choose a strategy per node of a `ShardingProblem`, and `min_peak_usage`.
 
-The pipeline: exact reductions (`reduce.py`), a Lagrangian heuristic for a feasible warm
+The pipeline: exact reductions (`reductions.py`), a Lagrangian heuristic for a feasible warm
 start (`lagrange.py`), then the whole reduced problem when its model is small enough
 (`exact.py`: HiGHS's linear relaxation and branch and bound, which prove optimality on our
 own torch graphs, then CP-SAT) or large-neighbourhood search with CP-SAT on parts of it
@@ -30,19 +30,19 @@ from autopar.solver.budget import (
     LNS_SLICE,
     PLANNER_GAP,
     PRICE_NOISE,
-    Plan,
+    PhaseBudgets,
     estimate_reduce_seconds,
     finish_seconds,
 )
-from autopar.solver.enumerate import MAX_ASSIGNMENTS, assignments, enumerate_best
 from autopar.solver.exact import Outcome, solve_whole
+from autopar.solver.exhaustive import MAX_ASSIGNMENTS, assignments, enumerate_best
 from autopar.solver.flat import Flat
 from autopar.solver.guided import guided_search
 from autopar.solver.lagrange import Best, lagrangian
 from autopar.solver.lns import large_neighbourhoods
 from autopar.solver.problem import ShardingProblem
 from autopar.solver.progress import Progress
-from autopar.solver.reduce import Infeasible, reduce_problem
+from autopar.solver.reductions import Infeasible, reduce_problem
 from autopar.solver.solution import Solution
 
 
@@ -119,19 +119,19 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
     """Lagrangian warm start, then CP-SAT on the whole problem, or (larger problems) LNS
     on a work budget when `repeatable`, else guided search and LNS until the limit; a
     whole-problem search that ends unproven leaves its time to those."""
-    plan = Plan.of(flat, seconds, repeatable=repeatable)
+    budgets = PhaseBudgets.of(flat, seconds, repeatable=repeatable)
     tolerance = PLANNER_GAP if repeatable else 1e-9
 
     def open_gap() -> bool:
         return best.cost > report.bound + tolerance * abs(best.cost)
 
-    hot, ran, prices = lagrangian(flat, best, iterations=plan.lagrange_iterations,
-                                  patience=plan.patience, seed=seed,
+    hot, ran, prices = lagrangian(flat, best, iterations=budgets.lagrange_iterations,
+                                  patience=budgets.patience, seed=seed,
                                   keep_going=lambda: left() > 0 and open_gap(),
                                   report=report)
     bound = -math.inf
-    if plan.exact:
-        outcome = solve_whole(flat, best, hot, deterministic=plan.deterministic(ran),
+    if budgets.exact:
+        outcome = solve_whole(flat, best, hot, deterministic=budgets.deterministic(ran),
                               wall=left, seed=seed, workers=workers, report=report,
                               tolerance=tolerance)
         if repeatable or outcome.status in ("optimal", "infeasible"):
@@ -140,7 +140,7 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
     if repeatable:
         # Work counted in CP-SAT's deterministic time only: the guided search's iteration
         # time is not modelled well enough yet to budget it without overrunning.
-        large_neighbourhoods(flat, best, deterministic=plan.lns_deterministic(ran),
+        large_neighbourhoods(flat, best, deterministic=budgets.lns_deterministic(ran),
                              seed=seed, keep_going=lambda: left() > 0.5 and open_gap(),
                              wall=left, report=report)
     else:

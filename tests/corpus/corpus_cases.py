@@ -4,7 +4,7 @@ Shared by the parent and the ranks. The parent plans each model on the mesh unde
 of `BUDGET` times its replicated plan's peak (so the solver must shard), in one process,
 and hands the plans to the ranks; each rank compiles its model with that plan and trains
 `STEPS` AdamW steps. Rank 0 also trains the plain model and records, per step, both losses
-and the gradient farthest from the plain model's under `autopar.training.Tolerance`. All
+and the gradient farthest from the plain model's under `autopar.tools.training.Tolerance`. All
 ranks report the bytes their collectives moved and a digest of their replicated parameters
 (which must agree across ranks: the check of random ops with DTensor semantics).
 
@@ -21,7 +21,7 @@ import corpus_models
 import torch
 
 import autopar
-from autopar.training import Tolerance, training_loss, worst_gradient
+from autopar.tools.training import Tolerance, training_loss, worst_gradient
 
 SHAPE, AXES = (2, 2), ("dp", "tp")
 # Memory per device, as a fraction of the replicated plan's peak: below 1 forces sharding.

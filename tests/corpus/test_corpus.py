@@ -5,7 +5,7 @@ The whole corpus trains only with `pytest --corpus` (it takes about 15 minutes o
 the default run trains `QUICK`, one model of each kind that has its own machinery (batch
 norm in training mode, a tied-weight encoder-decoder with a cache in its output, dropout, a
 dict output). Every model is held to:
-- loss and every gradient within `autopar.training.Tolerance()` of the plain model's at
+- loss and every gradient within `autopar.tools.training.Tolerance()` of the plain model's at
   every step (a model with dropout from the same generator state: see random_ops);
 - the bytes each collective moved equal to the plan's, on every rank;
 - replicated parameters identical on every rank after the steps, and every buffer (batch

@@ -14,7 +14,7 @@ import importlib
 from dataclasses import dataclass
 
 import autopar
-from autopar.plan_types import NodePlan, Plan
+from autopar.values.plan import NodePlan, Plan
 
 # Mid-size configurations, by example module (examples/<name>.py). A module that does not
 # exist (yet) is left out of the set.

@@ -17,9 +17,9 @@ import pytest
 from golden_cases import CASES, PIPELINED_CASES, TIME_LIMIT, GoldenCase, differences, record
 
 import autopar
-from autopar.graph_planning import plan_graph
-from autopar.passes.annotate import annotate
-from autopar.passes.capture import capture
+from autopar.passes.capturing.annotate import annotate
+from autopar.passes.capturing.capture import capture
+from autopar.planning.graph import plan_graph
 
 PLANS = Path(__file__).parent / "plans"
 

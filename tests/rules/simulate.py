@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from autopar.placement import Partial, Placement, Replicate, Shard
 from autopar.rules import AxisStrategy, OpSpec, local_args
 from autopar.rules.embedding import is_vocab_split, masked_embedding
 from autopar.rules.pointwise import is_inplace
-from autopar.specs import TensorSpec
+from autopar.values.placement import Partial, Placement, Replicate, Shard
+from autopar.values.specs import TensorSpec
 
 
 class Uneven(Exception):

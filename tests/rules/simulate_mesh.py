@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from simulate import Uneven, _call, _fill, _outputs, _tol, build, join, split
 
-from autopar.placement import Shard
 from autopar.rules import AxisStrategy, OpSpec, local_args
 from autopar.rules.embedding import is_vocab_split, masked_embedding
+from autopar.values.placement import Shard
 
 
 def _cut(t: torch.Tensor, placements: Sequence, mesh: Sequence[int],

@@ -11,12 +11,12 @@ from rule_cases_conv import CASES
 from simulate import build
 from torch import nn
 
+from autopar.passes.capturing.annotate import annotate
+from autopar.passes.capturing.capture import capture
 from autopar.rules import AxisStrategy, lookup
 from autopar.rules.common import P, R, S
-from autopar.specs import FLOPS
+from autopar.values.specs import FLOPS
 from examples import resnet
-from passes.annotate import annotate
-from passes.capture import capture
 
 aten = torch.ops.aten
 

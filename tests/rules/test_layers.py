@@ -16,14 +16,13 @@ from simulate import build
 from torch import nn
 
 import autopar
-from autopar.placement import Partial, Replicate, Shard
+from autopar.passes.capturing.annotate import annotate
+from autopar.passes.capturing.capture import capture
+from autopar.passes.strategies.find_strategies import find_strategies
 from autopar.rules import DECOMPOSITIONS, AxisStrategy, lookup
-from autopar.rules.common import P, R, S
-from autopar.runtime import random_ops
-from autopar.specs import FLOPS
-from passes.annotate import annotate
-from passes.capture import capture
-from passes.find_strategies import find_strategies
+from autopar.rules.common import P, R, S, draws
+from autopar.values.placement import Partial, Replicate, Shard
+from autopar.values.specs import FLOPS
 
 aten = torch.ops.aten
 
@@ -142,7 +141,7 @@ EXPORTS = [
     ("rnn_tanh", _Call(lambda m, x: m.layers[0](x)[0], nn.RNN(5, 8)), (seq,),
      ["aten.rnn_tanh.input"]),
     ("rnn_relu", _Call(lambda m, x: m.layers[0](x)[0], nn.RNN(5, 8, nonlinearity="relu",
-                                                             batch_first=True)),
+                                                              batch_first=True)),
      (batch_major,), ["aten.rnn_relu.input"]),
     ("setitem_index", _setitem(lambda y, i, v: y.__setitem__((slice(None), i), v)),
      (x1, _idx(1, 3), torch.randn(2, 2, 8)), ["aten.index_put.default"]),
@@ -224,11 +223,11 @@ def test_recurrent_layers_split_the_batch_sequence_first_only() -> None:
 @pytest.mark.parametrize("layers,dropout", [(1, 0.5), (2, 0.0)])
 def test_recurrent_layers_in_training_split_when_the_lowering_sees_no_draw(layers, dropout):
     """No mask is drawn with one layer or a zero probability; the split is offered once the
-    lowering's `random_ops.draws` (asked before it runs a split random op) agrees."""
+    lowering's `common.draws` (asked before it runs a split random op) agrees."""
     args = (f(3, 4, 3), f(layers, 4, 4), _weights(3, 3, 4, layers=layers), True, layers,
             dropout, True, False, False)
     op, _ = build(aten.gru.input, args, {})
-    expected = [] if random_ops.draws(aten.gru.input, args, {}) else [
+    expected = [] if draws(aten.gru.input, args, {}) else [
         AxisStrategy((S(1), S(1), *[R] * (4 * layers)), S(1))]
     assert lookup(aten.gru.input)(op) == expected
 

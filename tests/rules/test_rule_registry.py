@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from autopar.rules import OpSpec, lookup
-from autopar.specs import TensorSpec
+from autopar.values.specs import TensorSpec
 from examples import gpt, llama
 
 aten = torch.ops.aten

@@ -14,9 +14,9 @@ from rule_cases import Case
 from simulate import Uneven, build, simulate
 from simulate_mesh import simulate_mesh
 
-from autopar.placement import Partial, Replicate, Shard, format_placement
 from autopar.rules import AxisStrategy, lookup
 from autopar.rules.attention import context_axis
+from autopar.values.placement import Partial, Replicate, Shard, format_placement
 
 CASES = (rule_cases.CASES + rule_cases_nn.CASES + rule_cases_conv.CASES
          + rule_cases_layers.CASES)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import autopar
-from autopar.training import Tolerance, worst_gradient
+from autopar.tools.training import Tolerance, worst_gradient
 
 STEPS = 3
 TOLERANCE = Tolerance()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 import autopar
-from autopar import checkpoint
+from autopar.tools import checkpoint
 
 STEPS = 3  # before the save, and again after it
 LEARNING_RATE = 5e-5  # as the equivalence tests: larger steps amplify rounding

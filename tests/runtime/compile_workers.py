@@ -109,9 +109,9 @@ def large_gradients_accumulated(rank: int) -> tuple[float, list[int]]:
 def _kept_gathered_case(rank: int, mesh, dim: int) -> dict:
     from torch import nn
 
-    from autopar.placement import Replicate, Shard
     from autopar.runtime import CommCounter, Redistribution, redistribute
     from autopar.runtime.grad_reduce import GradientReducer, gather_kept, scatterable
+    from autopar.values.placement import Replicate, Shard
 
     edge = Redistribution.for_edge((8, 6), torch.float32, (Shard(dim),), (Replicate(),),
                                    (Shard(0),), (2,))

@@ -18,7 +18,7 @@ import torch
 
 import autopar
 from autopar.runtime.collectives import Collective
-from autopar.training import gradient_errors
+from autopar.tools.training import gradient_errors
 
 # AdamW at lr 5e-5 (the scale of transformer training). Its normalised update g/sqrt(v)
 # amplifies the rounding differences of a reordered fp32 sum (about 1e-7 relative on the

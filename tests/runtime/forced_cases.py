@@ -19,14 +19,14 @@ import torch
 
 import autopar
 from autopar.compiler import assemble
-from autopar.passes.annotate import annotate, size_hints
-from autopar.passes.build_problem import build_problem
-from autopar.passes.capture import capture
-from autopar.passes.extract_plan import extract_plan
-from autopar.passes.find_strategies import find_strategies
-from autopar.placement import Partial, Replicate, Shard, format_placements
+from autopar.passes.capturing.annotate import annotate, size_hints
+from autopar.passes.capturing.capture import capture
+from autopar.passes.problem.build_problem import build_problem
+from autopar.passes.problem.extract_plan import extract_plan
+from autopar.passes.strategies.find_strategies import find_strategies
 from autopar.runtime import device_mesh
 from autopar.solver import solve
+from autopar.values.placement import Partial, Replicate, Shard, format_placements
 
 
 @dataclass(frozen=True)

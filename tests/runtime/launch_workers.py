@@ -9,7 +9,6 @@ import torch
 import torch.distributed as dist
 
 import autopar
-from autopar.placement import Replicate, Shard
 from autopar.runtime import (
     CommCounter,
     ProcessGroupError,
@@ -19,6 +18,7 @@ from autopar.runtime import (
     init_from_env,
     redistribute,
 )
+from autopar.values.placement import Replicate, Shard
 
 R, S0 = Replicate(), Shard(0)
 

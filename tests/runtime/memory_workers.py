@@ -1,6 +1,6 @@
 """Rank bodies of the memory fidelity checks: each rank compiles an example under a memory
 budget, trains one AdamW step measuring what it holds (`autopar.runtime.memory_probe`), and
-rank 0 also returns the plan's prediction (`autopar.memory.predicted_memory`). Shared by
+rank 0 also returns the plan's prediction (`autopar.tools.predicted_memory.predicted_memory`). Shared by
 `tests/runtime/test_memory_fidelity.py` and `benchmarks/memory_fidelity.py` (module level,
 so spawned processes can import it)."""
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 import autopar
-from autopar.memory import MemoryBreakdown, graph_of, predicted_memory
 from autopar.runtime.memory_probe import SavedBytes, StateBytes, measure_step
+from autopar.tools.predicted_memory import MemoryBreakdown, graph_of, predicted_memory
 
 
 @dataclass(frozen=True)

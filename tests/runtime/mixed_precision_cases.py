@@ -25,7 +25,7 @@ from equivalence_cases import side_by_side
 from torch import nn
 
 import autopar
-from autopar.training import gradient_errors
+from autopar.tools.training import gradient_errors
 
 # A transformer learning rate at which master weights matter: an AdamW update (about lr per
 # element) is below bf16's spacing for most weights (0.02 x 2^-8 ~ 8e-5 for init std 0.02

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 import autopar
-from autopar.training import Tolerance, worst_gradient
+from autopar.tools.training import Tolerance, worst_gradient
 
 STEPS = 3
 LEARNING_RATE = 5e-5  # see equivalence_cases: larger steps amplify rounding differences

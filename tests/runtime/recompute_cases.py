@@ -13,15 +13,15 @@ import dataclasses
 import torch
 
 import autopar
-from autopar import cost
 from autopar.compiler import assemble
-from autopar.passes.annotate import annotate
-from autopar.passes.capture import capture
-from autopar.passes.find_saved import find_saved, kept_outputs
-from autopar.passes.gradient_path import tensor_outputs
-from autopar.placement import parse_placements
+from autopar.costs import formulas
+from autopar.passes.capturing.annotate import annotate
+from autopar.passes.capturing.capture import capture
+from autopar.passes.capturing.find_saved import find_saved, kept_outputs
+from autopar.passes.capturing.gradient_path import tensor_outputs
 from autopar.runtime import device_mesh
 from autopar.runtime.memory_probe import ForwardProbe
+from autopar.values.placement import parse_placements
 
 
 def recompute_plan(model: torch.nn.Module, inputs: tuple, mesh: autopar.Mesh,
@@ -53,8 +53,8 @@ def predicted_saving(model: torch.nn.Module, inputs: tuple, plan: autopar.Plan) 
         if node.recompute:
             for k, spec in enumerate(tensor_outputs(by_name[node.name])):
                 if k in kept.get(node.name, {k}):
-                    total += cost.local_bytes(spec.nbytes, parse_placements(node.output),
-                                              plan.mesh.shape)
+                    total += formulas.local_bytes(spec.nbytes, parse_placements(node.output),
+                                                  plan.mesh.shape)
     return total
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from autopar.context_parallel import Ring
+from autopar.costs.ring import Ring
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.ring_attention import RingAttention
 
@@ -76,8 +76,8 @@ def run_cases(rank: int, cases: tuple[Case, ...]) -> list[Result]:
 
 
 def expected_bytes(case: Case, world: int) -> dict:
-    """The bytes `autopar.context_parallel.Ring` predicts for one rank of `case`."""
-    from autopar.context_parallel import balanced, gradient_dtype
+    """The bytes `autopar.costs.ring.Ring` predicts for one rank of `case`."""
+    from autopar.costs.ring import balanced, gradient_dtype
     rows = case.length // world
     item = case.dtype.itemsize
     kv = 2 * 2 * case.kv_heads * (case.key_length or case.length) // world * 8 * item

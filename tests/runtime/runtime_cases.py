@@ -16,15 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autopar import cost
-from autopar.placement import (
-    Partial,
-    Placements,
-    Replicate,
-    Shard,
-    format_placements,
-    parse_placements,
-)
+from autopar.costs import formulas
 from autopar.runtime import (
     CommCounter,
     Redistribution,
@@ -32,6 +24,14 @@ from autopar.runtime import (
     UnsupportedRedistributionError,
     device_mesh,
     redistribute,
+)
+from autopar.values.placement import (
+    Partial,
+    Placements,
+    Replicate,
+    Shard,
+    format_placements,
+    parse_placements,
 )
 
 SHAPE = (4, 8)
@@ -60,12 +60,12 @@ class Case:
             parse_placements(self.consumer), mesh_shape, requires_grad=self.requires_grad,
             regather=self.regather)
 
-    def transfers(self, mesh_shape: tuple[int, ...]) -> tuple[cost.Transfer, ...]:
+    def transfers(self, mesh_shape: tuple[int, ...]) -> tuple[formulas.Transfer, ...]:
         nbytes = math.prod(self.shape) * 8
-        return cost.edge_transfers(nbytes, parse_placements(self.src),
-                                   parse_placements(self.dst), parse_placements(self.consumer),
-                                   mesh_shape, requires_grad=self.requires_grad,
-                                   regather=self.regather)
+        return formulas.edge_transfers(nbytes, parse_placements(self.src),
+                                       parse_placements(self.dst), parse_placements(self.consumer),
+                                       mesh_shape, requires_grad=self.requires_grad,
+                                       regather=self.regather)
 
 
 def _consumers(dst: Placements) -> list[Placements]:

@@ -21,9 +21,9 @@ import torch
 from checkpoint_workers import Layout
 
 import autopar
-from autopar import checkpoint
 from autopar.errors import CheckpointError
 from autopar.runtime.launch import launch
+from autopar.tools import checkpoint
 
 RELATIVE = 1e-6
 PER_TENSOR = 1e-5

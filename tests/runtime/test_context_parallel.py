@@ -19,11 +19,11 @@ import pytest
 from equivalence_cases import Case
 
 import autopar
-from autopar.graph_planning import plan_table
-from autopar.passes.annotate import annotate
-from autopar.passes.capture import capture
-from autopar.passes.find_strategies import find_strategies
-from autopar.passes.restrict import restrict
+from autopar.passes.capturing.annotate import annotate
+from autopar.passes.capturing.capture import capture
+from autopar.passes.strategies.find_strategies import find_strategies
+from autopar.passes.strategies.restrict import restrict
+from autopar.planning.graph import plan_table
 from autopar.runtime.launch import launch
 
 MODELS = (Case("examples.gpt"), Case("examples.llama"), Case("examples.bert"),

@@ -17,8 +17,8 @@ from forced_cases import forced_plans, pinned_plan, run_forced
 
 import autopar
 from autopar import rules
-from autopar.placement import Replicate
 from autopar.runtime.launch import launch
+from autopar.values.placement import Replicate
 
 TOLERANCE = 1e-5
 EXAMPLES = ("examples.mlp", "examples.gpt", "examples.llama")
@@ -30,7 +30,7 @@ FAMILIES = ("pointwise", "matmul", "views", "slicing", "indexing", "reductions",
 
 def _split_on_every_axis(strategy) -> bool:
     return all(any(not isinstance(p[axis], Replicate) for p in (*strategy.inputs,
-                                                                  strategy.output))
+                                                                strategy.output))
                for axis in range(len(strategy.output)))
 
 

@@ -6,7 +6,7 @@ parallel; GPT: sharded storage and recomputation; ResNet: ZeRO-2, kept gathered,
 recomputation), trains one AdamW step and measures (`autopar.runtime.memory_probe`):
 
 - parameter pieces, the gradient tensors and the optimizer's parameter-shaped states
-  equal `autopar.memory.predicted_memory` exactly, on every rank;
+  equal `autopar.tools.predicted_memory.predicted_memory` exactly, on every rank;
 - the storages autograd holds at the end of the forward for the backward, parameters and
   their kept-gathered copies aside, are within 10% of the predicted kept activations.
 
@@ -114,4 +114,4 @@ def test_activation_bytes_within_ten_percent(measured, example):
     for rank, result in enumerate(results):
         held = result.saved.activations
         assert abs(held - predicted) <= ACTIVATION_TOLERANCE * predicted, (rank, held,
-                                                                            predicted)
+                                                                           predicted)

@@ -45,10 +45,10 @@ from mixed_precision_cases import (
 from torch import nn
 
 import autopar
-from autopar.passes.annotate import annotate
-from autopar.passes.capture import capture
+from autopar.passes.capturing.annotate import annotate
+from autopar.passes.capturing.capture import capture
 from autopar.runtime.launch import launch
-from autopar.specs import TENSOR, TensorSpec
+from autopar.values.specs import TENSOR, TensorSpec
 from examples import llama, mlp
 
 GRAD_TOLERANCE = 0.1
@@ -258,7 +258,7 @@ def test_autopar_run_trains_with_fp32_master_weights():
 
 
 def test_an_unknown_precision_is_refused():
-    from autopar.training import TrainingRun
+    from autopar.tools.training import TrainingRun
 
     with pytest.raises(autopar.TrainingRunError) as info:
         TrainingRun("examples/mlp.py", (1,), ("x",), precision="bf16")

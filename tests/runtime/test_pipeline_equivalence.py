@@ -23,7 +23,7 @@ import pytest
 from pipeline_workers import Case
 
 from autopar.runtime.launch import launch
-from autopar.training import Tolerance
+from autopar.tools.training import Tolerance
 
 # Fractions of the unconstrained pipelined plan's peak that make the stages shard: the
 # MoE's smallest stage plans need 0.7 of it (its expert weights stored split by expert).

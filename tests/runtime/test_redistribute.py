@@ -15,10 +15,10 @@ import pytest
 import torch
 from runtime_cases import Case, cases, coordinate, global_tensor, layout, run_cases
 
-from autopar import cost
-from autopar.placement import Partial, Replicate, Shard, parse_placements
+from autopar.costs import formulas
 from autopar.runtime import UnsupportedRedistributionError, transfer_totals
 from autopar.runtime.launch import launch
+from autopar.values.placement import Partial, Replicate, Shard, parse_placements
 
 MESHES = {(2,): ("x",), (4,): ("x",), (2, 2): ("a", "b")}
 CASES = {(2,): cases(1, nograd_cases=True), (4,): cases(1, nograd_cases=True),
@@ -111,8 +111,8 @@ def test_every_row_of_the_backward_table_is_covered():
 
 def _regathers_more_than_gathers(case: Case, mesh_shape) -> bool:
     # A regathered parameter may only be gathered (Redistribution refuses the rest).
-    forward = cost.redistribute(1, parse_placements(case.src), parse_placements(case.dst),
-                                mesh_shape)
+    forward = formulas.redistribute(1, parse_placements(case.src), parse_placements(case.dst),
+                                    mesh_shape)
     return case.regather and forward is not None and any(
         t.kind != "all_gather" for t in forward)
 

@@ -7,18 +7,18 @@ import itertools
 import pytest
 import torch
 
-from autopar import cost
+from autopar.costs import formulas
 from autopar.errors import AutoparError, ShardingError
-from autopar.placement import Partial, Replicate, Shard, parse_placements
 from autopar.runtime import (
     CommCounter,
     Redistribution,
     RedistributionError,
     UnsupportedRedistributionError,
     local_shape,
-    plan_steps,
+    redistribution_steps,
     transfer_totals,
 )
+from autopar.values.placement import Partial, Replicate, Shard, parse_placements
 
 R, P, S0, S1 = Replicate(), Partial(), Shard(0), Shard(1)
 AXIS = (R, P, S0, S1)
@@ -36,26 +36,26 @@ def test_steps_perform_the_cost_models_collectives_in_its_order(mesh_shape):
     for src in itertools.product(AXIS, repeat=len(mesh_shape)):
         for dst in itertools.product(AXIS, repeat=len(mesh_shape)):
             try:
-                steps = plan_steps(src, dst, shape, mesh_shape)
+                steps = redistribution_steps(src, dst, shape, mesh_shape)
             except UnsupportedRedistributionError:
                 assert len(mesh_shape) > 1
                 continue
             supported += 1
-            charged = cost.redistribute(512, src, dst, mesh_shape)
+            charged = formulas.redistribute(512, src, dst, mesh_shape)
             assert [(s.kind, s.axis) for s in steps if s.kind] == [
                 (t.kind, t.axis) for t in charged]
     assert supported > 0
 
 
 def test_inner_axis_of_a_doubly_sharded_dim_converts_alone():
-    (step,) = plan_steps((S0, S0), (S0, R), (8, 8), (2, 2))
+    (step,) = redistribution_steps((S0, S0), (S0, R), (8, 8), (2, 2))
     assert (step.axis, step.kind) == (1, "all_gather")
-    (step,) = plan_steps((S0, R), (S0, S0), (8, 8), (2, 2))
+    (step,) = redistribution_steps((S0, R), (S0, S0), (8, 8), (2, 2))
     assert (step.axis, step.kind) == (1, None)  # a local chunk of the outer chunk
 
 
 def test_a_doubly_sharded_dim_is_gathered_inner_axis_first():
-    steps = plan_steps((S0, S0), (R, R), (8, 8), (2, 2))
+    steps = redistribution_steps((S0, S0), (R, R), (8, 8), (2, 2))
     assert [(s.axis, s.kind) for s in steps] == [(1, "all_gather"), (0, "all_gather")]
 
 
@@ -65,21 +65,21 @@ def test_a_doubly_sharded_dim_is_gathered_inner_axis_first():
 ])
 def test_outer_axis_of_a_doubly_sharded_dim_is_refused(src, dst):
     with pytest.raises(UnsupportedRedistributionError) as info:
-        plan_steps(src, dst, (8, 8), (2, 2))
+        redistribution_steps(src, dst, (8, 8), (2, 2))
     assert isinstance(info.value, NotImplementedError)
     assert_helpful(info.value)
 
 
 def test_uneven_split_and_bad_placements():
     with pytest.raises(ShardingError) as info:
-        plan_steps((R,), (S0,), (3, 8), (2,))
+        redistribution_steps((R,), (S0,), (3, 8), (2,))
     assert_helpful(info.value)
     with pytest.raises(ShardingError):
-        plan_steps((R,), (Shard(2),), (4, 8), (2,))
+        redistribution_steps((R,), (Shard(2),), (4, 8), (2,))
     with pytest.raises(ShardingError):
-        plan_steps((R, R), (S0,), (4, 8), (2, 2))
+        redistribution_steps((R, R), (S0,), (4, 8), (2, 2))
     with pytest.raises(UnsupportedRedistributionError):
-        plan_steps((Partial("max"),), (R,), (4, 8), (2,))
+        redistribution_steps((Partial("max"),), (R,), (4, 8), (2,))
 
 
 def test_local_shape():
@@ -89,8 +89,8 @@ def test_local_shape():
 
 def test_edge_holds_the_cost_models_transfers():
     r = Redistribution.for_edge((8, 4), torch.float32, (S0,), (R,), (S1,), (4,))
-    assert r.forward == (cost.Transfer("all_gather", 0, 128, False),)
-    assert r.backward == (cost.Transfer("reduce_scatter", 0, 128, True),)
+    assert r.forward == (formulas.Transfer("all_gather", 0, 128, False),)
+    assert r.backward == (formulas.Transfer("reduce_scatter", 0, 128, True),)
     assert (r.grad_arriving, r.grad_needed) == ((P,), (S0,))
     again = Redistribution.for_edge((8, 4), torch.float32, (S0,), (R,), (S1,), (4,),
                                     regather=True)
@@ -124,9 +124,9 @@ def test_counter_and_transfer_totals():
     assert counter.nbytes(direction="backward") == 64 and counter.nbytes() == 192
     counter.reset()
     assert counter.totals() == {}
-    transfers = cost.edge_transfers(1024, parse_placements("S(0),R"),
-                                    parse_placements("R,R"), parse_placements("R,S(0)"),
-                                    (2, 4), requires_grad=True)
+    transfers = formulas.edge_transfers(1024, parse_placements("S(0),R"),
+                                        parse_placements("R,R"), parse_placements("R,S(0)"),
+                                        (2, 4), requires_grad=True)
     assert transfer_totals(transfers, ("dp", "tp")) == {
         ("all_gather", "dp", "forward"): 1024,  # the grad arrives R on dp: a local slice
         ("all_reduce", "tp", "backward"): 512}  # and P on tp, reduced after the slice

@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 
 import autopar
-from autopar.placement import Replicate, Shard
 from autopar.runtime import CommCounter, Redistribution, device_mesh, init_from_env, redistribute
+from autopar.values.placement import Replicate, Shard
 
 
 def main(rank: int) -> None:

@@ -52,7 +52,7 @@ def random_problem(rng: np.random.Generator, *, limit: str = "random",
     problem = ShardingProblem(tuple(costs), tuple(usages), tuple(intervals), tuple(edges),
                               tuple(matrices), None, tuple(groups), "random")
     kind = limit if limit != "random" else str(rng.choice(["none", "loose", "binding",
-                                                            "binding", "binding", "tight"]))
+                                                           "binding", "binding", "tight"]))
     if kind == "none":
         return problem
     table = enumerate_all(problem)

@@ -10,7 +10,7 @@ from autopar.solver.flat import Flat
 from autopar.solver.guided import guided_search
 from autopar.solver.lagrange import Best, lagrangian
 from autopar.solver.progress import Progress
-from autopar.solver.reduce import Infeasible, reduce_problem
+from autopar.solver.reductions import Infeasible, reduce_problem
 
 
 def test_never_offers_what_does_not_fit_nor_beats_the_optimum() -> None:

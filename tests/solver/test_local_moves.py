@@ -9,7 +9,7 @@ from test_time_use import wide_problem
 
 from autopar.solver.flat import Flat
 from autopar.solver.forest import forest_dp, random_forest
-from autopar.solver.reduce import Infeasible, reduce_problem
+from autopar.solver.reductions import Infeasible, reduce_problem
 from autopar.solver.repair import MemoryMoves
 
 

@@ -12,7 +12,7 @@ from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best, lagrangian
 from autopar.solver.lp import LinearModel
 from autopar.solver.progress import Progress
-from autopar.solver.reduce import Infeasible, reduce_problem
+from autopar.solver.reductions import Infeasible, reduce_problem
 
 
 def _cases(seed: int, count: int):

@@ -12,7 +12,7 @@ from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best, lagrangian
 from autopar.solver.lns import large_neighbourhoods
 from autopar.solver.progress import Progress
-from autopar.solver.reduce import reduce_problem
+from autopar.solver.reductions import reduce_problem
 
 
 def test_min_peak_usage_matches_brute_force() -> None:

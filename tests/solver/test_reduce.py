@@ -11,7 +11,7 @@ from solver_cases import brute_force, random_problem
 
 from autopar.solver import ShardingProblem
 from autopar.solver.fold import chain_response, leaf_response, pareto_mask
-from autopar.solver.reduce import Infeasible, _undominated, reduce_problem
+from autopar.solver.reductions import Infeasible, _undominated, reduce_problem
 
 
 def _all(reduced):

@@ -13,7 +13,7 @@ from autopar.solver.exact import solve_whole
 from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best
 from autopar.solver.progress import Progress
-from autopar.solver.reduce import Infeasible, reduce_problem
+from autopar.solver.reductions import Infeasible, reduce_problem
 
 CASES = 240
 

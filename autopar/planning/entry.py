@@ -1,0 +1,153 @@
+"""Planning entry points: `plan` (no process group needed) and `plan_model`; the plan's
+layout is `autopar.planning.layout`'s, one graph's plan `autopar.planning.graph`'s."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.utils import _pytree as pytree
+
+from autopar.costs.optimizer_state import optimizer_state
+from autopar.passes.capturing.annotate import annotate
+from autopar.passes.capturing.capture import capture
+from autopar.planning.graph import NO_RULE, STAGE
+from autopar.planning.hand_strategies import check_hand_strategy_names
+from autopar.planning.layout import plan_layout
+from autopar.values.mesh import Mesh
+from autopar.values.pipeline import Pipeline
+from autopar.values.plan import Plan
+from autopar.values.specs import TENSOR
+
+
+def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
+         memory_budget: float | None = None, time_limit: float = 30.0,
+         dynamic_shapes=None, constraints: Mapping[str, str] | None = None,
+         fold_layers: bool = True, seed: int = 0,
+         hand_strategies: bool | tuple[str, ...] = False,
+         optimizer: object = None, master_weights: torch.dtype | None = None,
+         recompute: bool = True, microbatches: int | str = "auto",
+         pipeline: Pipeline | str | bool = "auto",
+         progress: Callable[[str], None] | None = None) -> Plan:
+    """Choose how every op and tensor of `model` is split over `mesh`.
+
+    `example_inputs` may live on the meta device (and the model too), so plans for large
+    models need no memory. The plan minimises the modelled training step time such that
+    every device holds at most `memory_budget` bytes (default: the hardware's memory).
+    `constraints` pins named tensors' placements (see `autopar.passes.strategies.constrain`; with a
+    pipeline, placements on the whole mesh replicated on the pipeline axis, each applied in
+    the stage holding the tensor);
+    `fold_layers` makes identical blocks share one decision. With `hand_strategies`, the
+    plan also carries the standard hand-written strategies (data parallel, ZeRO-3, Megatron,
+    data x tensor, and with recomputation) costed the same way (`autopar.planning.hand_strategies`),
+    which costs one more solve each; a tuple of their names carries those only.
+    `optimizer` is what the model is trained with: a torch optimizer class,
+    `(class, options)` or state bytes per parameter element (default AdamW;
+    `autopar.costs.optimizer_state`), stepping a `master_weights` copy (e.g. torch.float32 for a
+    bfloat16 model) when given. `recompute` lets the solver recompute
+    activations in the backward instead of keeping them. `microbatches` runs a step as
+    that many micro-batches one after the other (gradient accumulation: one micro-batch's
+    activations at a time, against smaller matmuls and collectives repeated per
+    micro-batch); "auto" tries more of them while the plan of fewer holds most of the
+    memory budget, and keeps the fastest plan (see `layout.plan_unpipelined`). `pipeline` cuts the
+    model into stages of consecutive blocks over one mesh axis (`autopar.Pipeline`: axis,
+    stages, micro-batches, schedule; `autopar.planning.pipeline.plan`); "auto" (the default) also
+    plans a pipeline over the axis named "pp" when the mesh has one and keeps it when it
+    is faster, False never pipelines. `progress` receives a
+    message as each pass starts (prefixed `STAGE`) and the solver's progress lines. Each
+    distinct warning raised while planning is issued once, at the end, and kept in the
+    plan's `warnings` (which its summary prints). Raises
+    `InfeasiblePlanError` with the least memory any plan needs when nothing fits,
+    `OptimizerError` for an optimizer whose state the cost model can't size, and
+    `MicrobatchError` for a count of micro-batches the model's step can't be cut into.
+    """
+    state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
+    check_hand_strategy_names(hand_strategies, mesh)
+    say = progress or (lambda message: None)
+    raised: list[str] = []
+    with _warned_once(raised):
+        say(f"{STAGE} capture")
+        gm = capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+        say(f"{STAGE} annotate")
+        if dynamic_shapes is not None and microbatches == "auto":
+            microbatches = 1  # a symbolic batch has no divisors to try
+        made = plan_model(model, annotate(gm), tuple(example_inputs), mesh,
+                          microbatches=microbatches, model_name=type(model).__name__,
+                          memory_budget=memory_budget, time_limit=time_limit,
+                          constraints=constraints, fold_layers=fold_layers, seed=seed,
+                          hand_strategies=hand_strategies, optimizer=state,
+                          recompute=recompute, pipeline=pipeline, progress=progress)
+    return dataclasses.replace(made, warnings=_merge_warnings(made.warnings, raised))
+
+
+def input_signature(example_inputs: tuple) -> tuple[str, ...]:
+    """Each flat input leaf as `dtype[shape]` (tensors) or its repr: what a plan is for."""
+    def describe(value: object) -> str:
+        if isinstance(value, torch.Tensor):
+            return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+        return repr(value)
+
+    return tuple(describe(leaf) for leaf in pytree.tree_leaves(tuple(example_inputs)))
+
+
+def graph_digest(gm: fx.GraphModule) -> str:
+    """A digest of every node's name, op and tensor shapes and dtypes: equal for the same
+    model captured at the same input shapes."""
+    digest = hashlib.sha256()
+    for node in gm.graph.nodes:
+        digest.update(f"{node.name} {node.target} {node.meta.get(TENSOR)}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
+               microbatches: int | str, pipeline: Pipeline | str | bool = "auto",
+               **options) -> Plan:
+    """`layout.plan_layout`'s plan, recording the example inputs it is for, and the warnings
+    raised while planning once each (`_warned_once`)."""
+    raised: list[str] = []
+    with _warned_once(raised):
+        made = plan_layout(model, gm, example_inputs, mesh, microbatches=microbatches,
+                           pipeline=pipeline, **options)
+    return dataclasses.replace(made, inputs=input_signature(example_inputs),
+                               graph=graph_digest(gm),
+                               warnings=_merge_warnings(made.warnings, raised))
+
+
+@contextmanager
+def _warned_once(raised: list[str]) -> Iterator[None]:
+    """Hold back the warnings raised inside; at the end issue each distinct one once (every
+    solve finds the strategies again, and warns again) and append its message to `raised`,
+    for the plan's `warnings` (`_merge_warnings`)."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        for category, message in dict.fromkeys((w.category, str(w.message)) for w in caught):
+            # 4: past this generator and contextlib, to the caller of the function using it.
+            warnings.warn(message, category, stacklevel=4)
+            raised.append(message)
+
+
+def _merge_warnings(kept: tuple[str, ...], raised: list[str]) -> tuple[str, ...]:
+    """The plan's warnings, each once, then those raised while planning that they don't
+    already say (the strategy pass's "no sharding rule for a, b: replicated" is the plan's
+    "no sharding rule for a: kept replicated" per op)."""
+    merged = list(dict.fromkeys(kept))
+    for message in raised:
+        if message.startswith(NO_RULE):
+            ops = message.removeprefix(NO_RULE).rsplit(": ", 1)[0].split(", ")
+            if all(any(w.startswith(f"{NO_RULE}{op}:") for w in merged) for op in ops):
+                continue
+        if message not in merged:
+            merged.append(message)
+    return tuple(merged)
+
+

@@ -1,0 +1,227 @@
+"""Planning one captured graph: `plan_graph` (strategies, constraints, hand strategies) and
+`plan_table` (the problem, the solve and the plan, estimating the overlap round by round);
+`screened` options for comparing many candidates quickly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import NoReturn
+
+import torch
+import torch.fx as fx
+
+from autopar.costs.optimizer_state import ADAMW, OptimizerState, optimizer_state
+from autopar.errors import InfeasiblePlanError
+from autopar.passes.capturing.annotate import DATA_MOVEMENT, FORMULA, flop_source, size_hints
+from autopar.passes.capturing.find_saved import find_saved
+from autopar.passes.problem.build_problem import ProblemBuild, build_problem
+from autopar.passes.problem.edge_costs import Background, EdgeCache, EdgeCaches
+from autopar.passes.problem.extract_plan import extract_plan
+from autopar.passes.problem.fold_depth import fold_depth
+from autopar.passes.strategies.constrain import constrain
+from autopar.passes.strategies.find_strategies import StrategyTable, find_strategies
+from autopar.passes.strategies.offer_recompute import offer_recompute
+from autopar.passes.strategies.offer_whole_gradient import offer_whole_gradient
+from autopar.solver import Solution, min_peak_usage, solve
+from autopar.values.mesh import Mesh
+from autopar.values.plan import Plan
+
+# Solves at most, re-estimating how much of the background collectives stays exposed.
+OVERLAP_ROUNDS = 3
+# The fraction of the time limit a candidate's screening solve has (`screened`).
+SCREENING_TIME = 0.25
+
+
+# Prefix of the progress messages that start a pass (benchmarks time the passes by them);
+# the hand strategies' solves are announced the same way.
+STAGE = "[stage]"
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+NO_RULE = "no sharding rule for "
+
+
+def _unruled_warnings(gm: fx.GraphModule, table: StrategyTable) -> tuple[str, ...]:
+    """One warning per op the strategy pass replicated for want of a rule, with how its
+    FLOPs were counted when no formula knows it (`annotate.flop_source`)."""
+    sources = {str(node.target): flop_source(node) for node in gm.graph.nodes
+               if node.op == "call_function"}
+    warned = []
+    for op in table.unsupported:
+        source = sources.get(op, FORMULA)
+        guess = "" if source in (FORMULA, DATA_MOVEMENT) else (
+            f"; no FLOP formula either ({source} of its largest tensor)")
+        warned.append(f"{NO_RULE}{op}: kept replicated{guess}")
+    return tuple(warned)
+
+
+def screened(options: dict) -> dict:
+    """`plan_graph`'s `options` for screening one of many candidates (micro-batch counts,
+    pipeline cuts and schedules): one solve with `SCREENING_TIME` of the time limit, no
+    hand strategies, no least-memory search; the chosen candidate is then planned with
+    `refined`'s options."""
+    return {**options, "time_limit": options.get("time_limit", 30.0) * SCREENING_TIME,
+            "overlap_rounds": 1, "hand_strategies": False, "least_memory": False}
+
+
+def refined(options: dict, screening: Plan) -> dict:
+    """`plan_graph`'s `options` for planning in full the candidate whose screening solve
+    (`screened`) gave `screening`: the overlap rounds after the first, whose solve the
+    screening was, charged at the fractions it left exposed; no least-memory search (the
+    candidate fits)."""
+    report = screening.solver
+    return {**options, "least_memory": False,
+            "charges": Background(report.exposed_reductions, report.exposed_gathers),
+            "overlap_rounds": max(1, options.get("overlap_rounds", OVERLAP_ROUNDS) - 1)}
+
+
+@dataclass(frozen=True)
+class Tables:
+    """A graph ready to solve: `gm` (folded by depth when asked), `found` its strategies with
+    the recompute and whole-gradient choices offered, `table` those under the constraints."""
+
+    gm: fx.GraphModule
+    found: StrategyTable
+    table: StrategyTable
+
+
+def strategy_tables(gm: fx.GraphModule, mesh: Mesh, *, fold_layers: bool = True,
+                    constraints: Mapping[str, str] | None = None, recompute: bool = True,
+                    microbatches: int = 1,
+                    progress: Callable[[str], None] | None = None) -> Tables:
+    """The strategy passes of `plan_graph`: fold, find, offer, constrain."""
+    say = progress or (lambda message: None)
+    if fold_layers:  # tied blocks: plan one of them for all (its plan is the whole graph's)
+        say(f"{STAGE} fold_depth")
+        gm = fold_depth(gm, keep=frozenset(constraints or ()))
+    say(f"{STAGE} find_strategies")
+    found = find_strategies(gm, mesh)
+    if recompute:
+        found = offer_recompute(gm, found)
+    if microbatches > 1:
+        found = offer_whole_gradient(found)
+    table = constrain(gm, found, mesh, constraints) if constraints else found
+    return Tables(gm, found, table)
+
+
+def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
+               memory_budget: float | None = None, time_limit: float = 30.0,
+               constraints: Mapping[str, str] | None = None, fold_layers: bool = True,
+               seed: int = 0, optimizer: object = None,
+               master_weights: torch.dtype | None = None, recompute: bool = True,
+               microbatches: int = 1, in_flight: int = 1, least_memory: bool = True,
+               overlap_rounds: int = OVERLAP_ROUNDS, charges: Background = Background(),
+               edge_caches: EdgeCaches | None = None,
+               progress: Callable[[str], None] | None = None,
+               tables: Tables | None = None) -> Plan:
+    """`plan` from the strategy pass on, for a graph already captured and annotated (with
+    `microbatches` > 1, one micro-batch's graph, run that many times a step, holding
+    `in_flight` micro-batches' activations at once: see `build_problem`; `least_memory`,
+    `overlap_rounds`, `charges`: see `plan_table`; `edge_caches`: the planning call's, to
+    share edge costs with its other problems; `tables`: `strategy_tables` of the same
+    arguments when the caller has made them)."""
+    if tables is None:
+        tables = strategy_tables(gm, mesh, fold_layers=fold_layers, constraints=constraints,
+                                 recompute=recompute, microbatches=microbatches,
+                                 progress=progress)
+    return plan_table(tables.gm, tables.table, mesh, model_name=model_name,
+                      memory_budget=default_budget(mesh, memory_budget),
+                      time_limit=time_limit, fold_layers=fold_layers, seed=seed,
+                      optimizer=optimizer_state(optimizer, master_weights=master_weights),
+                      microbatches=microbatches, in_flight=in_flight,
+                      least_memory=least_memory, overlap_rounds=overlap_rounds,
+                      charges=charges,
+                      edge_cache=edge_caches.of(mesh) if edge_caches else None,
+                      progress=progress)
+
+
+def default_budget(mesh: Mesh, memory_budget: float | None) -> float:
+    """The memory budget per device: `memory_budget`, or the hardware's memory."""
+    return float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
+
+
+def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_name: str,
+               memory_budget: float | None, time_limit: float, fold_layers: bool, seed: int,
+               optimizer: OptimizerState = ADAMW, microbatches: int = 1, in_flight: int = 1,
+               least_memory: bool = True, overlap_rounds: int = OVERLAP_ROUNDS,
+               charges: Background = Background(), edge_cache: EdgeCache | None = None,
+               progress: Callable[[str], None] | None = None) -> Plan:
+    """The cheapest plan choosing among `table`'s strategies (the problem, solve and
+    extract passes), within `memory_budget` bytes per device (None: no limit), for a step
+    of `microbatches` runs of `gm`, `in_flight` of them holding activations at once. Raises
+    `InfeasiblePlanError` when none fits, with the least memory any plan of the table needs
+    when `least_memory` (a search of its own, which a caller trying many candidates skips).
+
+    Gradient reductions the runtime overlaps with the backward cost only what the backward's
+    compute does not hide, max(0, G - B), and parameter gathers it starts ahead only what
+    the forward's does not, max(0, G' - F): functions of the whole plan that a sum of
+    per-op costs can't express. The first solve charges them at `charges` (by default in
+    full; a refinement starts from the fractions its screening plan left exposed), each
+    next one at the fractions the previous plan left exposed (`Background`; at most
+    `overlap_rounds` solves, the later ones with half the time limit), and the plan with
+    the least step time is returned. `edge_cache`: an
+    `EdgeCache` of `mesh` to keep the edges' costs in (by default one of its own).
+    """
+    say = progress or (lambda message: None)
+    hints = size_hints(gm)
+    sizes = {str(k): v for k, v in hints.items()}
+    warnings = _unruled_warnings(gm, table)
+    saved = find_saved(gm)  # the same for every round
+    # So are the edges' seconds: only the charges change.
+    edges = edge_cache if edge_cache is not None else EdgeCache(mesh)
+    best: Plan | None = None
+    limit = time_limit
+    for _ in range(overlap_rounds):
+        say(f"{STAGE} build_problem (background gradient reductions charged at "
+            f"{charges.reductions:.0%}, parameter gathers at {charges.gathers:.0%})")
+        build = build_problem(gm, table, mesh, memory_budget=memory_budget, hints=hints,
+                              optimizer=optimizer, fold_layers=fold_layers,
+                              charges=charges, saved=saved, edge_cache=edges,
+                              microbatches=microbatches, in_flight=in_flight)
+        say(f"{STAGE} solve ({build.problem.num_nodes} decisions, "
+            f"{build.problem.num_edges} edges)")
+        solution = solve(build.problem, time_limit=limit, seed=seed, progress=progress,
+                         repeatable=True)
+        if not solution.choices:
+            if best is not None:  # the charges change no memory: only time can run out
+                break
+            _infeasible(build, solution, model_name, memory_budget,
+                        time_limit if least_memory else None)
+        say(f"{STAGE} extract_plan")
+        plan = extract_plan(gm, build, solution, model_name=model_name, sizes=sizes,
+                            warnings=warnings)
+        if best is None or plan.step_time_s < best.step_time_s:
+            best = plan
+        exposed = Background(plan.solver.exposed_reductions, plan.solver.exposed_gathers)
+        if (abs(exposed.reductions - charges.reductions) < 0.02
+                and abs(exposed.gathers - charges.gathers) < 0.02):
+            break
+        charges, limit = exposed, time_limit / 2
+    assert best is not None
+    return best
+
+
+def _infeasible(build: ProblemBuild, solution: Solution, model_name: str,
+                memory_budget: float | None, time_limit: float | None) -> NoReturn:
+    """Raise `InfeasiblePlanError`; with the least memory any plan needs, searched for
+    within `time_limit` seconds, unless that is None."""
+    if memory_budget is None:  # only forbidden strategy pairs can leave no plan
+        raise InfeasiblePlanError(f"no plan of {model_name} among its allowed strategies",
+                                  expected="a strategy table with a compatible choice "
+                                  "for every node", got=f"solver status {solution.status}",
+                                  fix="allow more strategies (fewer constraints)")
+    if time_limit is None:
+        raise InfeasiblePlanError(
+            f"no plan of {model_name} fits in {_gib(memory_budget)} per device",
+            expected="a plan within the memory budget", got=f"solver status {solution.status}",
+            fix="raise memory_budget, use more devices, or shrink the batch or model")
+    least = min_peak_usage(build.problem, time_limit=time_limit)
+    raise InfeasiblePlanError(
+        f"no plan of {model_name} fits in {_gib(memory_budget)} per device",
+        min_bytes=least, expected=f"a memory budget of at least {_gib(least)}",
+        got=_gib(memory_budget),
+        fix="raise memory_budget, use more devices, or shrink the batch or model")

@@ -1,0 +1,212 @@
+"""The layout of a plan: the plain plan over its micro-batch counts (`plan_unpipelined`), a
+pipeline (`autopar.planning.pipeline.plan`), or under "auto" the faster of both, and Megatron 3D
+among the hand strategies (`plan_layout`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch.fx as fx
+import torch.nn as nn
+
+from autopar.costs.optimizer_state import optimizer_state
+from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError, ShardingError
+from autopar.passes.capturing.capture import loss_output
+from autopar.passes.layout.split_microbatches import batch_size
+from autopar.passes.problem.edge_costs import EdgeCaches
+from autopar.planning.graph import STAGE, default_budget, refined, screened
+from autopar.planning.hand_strategies import MEGATRON_3D, plan_compared
+from autopar.planning.microbatches import MicroBatches
+from autopar.planning.pipeline.megatron_3d import megatron_3d
+from autopar.planning.pipeline.plan import MAX_MICROBATCHES, MEMORY_BINDS, plan_pipeline
+from autopar.values.mesh import Mesh
+from autopar.values.microbatch import BatchSplit
+from autopar.values.pipeline import Pipeline
+from autopar.values.plan import Plan
+
+
+def pipeline_request(mesh: Mesh, pipeline: Pipeline | str | bool | None) -> Pipeline | None:
+    """The pipeline `plan(pipeline=...)` asks for on `mesh`: the one given, one over the
+    axis named "pp" for "auto" when the mesh has it (of 2 or more), else None."""
+    if isinstance(pipeline, Pipeline):
+        return pipeline
+    if pipeline is False or pipeline is None:
+        return None
+    if pipeline == "auto":
+        names = mesh.axis_names
+        return Pipeline() if "pp" in names and mesh.shape[names.index("pp")] > 1 else None
+    raise PipelineError("pipeline must be 'auto', False or an autopar.Pipeline",
+                        expected="'auto', False or Pipeline(axis='pp', ...)",
+                        got=repr(pipeline), fix="pipeline=autopar.Pipeline(schedule='1F1B')")
+
+
+def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
+                microbatches: int | str, pipeline: Pipeline | str | bool,
+                memory_budget: float | None = None, **options) -> Plan:
+    """The plan without a pipeline (`plan_unpipelined`), the pipelined one (`plan_pipeline`),
+    or under "auto" the faster of both that fits (a pipeline that can't run, for want of
+    blocks or of micro-batches, is not a candidate then); with hand strategies, Megatron
+    3D among them (`_with_megatron_3d`)."""
+    request = pipeline_request(mesh, pipeline)
+    budget = default_budget(mesh, memory_budget)
+    options = {**options, "micro": MicroBatches(model, example_inputs, gm),
+               "edge_caches": EdgeCaches()}
+    if request is None:
+        plain = plan_unpipelined(model, gm, example_inputs, mesh, microbatches=microbatches,
+                                 memory_budget=memory_budget, **options)
+        return _with_megatron_3d(plain, model, gm, example_inputs, mesh, budget, options,
+                                 adopt=pipeline is not False)
+    if request.microbatches is None and isinstance(microbatches, int) \
+            and not isinstance(microbatches, bool):
+        request = dataclasses.replace(request, microbatches=microbatches)
+    loss_output(gm)
+    stage_options = {k: v for k, v in options.items() if k not in ("hand_strategies",
+                                                                   "constraints", "micro")}
+
+    def plan_stage(graph: fx.GraphModule, inner: Mesh, *, refining: Plan | None = None,
+                   **solve) -> Plan:
+        chosen = screened(stage_options) if refining is None else refined(stage_options,
+                                                                          refining)
+        return plan_compared(graph, inner, **chosen, **solve)
+
+    def pipelined() -> Plan:
+        # A pipeline the user asked for accumulates over a model whose ops mix samples
+        # (with a warning); "auto" never changes what a step computes.
+        return plan_pipeline(gm, mesh, request, plan_stage=plan_stage,
+                             memory_budget=budget, micro=options["micro"],
+                             progress=options.get("progress"),
+                             mixing="accumulate" if isinstance(pipeline, Pipeline) else "refuse",
+                             constraints=options.get("constraints"))
+
+    if pipeline != "auto":
+        return pipelined()
+    return _with_megatron_3d(_faster_of(model, gm, example_inputs, mesh, pipelined,
+                                        microbatches=microbatches,
+                                        memory_budget=memory_budget, **options),
+                             model, gm, example_inputs, mesh, budget, options, adopt=True)
+
+
+def _with_megatron_3d(chosen: Plan, model: nn.Module, gm: fx.GraphModule,
+                      example_inputs: tuple, mesh: Mesh, budget: float, options: dict, *,
+                      adopt: bool) -> Plan:
+    """`chosen` with the Megatron 3D hand strategy among its records when hand strategies
+    are asked for, and with `adopt` replaced by its plan when that fits and is faster (a
+    restriction of the same search, as for the other hand strategies)."""
+    asked = options.get("hand_strategies")
+    if not (asked is True or (isinstance(asked, tuple) and MEGATRON_3D in asked)) or mesh.ndim < 2:
+        return chosen
+    state = optimizer_state(options.get("optimizer"))
+    record, plan = megatron_3d(model, gm, example_inputs, mesh, memory_budget=budget,
+                               edge_caches=options.get("edge_caches"),
+                               time_limit=options.get("time_limit", 30.0),
+                               fold_layers=options.get("fold_layers", True),
+                               seed=options.get("seed", 0), optimizer=state,
+                               micro=options["micro"], progress=options.get("progress"))
+    records = list(chosen.hand_strategies)
+    records.insert(max(0, len(records) - 1), record)  # before the single-device reference
+    if adopt and plan is not None and not options.get("constraints") \
+            and plan.step_time_s < chosen.step_time_s:
+        chosen = dataclasses.replace(plan, model=chosen.model, warnings=chosen.warnings)
+    return dataclasses.replace(chosen, hand_strategies=tuple(records))
+
+
+def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh,
+               pipelined: Callable[[], Plan], *, microbatches: int | str,
+               memory_budget: float | None, **options) -> Plan:
+    """The faster fitting of the plan without a pipeline and the pipelined one (a pipeline
+    that can't run, for want of blocks or micro-batches, or doesn't fit is no candidate)."""
+    plain: Plan | None = None
+    try:  # the least memory a plan needs is searched for only if nothing fits (below)
+        plain = plan_unpipelined(model, gm, example_inputs, mesh, microbatches=microbatches,
+                                 memory_budget=memory_budget, least_memory=False, **options)
+    except InfeasiblePlanError:
+        plain = None
+    piped: Plan | None = None
+    try:
+        piped = pipelined()
+    except (PipelineError, MicrobatchError, InfeasiblePlanError, ShardingError):
+        piped = None  # "auto" pipelines only where a pipeline runs, fits and honours the pins
+    if piped is not None and (plain is None or piped.step_time_s < plain.step_time_s):
+        return dataclasses.replace(piped, hand_strategies=plain.hand_strategies if plain
+                                   else ())
+    if plain is None:  # raises the whole step's InfeasiblePlanError, with the least memory
+        return plan_unpipelined(model, gm, example_inputs, mesh,
+                                microbatches=1 if microbatches == "auto" else microbatches,
+                                memory_budget=memory_budget, **options)
+    return plain
+
+
+def plan_unpipelined(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
+                     microbatches: int | str, memory_budget: float | None = None,
+                     progress: Callable[[str], None] | None = None,
+                     micro: MicroBatches, least_memory: bool = True, **options) -> Plan:
+    """`plan_graph` of `gm` (`model` captured and annotated at `example_inputs`), run as
+    `microbatches` micro-batches: a count, or "auto". With "auto" the step is first planned
+    whole; while the best plan so far does not fit, or holds at least `MEMORY_BINDS` of
+    the budget, twice as many micro-batches are screened (`screened`), up to
+    `MAX_MICROBATCHES` or a step time worse than the best, and the chosen count is planned
+    in full: micro-batches only trade time for memory. A model whose step can't be cut (its loss or
+    an op mixes samples: `split_microbatches`) is planned whole under "auto", and raises
+    `MicrobatchError` for a count; `LossError` when the forward returns no loss. `micro`:
+    the planning call's splits and micro-batch captures.
+    `least_memory`: whether the whole step's `InfeasiblePlanError` says the least memory a
+    plan needs (a search of its own)."""
+    say = progress or (lambda message: None)
+    loss_output(gm)  # a model that returns no loss can't be trained: say so before solving
+    budget = default_budget(mesh, memory_budget)
+
+    def planned(count: int, split: BatchSplit | None, *, screening: bool = False,
+                screened_plan: Plan | None = None, least_memory: bool = True) -> Plan:
+        if split is not None:
+            say(f"{STAGE} plan {split.describe()}")
+        graph = gm if split is None else micro.graph(split)
+        if screening:
+            chosen = screened(options)
+        elif screened_plan is not None:
+            chosen = refined(options, screened_plan)
+        else:
+            chosen = {**options, "least_memory": least_memory}
+        return plan_compared(graph, mesh, memory_budget=budget, microbatches=count,
+                             progress=progress, **chosen)
+
+    if microbatches != "auto":
+        if not isinstance(microbatches, int) or isinstance(microbatches, bool):
+            raise MicrobatchError("microbatches must be a count or 'auto'",
+                                  expected="a positive int or 'auto'", got=repr(microbatches),
+                                  fix="pass microbatches=4, or leave the default 'auto'")
+        split = micro.split(microbatches) if microbatches != 1 else None
+        return planned(microbatches, split, least_memory=least_memory)
+    best: Plan | None = None
+    failure: InfeasiblePlanError | None = None
+    try:
+        best = planned(1, None, least_memory=least_memory)
+    except InfeasiblePlanError as error:
+        failure = error
+    count, batch = 2, batch_size(gm) or 1
+    while count <= min(batch, MAX_MICROBATCHES) and batch % count == 0 and (
+            best is None or best.peak_memory_bytes >= MEMORY_BINDS * budget):
+        try:
+            split = micro.split(count)
+        except MicrobatchError:
+            break
+        try:
+            candidate = planned(count, split, screening=True)
+        except InfeasiblePlanError:
+            count *= 2
+            continue
+        if best is not None and candidate.step_time_s >= best.step_time_s:
+            break
+        best, count = candidate, count * 2
+    if best is None:
+        assert failure is not None
+        raise failure
+    if best.microbatches == 1:
+        return best
+    try:  # the count chosen by screening, planned in full
+        full = planned(best.microbatches, micro.split(best.microbatches), screened_plan=best)
+    except InfeasiblePlanError:
+        return best
+    return full if full.step_time_s <= best.step_time_s else best
+
+

@@ -1,0 +1,58 @@
+"""A step's micro-batches: how the batch splits (`split_microbatches`) and the model captured at
+one micro-batch, each made once per planning call.
+
+The plan without a pipeline tries micro-batch counts, the pipeline search tries them again
+for its candidates, and Megatron 3D once more; the split of a count (a propagation over
+the whole graph) and its capture (torch.export) are the same for all of them. No pass
+mutates its input graph, so one graph serves every caller.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from autopar.errors import MicrobatchError
+from autopar.passes.capturing.annotate import annotate
+from autopar.passes.capturing.capture import capture
+from autopar.passes.layout.split_microbatches import split_microbatches
+from autopar.values.microbatch import REFUSE, BatchSplit
+
+
+def micro_graph(model: nn.Module, example_inputs: tuple, split: BatchSplit) -> fx.GraphModule:
+    """`model` captured and annotated at the shapes of one micro-batch of `split`."""
+    flat, spec = pytree.tree_flatten((tuple(example_inputs), {}))
+    size = split.batch // split.microbatches
+    flat = [value[:size] if cut else value for value, cut in zip(flat, split.split)]
+    args, _ = pytree.tree_unflatten(flat, spec)
+    return annotate(capture(model, tuple(args)))
+
+
+class MicroBatches:
+    """The micro-batches of one model's step at `example_inputs`, whose captured and
+    annotated graph is `gm`: `split(count, mixing)` is `split_microbatches(gm, count, mixing=...)`
+    (its `MicrobatchError` raised again on each call) and `graph(split)` is `micro_graph`,
+    each computed once. Mutable: it fills as it is asked; make one per planning call."""
+
+    def __init__(self, model: nn.Module, example_inputs: tuple, gm: fx.GraphModule) -> None:
+        self.model, self.example_inputs, self.gm = model, tuple(example_inputs), gm
+        self._splits: dict[tuple[int, str], BatchSplit | MicrobatchError] = {}
+        self._graphs: dict[BatchSplit, fx.GraphModule] = {}
+
+    def split(self, count: int, *, mixing: str = REFUSE) -> BatchSplit:
+        key = (count, mixing)
+        if key not in self._splits:
+            try:
+                self._splits[key] = split_microbatches(self.gm, count, mixing=mixing)
+            except MicrobatchError as error:
+                self._splits[key] = error
+        found = self._splits[key]
+        if isinstance(found, MicrobatchError):
+            raise found
+        return found
+
+    def graph(self, split: BatchSplit) -> fx.GraphModule:
+        if split not in self._graphs:
+            self._graphs[split] = micro_graph(self.model, self.example_inputs, split)
+        return self._graphs[split]

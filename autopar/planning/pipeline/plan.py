@@ -1,0 +1,271 @@
+"""Planning a pipeline: stage cuts, micro-batches and schedule around the intra-op solver.
+
+For a pipeline over mesh axis `a` of p ranks, every candidate (micro-batch count m,
+schedule, stage count s = v p) is planned as follows, and the fastest that fits is kept:
+
+1. the model captured at one micro-batch's shapes (`autopar.planning.microbatches`; the step must cut
+   into micro-batches exactly, or, for a pipeline the user asked for, accumulate over them:
+   `split_microbatches`);
+2. cut into s stages of consecutive blocks balancing their estimated time
+   (`split_stages.balanced_cuts`, O(U^2 s) over U blocks);
+3. each stage planned by the intra-op solver on the other axes (`sub_mesh`), as a step of m
+   micro-batches holding `pipeline.in_flight` of them at once, within the budget / v (a rank
+   holds v stages); a weight two stages share (an embedding tied to the head) is pinned in
+   the later stages to where the first stored it, so their gradients add up piece by piece;
+   a stage's boundary tensors travel as each rank's piece to its counterpart in the next
+   stage: the sending stage chooses their placement, the receiving one is pinned to it;
+4. costed by the schedule (`pipeline.step_time`) from each stage's time for one micro-batch
+   (its plan's per-micro-batch compute and collectives plus its boundary sends over the
+   pipeline axis) plus the slowest stage's exposed once-per-step reductions, the shared
+   weights' gradient all-reduce and the loss's broadcast.
+
+Stage plans are cached by (m, s, stage, micro-batches in flight, pins), so the schedules
+that hold as many activations reuse them. Candidates are planned in the order of a lower bound
+of their step (`_least_step`: perfect splits, no communication) and the search stops at
+the first whose bound is no better than the best plan found (branch and bound); a
+candidate whose stages hold at least the samples' activations of one that did not fit is
+skipped; while nothing fits, or the best holds `MEMORY_BINDS` of the budget, twice as
+many micro-batches are tried (`_more_microbatches`). Candidates are compared by
+screening solves (`autopar.planning.graph.screened`); the chosen one's stages are then planned in
+full slowest first, until the slowest is one so planned and the others weigh little in
+the step (`autopar.planning.pipeline.stages.refined_stages`). Complexity: at most O(|m| x |schedules|)
+candidates of s screening solves each, and at most 2s full solves; the sub-mesh is the
+same for every stage (the other axes), not searched over as in Alpa, whose stage DP also
+chooses a sub-mesh shape per stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+
+import torch.fx as fx
+
+from autopar.costs.schedule import in_flight, rank_of, step_time
+from autopar.errors import InfeasiblePlanError, PipelineError, ShardingError
+from autopar.passes.layout.split_microbatches import batch_size
+from autopar.passes.layout.split_stages import balanced_cuts, find_units, split_stages, unit_times
+from autopar.passes.strategies.constrain import pin_placements
+from autopar.planning.microbatches import MicroBatches
+from autopar.planning.pipeline.request import check_request, divisors
+from autopar.planning.pipeline.stages import candidate_plan, costed, holds, refined_stages
+from autopar.values.mesh import Mesh
+from autopar.values.microbatch import ACCUMULATED, REFUSE
+from autopar.values.pipeline import Pipeline, Schedule
+from autopar.values.placement import Placements, Replicate, format_placements
+from autopar.values.plan import (
+    Plan,
+    drop_axis,
+)
+
+# With microbatches=None, the counts tried: divisors of the batch up to this many per
+# pipeline rank. At 4 the bubble of 1F1B is already (p - 1) / (5p - 1) < 20%, and each
+# count costs a capture of the model at its micro-batch.
+MAX_MICROBATCHES_PER_RANK = 4
+# More micro-batches are tried only while the best plan so far holds at least this
+# fraction of the memory budget (or none fits): beyond those in
+# MAX_MICROBATCHES_PER_RANK they only trade step time (smaller matmuls, collectives
+# repeated) for activation memory, so they can only win where memory binds.
+MEMORY_BINDS = 0.8
+# The most micro-batches a step is cut into.
+MAX_MICROBATCHES = 64
+
+
+def sub_mesh(mesh: Mesh, axis: int) -> Mesh:
+    """`mesh` without axis `axis`, its other axes on the same links (one device, named
+    "stage", when nothing is left)."""
+    keep = [i for i in range(mesh.ndim) if i != axis]
+    if not keep:
+        return Mesh((1,), ("stage",), hardware=mesh.hardware)
+    return Mesh(tuple(mesh.shape[i] for i in keep), tuple(mesh.axis_names[i] for i in keep),
+                hardware=mesh.hardware, links=tuple(mesh.links[i] for i in keep))
+
+
+def pipeline_axis(mesh: Mesh, pipeline: Pipeline) -> int:
+    if pipeline.axis not in mesh.axis_names:
+        raise PipelineError(f"the mesh has no axis {pipeline.axis!r} to pipeline over",
+                            expected=f"one of {', '.join(mesh.axis_names)}",
+                            got=pipeline.axis, fix="Pipeline(axis='<a mesh axis name>'), or "
+                            "name the pipeline axis of the mesh 'pp'")
+    return mesh.axis_index(pipeline.axis)
+
+
+def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
+                  plan_stage: Callable[..., Plan], memory_budget: float | None, micro: MicroBatches,
+                  progress: Callable[[str], None] | None = None, mixing: str = REFUSE,
+                  constraints: Mapping[str, str | Placements] | None = None) -> Plan:
+    """The fastest fitting pipelined plan of `gm` (a model's captured and annotated step) on
+    `mesh` as `pipeline` asks (module docstring). `plan_stage(graph, mesh, *, memory_budget,
+    microbatches, in_flight, constraints, refining=None)` plans one stage
+    (`autopar.planning.graph.plan_graph` with the caller's options): a quick screening solve of a
+    candidate (`autopar.planning.graph.screened`), or with `refining`, that screening plan planned
+    in full (`autopar.planning.graph.refined`); `micro` splits the step and captures one
+    micro-batch (`MicroBatches` of `gm`'s model). `memory_budget` None plans without a
+    memory limit. `mixing` is `split_microbatches`'s: with "accumulate" (a pipeline the user asked
+    for) a model whose ops mix samples is pipelined as gradient accumulation over the
+    micro-batches, and the plan warns so; with "refuse" (what "auto" asks: it must not
+    change what a step computes) it raises `MicrobatchError`. `constraints` pin tensors as
+    `plan`'s do, with placements on the whole mesh, replicated on the pipeline axis (which
+    places stages): each stage that holds a pinned tensor plans it so on the other axes.
+    Raises `ShardingError` for a pin that names no tensor or splits over the pipeline axis,
+    `PipelineError` for a request that can't run, `MicrobatchError` when the step can't be
+    cut into micro-batches, `InfeasiblePlanError` when no candidate fits."""
+    say = progress or (lambda message: None)
+    axis = pipeline_axis(mesh, pipeline)
+    ranks, inner = mesh.shape[axis], sub_mesh(mesh, axis)
+    batch = batch_size(gm)
+    check_request(pipeline, ranks, find_units(gm).count, batch)
+    pins = _stage_pins(gm, mesh, axis, constraints or {})
+    # Fewer micro-batches than ranks leave most of every rank idle: not worth a solve.
+    counts = [pipeline.microbatches] if pipeline.microbatches else [
+        m for m in divisors(batch or 1) if ranks <= m <= MAX_MICROBATCHES_PER_RANK * ranks]
+    cache: dict[tuple, Plan] = {}
+    best: Plan | None = None
+    failure: Exception | None = None
+    mixes: dict[int, str] = {}  # micro-batch count -> what mixes samples, when accumulated
+    devices = math.prod(inner.shape)
+    # (stage count, samples each stage holds) of the candidates that did not fit: one whose
+    # stages hold as many or more samples' activations does not fit either.
+    overflowing: list[tuple[int, tuple[float, ...]]] = []
+    while counts:
+        before, candidates = best, []
+        for m in counts:
+            split = micro.split(m, mixing=mixing) if m > 1 else None
+            if split is not None and split.weighting == ACCUMULATED:
+                mixes[m] = split.mixes
+            candidates += _candidates(
+                pipeline, m, ranks, devices, mesh,
+                lambda split=split: gm if split is None else micro.graph(split))
+        for bound, m, schedule, count, graph, units, cuts in sorted(
+                candidates, key=lambda c: c[0]):
+            if best is not None and bound >= best.step_time_s:
+                break  # no later candidate can be faster (they are sorted by bound)
+            held = _held_samples(schedule, m, ranks, count, batch or m)
+            if any(n == count and all(a >= b for a, b in zip(held, least))
+                   for n, least in overflowing):
+                continue
+            stages = split_stages(graph, units, cuts)
+            say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
+            try:
+                candidate = candidate_plan(stages, units.names, schedule, m, ranks, mesh,
+                                           axis, inner, memory_budget, plan_stage, cache,
+                                           pins)
+            except InfeasiblePlanError as error:
+                failure = error
+                overflowing.append((count, held))
+                continue
+            if best is None or candidate.step_time_s < best.step_time_s:
+                best, chosen = candidate, (stages, units.names, schedule, m)
+        counts = _more_microbatches(counts, best, pipeline, batch, memory_budget,
+                                    improved=before is None or best is not before)
+    if best is None:
+        if failure is not None:
+            raise failure
+        raise PipelineError("no micro-batch count runs the pipeline", expected="a batch "
+                            f"that splits into micro-batches for {ranks} pipeline ranks",
+                            got=f"batch {batch}", fix="use a larger batch, or fewer ranks")
+    # Candidates were compared by screening solves (one per stage, every background
+    # collective charged, a fraction of the time); the chosen one's slowest stages are
+    # planned again in full, estimating what the backward hides (plan_table's rounds).
+    stages, names, schedule, m = chosen
+    stage_plans = refined_stages(stages, schedule, m, ranks, inner, mesh.axis_names[axis],
+                                 mesh.axis_links[axis], memory_budget, plan_stage, cache,
+                                 pins)
+    refined = costed(stages, names, stage_plans, schedule, m, ranks, mesh, axis,
+                     memory_budget)
+    best = min(best, refined, key=lambda plan: plan.step_time_s)
+    if best.microbatches in mixes:
+        m = best.microbatches
+        best = dataclasses.replace(best, warnings=(*best.warnings, (
+            f"the model mixes the samples of a batch ({mixes[m]}): each of the pipeline's {m} "
+            "micro-batches runs as the model's batch, so a step is gradient accumulation over "
+            f"{m} micro-batches (the mean of their losses and gradients), not the whole "
+            "batch's gradient")))
+    return best
+
+
+def _candidates(pipeline: Pipeline, microbatches: int, ranks: int, devices: int, mesh: Mesh,
+                micro: Callable[[], fx.GraphModule]) -> list[tuple]:
+    """The candidates of `microbatches` micro-batches, each `(lower bound of its step
+    (`_least_step`), m, schedule, stage count, the micro-batch's graph, its units, the
+    balanced cuts)`; `micro()` captures the micro-batch's graph (only when some schedule
+    runs m)."""
+    runnable = [s for s in pipeline.schedules()
+                if s.check_microbatches(microbatches, ranks) is None]
+    if not runnable:
+        return []
+    if {s.name for s in runnable} >= {"GPipe", "1F1B"}:
+        # Same step for the same stage times, but each stage holds all m micro-batches,
+        # not p - r: GPipe's best plan is never faster than 1F1B's.
+        runnable = [s for s in runnable if s.name != "GPipe"]
+    graph = micro()
+    units = find_units(graph)
+    times = unit_times(graph, units, mesh.hardware)
+    found = []
+    for schedule in runnable:
+        for count in pipeline.stage_counts(schedule, ranks):
+            if count <= units.count:
+                cuts = balanced_cuts(times, count)
+                bound = _least_step(times, cuts, devices, microbatches, ranks, schedule)
+                found.append((bound, microbatches, schedule, count, graph, units, cuts))
+    return found
+
+
+def _least_step(times: list[float], cuts: tuple[int, ...], devices: int, microbatches: int,
+                ranks: int, schedule: Schedule) -> float:
+    """A lower bound of a candidate's step: the schedule's step time (monotone in each
+    stage's time) of stages whose time per micro-batch is their ops' training compute on
+    one device over the `devices` of the sub-mesh, the least any plan of them can take
+    (perfect splits, no communication, no recomputation)."""
+    bounds = [0, *cuts, len(times)]
+    stage_times = [sum(times[a:b]) / devices for a, b in zip(bounds, bounds[1:])]
+    return step_time(stage_times, microbatches, ranks, schedule)
+
+
+def _held_samples(schedule: Schedule, microbatches: int, ranks: int, count: int,
+                  batch: int) -> tuple[float, ...]:
+    """The samples whose activations each of `count` stages holds at once: micro-batches
+    in flight (`pipeline.in_flight`) times the samples of one."""
+    virtual = count // ranks
+    return tuple(in_flight(schedule, microbatches, ranks, rank_of(k, ranks), virtual)
+                 * batch / microbatches for k in range(count))
+
+
+def _more_microbatches(tried: list[int], best: Plan | None, pipeline: Pipeline,
+                       batch: int | None, memory_budget: float | None, *,
+                       improved: bool) -> list[int]:
+    """The next micro-batch count to try when the counts `tried` left memory binding (no
+    candidate fit, or the best holds `MEMORY_BINDS` of the budget) and did better than
+    those before them (`improved`): more micro-batches hold fewer activations per stage.
+    Twice the most tried, while it divides the batch and is at most `MAX_MICROBATCHES`;
+    none when the count was asked for."""
+    if pipeline.microbatches or not tried or batch is None or memory_budget is None \
+            or not improved:
+        return []
+    if best is not None and best.peak_memory_bytes < MEMORY_BINDS * memory_budget:
+        return []
+    more = 2 * max(tried)
+    return [more] if more <= min(batch, MAX_MICROBATCHES) and batch % more == 0 else []
+
+
+def _stage_pins(gm: fx.GraphModule, mesh: Mesh, axis: int,
+                constraints: Mapping[str, str | Placements]) -> dict[str, str]:
+    """`constraints` on the sub-mesh: each pin's placements without the pipeline axis,
+    after checking that it names a tensor of `gm`, has one placement per mesh axis and is
+    replicated on the pipeline axis."""
+    pins = {}
+    for name, wanted in constraints.items():
+        placements = pin_placements(name, wanted, mesh)
+        text = format_placements(placements)
+        if not isinstance(placements[axis], Replicate):
+            raise ShardingError(
+                f"pin of {name!r} splits over the pipeline axis {mesh.axis_names[axis]!r}",
+                expected=f"R on axis {mesh.axis_names[axis]!r}, which places stages", got=text,
+                fix=f"pin it R on {mesh.axis_names[axis]!r}, or plan with pipeline=False")
+        if not holds(gm, name):
+            raise ShardingError(f"cannot pin {name!r}: no such tensor in the graph",
+                                expected="a parameter or buffer name, or a graph node name",
+                                got=repr(name), fix="use a name of the model's state or graph")
+        pins[name] = drop_axis(text, axis)
+    return pins

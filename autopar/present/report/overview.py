@@ -1,0 +1,26 @@
+"""The report's header: model, mesh, predicted step time, memory, solver, warnings."""
+
+from __future__ import annotations
+
+from autopar.present.report.units import esc, ms, size
+from autopar.values.plan import Plan
+
+
+def overview_section(plan: Plan) -> str:
+    solver = plan.solver
+    stats = [
+        ("step time", ms(plan.step_time_s)),
+        ("compute", ms(plan.compute_s)),
+        ("communication", f"{ms(plan.exposed_comm_s)} exposed, "
+                          f"{ms(plan.hidden_comm_s)} hidden"),
+        ("peak memory", f"{size(plan.peak_memory_bytes)} of {size(plan.memory_limit_bytes)}"),
+        ("solver", f"{solver.status}, gap {solver.gap:.2%}, {solver.wall_time_s:.2f} s"),
+        ("decisions", f"{solver.decisions} ({solver.tied} tied)"),
+    ]
+    cells = "".join(f"<div><span class='dim'>{esc(k)}</span><b>{esc(v)}</b></div>"
+                    for k, v in stats)
+    warnings = "".join(f"<li>{esc(w)}</li>" for w in plan.warnings)
+    return (f'<section id="overview"><h1>Plan for {esc(plan.model)}</h1>'
+            f'<div class="dim">{esc(plan.mesh.describe())} · one training step '
+            f'(forward + backward), per device</div><div class="stats">{cells}</div>'
+            f'{f"<ul class=warnings>{warnings}</ul>" if warnings else ""}</section>')

@@ -1,0 +1,300 @@
+"""Text rendering of a `Plan`: per op group placements and costs (groups in the order the
+model runs them, long module paths shortened to distinct labels, a legend under the table),
+the totals, the bytes moved, and, when the plan carries them, the hand strategies it is
+compared with, and for a pipeline its stages; then the plan's warnings, each once.
+
+Scaling efficiency is the compute-only lower bound of the step time (the step's compute on
+one device divided by the number of devices: perfect splitting, nothing moved) over a
+predicted step time (`autopar.values.plan.scaling_efficiency`)."""
+
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+
+from rich.console import Console
+from rich.table import Table
+
+from autopar.present.report.units import ms as _ms_text
+from autopar.present.report.units import size as _size
+from autopar.values.plan import (
+    SINGLE_DEVICE,
+    HandStrategyRecord,
+    NodePlan,
+    Plan,
+    layer_pattern,
+    scaling_efficiency,
+)
+
+# The "op group" column shows a layer pattern whole up to this share of the table's width;
+# a longer one keeps its end (what tells two sibling groups apart) after an ellipsis.
+_GROUP_SHARE = 0.3
+_ELLIPSIS = "…"
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds without the unit, for columns headed "ms" (`_ms_text` adds it)."""
+    return _ms_text(seconds).removesuffix(" ms")
+
+
+def _placements(node: NodePlan) -> str:
+    inputs = " ".join(f"[{p}]" for p in node.inputs)
+    return f"{inputs} -> [{node.output}]" if inputs else f"[{node.output}]"
+
+
+def _groups(plan: Plan) -> dict[str, list[NodePlan]]:
+    """The plan's nodes by layer pattern ("(top)" for the model's own), in the order the
+    model runs them: by each group's first op in graph order (a group without ops, only
+    parameters or inputs, which the graph lists first, by its first node)."""
+    groups: dict[str, list[NodePlan]] = defaultdict(list)
+    first_op: dict[str, int] = {}
+    first_node: dict[str, int] = {}
+    for position, node in enumerate(plan.nodes):
+        pattern = layer_pattern(node.module) or "(top)"
+        groups[pattern].append(node)
+        first_node.setdefault(pattern, position)
+        if node.role == "op":
+            first_op.setdefault(pattern, position)
+    order = sorted(groups, key=lambda p: first_op.get(p, first_node[p]))
+    return {pattern: groups[pattern] for pattern in order}
+
+
+def _shortened(parts: list[str], head: int, limit: int) -> str:
+    """`head` first parts, an ellipsis, then as many last parts as keep the label within
+    `limit` (at least one); the whole pattern once nothing is left to elide."""
+    def label(tail: int) -> str:
+        if head + tail >= len(parts):
+            return ".".join(parts)
+        return ".".join(parts[:head]) + _ELLIPSIS + ".".join(parts[-tail:])
+
+    tail = 1
+    while head + tail + 1 < len(parts) and len(label(tail + 1)) <= limit:
+        tail += 1
+    return label(tail)
+
+
+def group_labels(patterns: list[str], limit: int) -> dict[str, str]:
+    """A label per pattern, at most `limit` characters where it can be: the whole pattern,
+    or an ellipsis and as many of its last dotted parts as fit ("…layer.*.SelfAttention.q":
+    the end tells sibling groups apart). Labels are distinct: patterns whose labels would
+    read the same keep their first parts too, one more at a time ("m.encoder…SelfAttention.q"
+    and "m.decoder…SelfAttention.q"), up to the whole (distinct) pattern."""
+    parts = {p: p.split(".") for p in patterns}
+    head = {p: 0 for p in patterns}
+
+    def label(pattern: str) -> str:
+        if len(pattern) <= limit:
+            return pattern
+        return _shortened(parts[pattern], head[pattern], limit)
+
+    while True:
+        labels = {p: label(p) for p in patterns}
+        same: dict[str, list[str]] = defaultdict(list)
+        for pattern, text in labels.items():
+            same[text].append(pattern)
+        # A label that clashes is shortened (whole patterns are distinct): keep more parts.
+        clashes = [p for group in same.values() if len(group) > 1 for p in group]
+        if not clashes:
+            return labels
+        for pattern in clashes:
+            head[pattern] += 1
+
+
+_LEGEND = ("Rows in the order the model runs them; repeated blocks share a row (layers.* "
+           "for layers.0, layers.1, ...). x: how many modules the row stands for; its ms and "
+           "memory (parameters with gradients and optimizer state, kept activations) are "
+           "their sum, per device and step. Placements: R replicated, S(d) split on dim d, "
+           "P partial sums.")
+
+
+def _group_table(plan: Plan, width: int) -> Table:
+    axes = ",".join(plan.mesh.axis_names)
+    table = Table(title=f"Plan for {plan.model} on {plan.mesh.describe()}", title_justify="left",
+                  caption=_LEGEND, caption_justify="left")
+    groups = _groups(plan)
+    labels = group_labels(list(groups), max(16, int(width * _GROUP_SHARE)))
+    table.add_column("op group", no_wrap=True,
+                     min_width=max((len(text) for text in labels.values()), default=8))
+    table.add_column("x", justify="right")
+    table.add_column(f"heaviest op: placements per axis ({axes})")
+    for name in ("compute ms", "comm ms", "memory"):
+        table.add_column(name, justify="right")
+    for pattern, nodes in groups.items():
+        ops = [n for n in nodes if n.role == "op"] or nodes
+        heaviest = max(ops, key=lambda n: (n.compute_s, n.comm_s))
+        modules = {n.module for n in nodes}
+        table.add_row(labels[pattern], str(len(modules)),
+                      f"{heaviest.op.removeprefix('aten.')} {_placements(heaviest)}",
+                      _ms(sum(n.compute_s for n in nodes)), _ms(sum(n.comm_s for n in nodes)),
+                      _size(sum(n.memory_bytes for n in nodes)))
+    return table
+
+
+def _totals_table(plan: Plan) -> Table:
+    table = Table(title="Totals (per device, one training step)", title_justify="left")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    solver = plan.solver
+    rows = [
+        ("predicted step time", _ms_text(plan.step_time_s)),
+        ("  compute", _ms_text(plan.compute_s)),
+        ("  communication, exposed", _ms_text(plan.exposed_comm_s)),
+        ("  communication, hidden", f"{_ms_text(plan.hidden_comm_s)} (overlaps the backward)"),
+        ("peak memory", f"{_size(plan.peak_memory_bytes)} of {_size(plan.memory_limit_bytes)}"),
+        *((("scaling efficiency", f"{efficiency:.1%}"),)
+          if (efficiency := scaling_efficiency(plan, plan.step_time_s)) is not None else ()),
+        *((("predicted MFU (bf16 peak)", f"{plan.mfu:.1%}"),) if plan.mfu is not None else ()),
+        ("micro-batches per step", str(plan.microbatches)),
+        ("recomputed in the backward", _recomputed(plan)),
+        ("context parallel", describe_context_parallel(plan)),
+        ("parameter storage", _storage(plan)),
+        ("optimizer", plan.optimizer),
+        ("solver", f"{solver.status}, gap {solver.gap:.2%}, {solver.wall_time_s:.2f} s, "
+                   f"{solver.decisions} decisions ({solver.tied} tied)"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _recomputed(plan: Plan) -> str:
+    ops = [n for n in plan.nodes if n.recompute]
+    if not ops:
+        return "nothing"
+    kinds = sorted({n.op.removeprefix("aten.").split(".")[0] for n in ops})
+    return f"{len(ops)} ops ({', '.join(kinds)})"
+
+
+def describe_context_parallel(plan: Plan) -> str:
+    """The attentions that run on a ring, by mesh axis: the nodes whose own transfers are
+    sends (an edge's conversion is never one)."""
+    axes: dict[str, int] = defaultdict(int)
+    for node in plan.nodes:
+        ring = {t.axis for t in node.transfers if t.kind == "send"}
+        for axis in ring:
+            axes[axis] += 1
+    return ", ".join(f"{count} attention(s) on a ring over {axis}"
+                     for axis, count in sorted(axes.items())) or "none"
+
+
+def _storage(plan: Plan) -> str:
+    """Parameters by how they are stored: replicated, sharded and gathered at each use
+    (ZeRO-3), sharded and kept gathered from use to backward (ZeRO-2), or kept gathered
+    for the step with a whole gradient (ZeRO-1)."""
+    counts: dict[str, int] = defaultdict(int)
+    for node in plan.nodes:
+        if node.role == "parameter":
+            if node.whole_gradient:
+                counts["gathered for the step, whole gradient (ZeRO-1)"] += 1
+            elif node.gathered:
+                counts["kept gathered (ZeRO-2)"] += 1
+            elif "S" in node.output:
+                counts["sharded"] += 1
+            else:
+                counts["replicated"] += 1
+    return ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items())) or "none"
+
+
+def _pipeline_table(plan: Plan) -> Table:
+    """The stages of a pipelined plan: where they run, their blocks, time per micro-batch,
+    micro-batches held and memory, under the schedule, micro-batches and bubble."""
+    record = plan.pipeline
+    assert record is not None
+    table = Table(title=f"Pipeline over {record.axis}: {record.schedule}, "
+                        f"{record.microbatches} micro-batches, {len(record.stages)} stages "
+                        f"({record.virtual} per rank), bubble {record.bubble:.1%}",
+                  title_justify="left")
+    for name in ("stage", "rank", "blocks", "ms per micro-batch", "in flight", "memory"):
+        table.add_column(name, justify="left" if name == "blocks" else "right")
+    for stage in record.stages:
+        blocks = stage.blocks[0] if stage.blocks[0] == stage.blocks[1] else \
+            f"{stage.blocks[0]} .. {stage.blocks[1]}"
+        table.add_row(str(stage.index), str(stage.rank), blocks, _ms(stage.time_s),
+                      str(stage.in_flight), _size(stage.memory_bytes))
+    table.caption = ("ms: forward and backward of one micro-batch with the stage's sends; "
+                     "in flight: micro-batches whose activations the stage holds at its peak; "
+                     "memory per device. The rows above sum every stage.")
+    return table
+
+
+def _comm_table(plan: Plan) -> Table:
+    title = "Bytes moved per device" + (
+        ", summed over the pipeline ranks" if plan.pipeline is not None else "")
+    table = Table(title=title, title_justify="left")
+    for name in ("collective", "axis", "direction", "bytes"):
+        table.add_column(name, justify="right" if name == "bytes" else "left")
+    for (kind, axis, direction), nbytes in plan.comm_bytes().items():
+        table.add_row(kind, axis, direction, _size(nbytes))
+    if not plan.comm_bytes():
+        table.add_row("none", "", "", "0 B")
+    return table
+
+
+_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A",
+          "send": "P2P", "broadcast": "BC"}
+
+
+def _by_kind_and_axis(rows) -> str:
+    totals: dict[tuple[str, str], float] = defaultdict(float)
+    for kind, axis, _, nbytes in rows:
+        totals[(kind, axis)] += nbytes
+    return "\n".join(f"{_SHORT[kind]} {axis} {_size(nbytes)}"
+                     for (kind, axis), nbytes in sorted(totals.items())) or "none"
+
+
+def _hand_row(plan: Plan, record: HandStrategyRecord) -> tuple[str, ...]:
+    if record.step_time_s is None:
+        return (record.name, "-", "-", "-", "-", "-", "n/a")
+    efficiency = scaling_efficiency(plan, record.step_time_s)
+    return (record.name, _ms(record.step_time_s), f"{record.step_time_s / plan.step_time_s:.2f}x",
+            "-" if efficiency is None else f"{efficiency:.1%}",
+            f"{_size(record.peak_memory_bytes)} / {_size(plan.memory_limit_bytes)}",
+            _by_kind_and_axis(record.comm_bytes), "fits" if record.fits else "over memory")
+
+
+def _hand_table(plan: Plan) -> Table:
+    table = Table(title="Compared with hand strategies (per device, one training step)",
+                  title_justify="left", show_lines=True)
+    for name in ("strategy", "step ms", "vs plan", "scaling eff.", "peak memory / capacity",
+                 "bytes moved", "memory"):
+        table.add_column(name, justify="right" if name in ("step ms", "vs plan",
+                                                           "scaling eff.") else "left")
+    efficiency = scaling_efficiency(plan, plan.step_time_s)
+    table.add_row("autopar plan", _ms(plan.step_time_s), "1.00x",
+                  "-" if efficiency is None else f"{efficiency:.1%}",
+                  f"{_size(plan.peak_memory_bytes)} / {_size(plan.memory_limit_bytes)}",
+                  _by_kind_and_axis((k, a, d, b) for (k, a, d), b in plan.comm_bytes().items()),
+                  "fits")
+    records = sorted(plan.hand_strategies, key=lambda r: r.name == SINGLE_DEVICE)
+    for record in records:
+        table.add_row(*_hand_row(plan, record))
+    return table
+
+
+def _hand_notes(plan: Plan) -> list[str]:
+    notes = [f"{r.name}: {r.note}" for r in plan.hand_strategies if r.note]
+    return [*notes, "scaling eff. = (one device's compute / devices) / step time. bytes moved "
+                    "per device, forward + backward: AR all-reduce, AG all-gather, RS "
+                    "reduce-scatter, A2A all-to-all, P2P sends (between pipeline stages, "
+                    "around attention rings), BC broadcast (summed over a pipeline's "
+                    "ranks). Hand strategies are the "
+                    "cheapest plans within their roles, solved with no memory limit (Megatron "
+                    "3D within it when some choice of micro-batches fits)."]
+
+
+def render_summary(plan: Plan, *, width: int = 120) -> str:
+    """The plan as plain-text tables (no colour codes), `width` columns wide; with the
+    comparison table "Compared with hand strategies" when the plan carries them."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, no_color=True, color_system=None)
+    for table in (_group_table(plan, width), _totals_table(plan), _comm_table(plan)):
+        console.print(table)
+    if plan.pipeline is not None:
+        console.print(_pipeline_table(plan))
+    if plan.hand_strategies:
+        console.print(_hand_table(plan))
+        for note in _hand_notes(plan):
+            console.print(note)
+    for warning in dict.fromkeys(plan.warnings):  # each once, in order
+        console.print(f"warning: {warning}")
+    return buffer.getvalue()

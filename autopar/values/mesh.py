@@ -1,0 +1,106 @@
+"""`Mesh`: the logical device grid a model is parallelized over.
+
+A mesh is a shape (`(2, 8)`), one name per axis (`("dp", "tp")`) and a hardware profile.
+Each axis is carried by one link level of the profile. By default the innermost axes are
+intra-node: walking from the last axis outwards, an axis stays on the innermost level while
+the devices it and the axes inside it span fit in one group of that level; `links=` names the
+level of every axis explicitly instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autopar.errors import MeshError
+from autopar.values.hardware import HardwareProfile, LinkLevel, load_hardware
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A validated device mesh. `hardware` may be given as a profile name or path."""
+
+    shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    hardware: HardwareProfile | str = "cpu"
+    links: tuple[str, ...] | None = None
+    axis_links: tuple[LinkLevel, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        shape = (self.shape,) if isinstance(self.shape, int) else tuple(self.shape)
+        names = (self.axis_names,) if isinstance(self.axis_names, str) else tuple(self.axis_names)
+        if not shape or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in shape):
+            raise MeshError("invalid mesh shape", expected="a tuple of positive integers",
+                            got=repr(self.shape), fix="e.g. Mesh((2, 4), ('dp', 'tp'))")
+        if len(names) != len(shape):
+            raise MeshError("mesh shape and axis names differ in length",
+                            expected=f"{len(shape)} axis names for shape {shape}",
+                            got=repr(names), fix="give one name per mesh axis")
+        if len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
+            raise MeshError("mesh axis names must be distinct non-empty strings",
+                            expected="e.g. ('dp', 'tp')", got=repr(names),
+                            fix="rename the repeated axis")
+        hardware = load_hardware(self.hardware)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "axis_names", names)
+        object.__setattr__(self, "hardware", hardware)
+        axis_links = self._resolve_links(hardware)
+        object.__setattr__(self, "axis_links", axis_links)
+        object.__setattr__(self, "links", tuple(link.name for link in axis_links))
+
+    def _resolve_links(self, hardware: HardwareProfile) -> tuple[LinkLevel, ...]:
+        by_name = {link.name: link for link in hardware.links}
+        if self.links is not None:
+            links = tuple(self.links)
+            unknown = [name for name in links if name not in by_name]
+            if len(links) != len(self.shape) or unknown:
+                raise MeshError("mesh links do not match the mesh or the hardware",
+                                expected=f"{len(self.shape)} names out of {sorted(by_name)}",
+                                got=repr(links), fix="name one link level per mesh axis")
+            return tuple(by_name[name] for name in links)
+        resolved: list[LinkLevel] = []
+        spanned, level = 1, 0
+        for size in reversed(self.shape):
+            spanned *= size
+            while (hardware.links[level].devices is not None
+                   and spanned > hardware.links[level].devices):
+                level += 1
+                if level == len(hardware.links):
+                    raise MeshError("the mesh is larger than the hardware's outermost link level",
+                                    expected=f"at most {hardware.links[-1].devices} devices",
+                                    got=f"{math.prod(self.shape)}",
+                                    fix="add an unbounded outer link level to the profile")
+            resolved.append(hardware.links[level])
+        return tuple(reversed(resolved))
+
+    @property
+    def size(self) -> int:
+        """Number of devices."""
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def axis_index(self, name: str) -> int:
+        """Position of the axis called `name`."""
+        if name not in self.axis_names:
+            raise MeshError(f"no mesh axis named {name!r}", expected=f"one of {self.axis_names}",
+                            got=repr(name), fix="use a name given to Mesh(...)")
+        return self.axis_names.index(name)
+
+    def describe(self) -> str:
+        """`"2x8 (dp:infiniband, tp:nvlink) on h100-sxm"`."""
+        axes = ", ".join(f"{n}={s}:{link.name}"
+                         for n, s, link in zip(self.axis_names, self.shape, self.axis_links))
+        return f"{'x'.join(map(str, self.shape))} ({axes}) on {self.hardware.name}"
+
+    def to_dict(self) -> dict:
+        return {"shape": list(self.shape), "axis_names": list(self.axis_names),
+                "hardware": self.hardware.name,
+                "links": [link.name for link in self.axis_links]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Mesh:
+        return cls(tuple(data["shape"]), tuple(data["axis_names"]), data["hardware"],
+                   tuple(data["links"]))

@@ -1,0 +1,1 @@
+"""Layout passes: a step cut into micro-batches, a graph cut into pipeline stages."""

@@ -1,0 +1,1 @@
+"""Lowering: the captured graph and its `Plan` as one rank's program over local shards."""

@@ -1,0 +1,207 @@
+"""Plan pass: read the solver's choices back into a `Plan`.
+
+Reads `autopar_role`, `autopar_flops`, `autopar_bytes`, `autopar_tensor` and the
+`ProblemBuild`. For every decision node it records the chosen placements, the compute and
+the inbound collectives (forward and backward) with their bytes, its memory, and the formula
+of its cost over the graph's symbolic sizes, re-derived with the same cost functions the
+problem was built with so the plan can be re-evaluated at other sizes. A folded graph's
+plan (`passes/fold_depth.py`) is the unfolded graph's: each node of the representative
+block is recorded once per node it stands for, under that node's name and module, reading
+its own copies' tensors, and the nodes come in the unfolded graph's order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+import torch.fx as fx
+
+from autopar.costs import formulas
+from autopar.passes.problem.build_problem import ProblemBuild, op_compute_time, op_ring, op_time
+from autopar.passes.problem.edge_costs import (
+    Background,
+    background_gathers,
+    background_reductions,
+    hidden_seconds,
+    step_repeats,
+    step_seconds,
+    strategy_edge_transfers,
+)
+from autopar.solver import Solution
+from autopar.values.placement import format_placements
+from autopar.values.plan import NodePlan, Plan, SolverReport, TransferRecord
+from autopar.values.specs import BYTES, FLOPS, FOLD, ROLE, Fold, module_of
+
+
+def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound,
+                   hidden: Background) -> sympy.Expr:
+    """The node's time over the graph's size symbols: compute, plus its inbound
+    collectives, less the `hidden` fractions of its background reductions and gathers."""
+    mesh, count = build.mesh, build.microbatches
+    total = count * sympy.sympify(op_time(
+        node, strategy, mesh, differentiable=build.requires_grad[node.name],
+        size=sympy.sympify))
+    for ref, src, dst in inbound:
+        transfers = strategy_edge_transfers(ref, src, dst, ref.tensor.sym_nbytes, mesh.shape)
+        total += sum(step_seconds(ref, src, transfers, count, mesh))
+        total -= hidden_seconds(ref, src, transfers, count, mesh, hidden)
+    return sympy.sympify(total)
+
+
+def _at(value, sizes: dict[str, int]) -> float:
+    """`value` (a number or a formula over size symbols) at `sizes` (by symbol name)."""
+    if not hasattr(value, "free_symbols"):
+        return float(value)
+    return float(value.subs({symbol: sizes[str(symbol)] for symbol in value.free_symbols}))
+
+
+def _compute_split(node: fx.Node, build: ProblemBuild, strategy,
+                   sizes: dict[str, int]) -> tuple[float, float]:
+    """Seconds of `node`'s compute in one micro-batch's forward, and in its backward (its
+    backward and any recomputed forward): what background gathers and gradient reductions
+    can hide behind."""
+    def size(value):
+        return _at(value, sizes)
+
+    differentiable = build.requires_grad[node.name]
+    both = op_compute_time(node, strategy, build.mesh, differentiable=differentiable,
+                           size=size)
+    forward = op_compute_time(node, strategy, build.mesh, differentiable=False, size=size)
+    return float(forward), float(both - forward)
+
+
+def training_flops(gm: fx.GraphModule, on_path: dict[str, bool], sizes: dict) -> float:
+    """FLOPs of one training step of the whole model on one device: each op's forward, and
+    twice it again for the backward of ops on the gradient path."""
+    fold = gm.meta.get(FOLD)
+    total = 0.0
+    for node in gm.graph.nodes:
+        flops = _at(node.meta.get(FLOPS, 0), sizes) * (fold.repeats(node.name) if fold else 1)
+        total += flops * (1 + formulas.BACKWARD_FLOPS_FACTOR * on_path.get(node.name, False))
+    return total
+
+
+def _edges(build: ProblemBuild, chosen) -> dict[str, list]:
+    """(edge, producer's strategy, consumer's strategy, transfers) per consumer."""
+    edges: dict[str, list] = {name: [] for name in build.nodes}
+    for ref in build.edges:
+        src, dst = chosen[ref.producer], chosen[ref.consumer]
+        edges[ref.consumer].append((ref, src, dst, strategy_edge_transfers(
+            ref, src, dst, ref.tensor.nbytes, build.mesh.shape)))
+    return edges
+
+
+def _hidden(build: ProblemBuild, by_name, chosen, edges, sizes: dict[str, int]) -> Background:
+    """The fractions of the background collectives hidden behind compute: min(1, C / G),
+    with G their time in one micro-batch and C the compute they overlap there: the
+    backward's for gradient reductions, the forward's for parameter gathers. With several
+    micro-batches G is the last one's, the busiest: the reductions deferred to it and its
+    own. (The reductions of the last gradients the backward makes have little compute
+    left to hide behind, the first gather none before it; C counts all of it, an
+    optimistic bound.)"""
+    mesh = build.mesh
+    repeats = dict(zip(build.nodes, build.repeats))
+    reductions = gathers = 0.0
+    for name, per_node in edges.items():
+        for ref, src, _, transfers in per_node:
+            reductions += repeats[name] * sum(
+                float(t.time(mesh)) for t in background_reductions(ref, src, transfers))
+            gathers += repeats[name] * sum(
+                float(t.time(mesh)) for t in background_gathers(ref, src, transfers))
+    forward = backward = 0.0
+    if reductions or gathers:
+        for name in build.nodes:
+            ahead, behind = _compute_split(by_name[name], build, chosen[name], sizes)
+            forward += repeats[name] * ahead
+            backward += repeats[name] * behind
+    return Background(min(1.0, backward / reductions) if reductions else 0.0,
+                      min(1.0, forward / gathers) if gathers else 0.0)
+
+
+def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
+                 model_name: str, sizes: dict[str, int], warnings: tuple[str, ...] = ()) -> Plan:
+    """The `Plan` of a feasible solution of `build.problem`."""
+    assert solution.choices, "extract_plan needs a feasible solution"
+    problem, mesh = build.problem, build.mesh
+    by_name = {n.name: n for n in gm.graph.nodes}
+    chosen = {name: build.strategies[i][solution.choices[i]]
+              for i, name in enumerate(build.nodes)}
+    edges = _edges(build, chosen)
+    hidden = _hidden(build, by_name, chosen, edges, sizes)
+    fold: Fold | None = gm.meta.get(FOLD)
+    repeats, held_repeats = build.repeats, build.held_repeats
+    nodes = []
+    for i, name in enumerate(build.nodes):
+        node, strategy = by_name[name], chosen[name]
+        comm = overlapped = 0.0
+        records = []
+        for ref, src, _, transfers in edges[name]:
+            repeated = step_repeats(ref, src, transfers, build.microbatches)
+            seconds = [float(x) for x in step_seconds(ref, src, transfers,
+                                                      build.microbatches, mesh)]
+            comm += sum(seconds)
+            overlapped += float(hidden_seconds(ref, src, transfers, build.microbatches, mesh,
+                                               hidden))
+            records.extend(TransferRecord(
+                t.kind, mesh.axis_names[t.axis], n * float(t.nbytes), t.backward,
+                ref.producer, time, calls=n) for t, n, time in zip(transfers, repeated, seconds))
+        compute = float(problem.node_costs[i][solution.choices[i]]) / repeats[i]
+        ring = op_ring(node, strategy, mesh, lambda value: _at(value, sizes))
+        if ring is not None:  # the ring's exposed time is communication, not compute
+            differentiable = build.requires_grad[name]
+            exposed = build.microbatches * float(ring.exposed_seconds(
+                *_compute_split(node, build, strategy, sizes), mesh,
+                differentiable=differentiable))
+            compute -= exposed
+            comm += exposed
+            records.extend(TransferRecord(
+                t.kind, mesh.axis_names[t.axis], build.microbatches * float(t.nbytes),
+                t.backward, name, float(t.time(mesh)), calls=build.microbatches)
+                for t in ring.transfers(differentiable=differentiable))
+        plan = NodePlan(
+            name=name, op=str(node.target) if node.op == "call_function" else node.op,
+            role=node.meta.get(ROLE, node.op), module=module_of(node),
+            inputs=tuple(format_placements(p) for p in strategy.inputs),
+            output=format_placements(strategy.output),
+            compute_s=compute, comm_s=comm,
+            memory_bytes=float(problem.node_usages[i][solution.choices[i]]) / held_repeats[i],
+            transfers=tuple(records),
+            formula=str(_symbolic_cost(node, build, strategy,
+                                       [e[:3] for e in edges[name]], hidden))
+            if sizes else repr(compute + comm - overlapped),
+            # A view's flag only mirrors its base's (build_problem): views run no op.
+            recompute=strategy.recompute and node.meta.get(BYTES, 0) != 0,
+            gathered=format_placements(strategy.gathered) if strategy.gathered else "",
+            whole_gradient=strategy.whole_gradient, hidden_s=overlapped)
+        nodes.extend(_unfolded(plan, fold) if fold else (plan,))
+    if fold:
+        nodes.sort(key=lambda n: fold.order[n.name])
+    report = SolverReport(objective=solution.cost, bound=solution.bound, gap=solution.gap,
+                          status=solution.status, wall_time_s=solution.wall_time,
+                          decisions=problem.num_nodes,
+                          tied=sum(len(group) - 1 for group in problem.ties),
+                          exposed_reductions=1 - hidden.reductions,
+                          exposed_gathers=1 - hidden.gathers)
+    limit = problem.usage_limit if problem.usage_limit is not None else float("inf")
+    return Plan(model=model_name, mesh=mesh, nodes=tuple(nodes), solver=report,
+                memory_limit_bytes=limit, optimizer=build.optimizer.describe(),
+                model_flops=build.microbatches * training_flops(gm, build.requires_grad, sizes),
+                peak_memory_bytes=problem.peak_usage(solution.choices),
+                sizes=tuple(sorted(sizes.items())), warnings=warnings,
+                microbatches=build.microbatches)
+
+
+def _unfolded(plan: NodePlan, fold: Fold) -> tuple[NodePlan, ...]:
+    """The plans of the unfolded nodes a folded graph's node stands for (one for a node
+    that stands for itself), each reading its own copies' tensors."""
+    def copy(k: int, name: str, module: str) -> NodePlan:
+        transfers = tuple(dataclasses.replace(t, tensor=fold.producer(t.tensor, plan.name, k))
+                          for t in plan.transfers)
+        return dataclasses.replace(plan, name=name, module=module, transfers=transfers)
+
+    if plan.name not in fold.copies:
+        renamed = any(t.tensor in fold.copies for t in plan.transfers)
+        return (copy(0, plan.name, plan.module) if renamed else plan,)
+    return tuple(copy(k, name, module) for k, (name, module) in enumerate(
+        zip(fold.copies[plan.name], fold.modules[plan.name])))

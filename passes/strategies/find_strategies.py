@@ -1,0 +1,232 @@
+"""Strategy pass: the candidate shardings of every node over the whole mesh.
+
+Reads `autopar_role` and `autopar_tensor` (capture, annotate). Returns a `StrategyTable`,
+not a graph: for each node that becomes a decision of the sharding problem (tensor
+placeholders, ops, the output) a tuple of `Strategy`, the all-replicated one first.
+
+Ops get their strategies from the rule registry (`autopar.rules`): the rule's single-axis
+strategies, plus all-replicated, are multiplied over the mesh axes and combinations that
+cut some dim unevenly are dropped (every shard has the same shape, so local shapes are
+exact), and so are those the rules do not admit (`rules.admissible`). An op without a rule
+keeps only the replicated strategy, and one warning per op names it. Parameters, buffers
+and constants may be stored replicated or sharded along any dim on each axis
+(ZeRO-3/FSDP-style storage), and a sharded parameter may instead be kept gathered over
+some of its split axes from its use to its backward (ZeRO-2); user inputs arrive whole on
+every rank, so they are replicated. A pipeline stage's boundary tensors
+(`autopar_boundary`: the inputs it receives, the outputs it sends) travel as each rank's
+piece, so they may be split as stored tensors are (the output node then has one strategy
+per combination of its tensors' placements, up to `MAX_BOUNDARY_STRATEGIES`, else
+replicated); the pipeline planner pins a receiving stage to what the sending stage chose.
+`operator.getitem` nodes that pick one output of a multi-output op are not decisions:
+they carry their producer's placement.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from autopar import rules
+from autopar.rules.base import AxisStrategy, OpSpec
+from autopar.values.mesh import Mesh
+from autopar.values.placement import Placements, Replicate, Shard, format_placements, shard_count
+from autopar.values.specs import BOUNDARY, ROLE, TENSOR, TensorSpec
+
+STORED_ROLES = ("parameter", "buffer", "constant")
+# The most strategies a stage's sending output node gets (the product of its tensors'
+# placements); beyond it, they are sent replicated.
+MAX_BOUNDARY_STRATEGIES = 256
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A placement for each tensor input of a node and for its output(s), over the mesh.
+
+    Two more choices ride on a strategy. `recompute` (ops): the output is not kept for the
+    backward but computed again from the op's inputs when the backward needs it. `gathered`
+    (parameters stored sharded): the placement the parameter is gathered into at its use
+    and kept in until the backward (ZeRO-2: sharded gradient and optimizer state, the
+    parameter gathered once per step); None means gathered at each use and, when the use
+    saves it, again for the backward (ZeRO-3), or not gathered at all. `whole_gradient`
+    (with `gathered`, in a step of several micro-batches): the copy is gathered once per
+    step and serves every micro-batch, its gradient accumulated whole and reduce-scattered
+    once, after the last (ZeRO-1: the optimizer state is sharded, the gradient is whole
+    during the step).
+    """
+
+    inputs: tuple[Placements, ...]
+    output: Placements
+    recompute: bool = False
+    gathered: Placements | None = None
+    whole_gradient: bool = False
+
+    @property
+    def name(self) -> str:
+        return format_placements(self.output)
+
+
+@dataclass(frozen=True)
+class StrategyTable:
+    """Per decision node (by fx node name): its strategies and its tensor inputs' producers."""
+
+    strategies: dict[str, tuple[Strategy, ...]]
+    inputs: dict[str, tuple[tuple[str, TensorSpec], ...]]  # (producer decision, tensor) per input
+    unsupported: tuple[str, ...]  # ops that fell back to replicated
+
+
+def is_decision(node: fx.Node) -> bool:
+    """Nodes that choose a sharding: tensor placeholders, ops with tensor outputs, output."""
+    if node.op == "output":
+        return True
+    if node.target is operator.getitem:
+        return False
+    return node.op in ("placeholder", "call_function") and node.meta.get(TENSOR) is not None
+
+
+def producer_of(node: fx.Node) -> fx.Node:
+    return node.args[0] if node.target is operator.getitem else node
+
+
+def op_spec(node: fx.Node) -> OpSpec:
+    """What a rule sees of `node` (see `OpSpec`)."""
+    def convert(value):
+        if isinstance(value, fx.Node):
+            spec = value.meta.get(TENSOR)
+            if spec is None:  # a symbolic int or other non-tensor value: its concrete value
+                val = value.meta.get("val")
+                return int(val.node.hint) if isinstance(val, torch.SymInt) else val
+            return spec
+        return value
+
+    args = pytree.tree_map(convert, tuple(node.args))
+    kwargs = pytree.tree_map(convert, dict(node.kwargs))
+    tensors = [n for n in pytree.tree_leaves((node.args, node.kwargs))
+               if isinstance(n, fx.Node) and isinstance(n.meta.get(TENSOR), TensorSpec)]
+    out = node.meta[TENSOR]
+    outputs = out if isinstance(out, tuple) else (out,)
+    return OpSpec(node.target, args, kwargs, tuple(n.meta[TENSOR] for n in tensors),
+                  tuple(o for o in outputs if o is not None))
+
+
+def tensor_inputs(node: fx.Node) -> tuple[tuple[str, TensorSpec], ...]:
+    """(producing decision, tensor) of each tensor argument, in strategy input order."""
+    leaves = pytree.tree_leaves((node.args, node.kwargs))
+    return tuple((producer_of(n).name, n.meta[TENSOR]) for n in leaves
+                 if isinstance(n, fx.Node) and isinstance(n.meta.get(TENSOR), TensorSpec))
+
+
+def _fits(spec: TensorSpec, placements: Placements, mesh_shape: tuple[int, ...]) -> bool:
+    for placement in placements:
+        if isinstance(placement, Shard) and not 0 <= placement.dim < spec.ndim:
+            return False
+    # A whole dim always fits, even an empty one (a zero-size cache or constant); a split
+    # one needs at least one element per chunk, and chunks of equal size.
+    counts = (shard_count(placements, mesh_shape, d) for d in range(spec.ndim))
+    return all(count == 1 or (size % count == 0 and size >= count)
+               for size, count in zip(spec.shape, counts))
+
+
+def _combine(per_axis: list[list[AxisStrategy]], op: OpSpec, mesh: Mesh) -> tuple[Strategy, ...]:
+    seen: dict[Strategy, None] = {}
+    for combo in itertools.product(*per_axis):
+        strategy = Strategy(
+            inputs=tuple(tuple(s.inputs[i] for s in combo) for i in range(len(op.inputs))),
+            output=tuple(s.output for s in combo))
+        tensors = [*zip(op.inputs, strategy.inputs), *((o, strategy.output) for o in op.outputs)]
+        if all(_fits(spec, placements, mesh.shape) for spec, placements in tensors) \
+                and rules.admissible(op, strategy.inputs, strategy.output):
+            seen.setdefault(strategy)
+    return tuple(seen)
+
+
+def _replicated(op: OpSpec) -> AxisStrategy:
+    return AxisStrategy(tuple(Replicate() for _ in op.inputs), Replicate())
+
+
+def _stored_strategies(spec: TensorSpec, mesh: Mesh, *, parameter: bool) -> tuple[Strategy, ...]:
+    choices = [Replicate(), *(Shard(d) for d in range(spec.ndim))]
+    axis = [AxisStrategy((), c) for c in choices]
+    stored = _combine(_per_axis(axis, mesh), OpSpec(None, (), outputs=(spec,)), mesh)
+    if not parameter:
+        return stored
+    return stored + tuple(Strategy((), s.output, gathered=gathered)
+                          for s in stored for gathered in _gatherings(s.output))
+
+
+def _output_strategies(inputs: tuple[tuple[str, TensorSpec], ...], mesh: Mesh, *,
+                       boundary: bool) -> tuple[Strategy, ...]:
+    """The output node's strategies: its tensors replicated (the model's outputs), or for a
+    stage's boundary every combination of their stored placements (module docstring)."""
+    replicated = tuple(Replicate() for _ in mesh.shape)
+    whole = Strategy(tuple(replicated for _ in inputs), replicated)
+    if not boundary or not inputs:
+        return (whole,)
+    choices = [[s.output for s in _stored_strategies(spec, mesh, parameter=False)]
+               for _, spec in inputs]
+    if math.prod(len(c) for c in choices) > MAX_BOUNDARY_STRATEGIES:
+        return (whole,)
+    # Each tensor's choices start replicated: the all-replicated strategy comes first.
+    return tuple(Strategy(combo, replicated) for combo in itertools.product(*choices))
+
+
+def _gatherings(stored: Placements) -> list[Placements]:
+    """Every placement a parameter stored `stored` can be kept gathered in: replicated on
+    some non-empty set of the axes that split it, as split as before on the others."""
+    split = [axis for axis, p in enumerate(stored) if isinstance(p, Shard)]
+    return [tuple(Replicate() if axis in axes else p for axis, p in enumerate(stored))
+            for count in range(1, len(split) + 1)
+            for axes in itertools.combinations(split, count)]
+
+
+def _per_axis(axis: list[AxisStrategy], mesh: Mesh) -> list[list[AxisStrategy]]:
+    # On an axis of one device every placement is the whole tensor: keep only the first
+    # (replicated) choice, so equivalent strategies are not offered twice.
+    return [axis if n > 1 else axis[:1] for n in mesh.shape]
+
+
+def find_strategies(gm: fx.GraphModule, mesh: Mesh) -> StrategyTable:
+    """Candidate strategies of every decision node of an annotated graph."""
+    strategies: dict[str, tuple[Strategy, ...]] = {}
+    inputs: dict[str, tuple[tuple[str, TensorSpec], ...]] = {}
+    unsupported: dict[str, None] = {}
+    # Repeated blocks repeat the same ops on the same shapes: one rule call each, and one
+    # shared tuple, which later passes recognise by identity.
+    known: dict[str, tuple[Strategy, ...]] = {}
+    all_replicated = tuple(Replicate() for _ in mesh.shape)
+    for node in gm.graph.nodes:
+        if not is_decision(node):
+            continue
+        inputs[node.name] = tensor_inputs(node)
+        if node.op == "output":
+            strategies[node.name] = _output_strategies(inputs[node.name], mesh,
+                                                       boundary=bool(node.meta.get(BOUNDARY)))
+        elif node.op == "placeholder":
+            spec = node.meta[TENSOR]
+            role = node.meta.get(ROLE)
+            key = repr((role, spec, node.meta.get(BOUNDARY)))
+            if key not in known:
+                known[key] = (_stored_strategies(spec, mesh, parameter=role == "parameter")
+                              if role in STORED_ROLES or node.meta.get(BOUNDARY)
+                              else (Strategy((), all_replicated),))
+            strategies[node.name] = known[key]
+        else:
+            op = op_spec(node)
+            key = repr((op.target, op.args, op.kwargs))
+            rule = rules.lookup(node.target)
+            if rule is None:
+                unsupported.setdefault(str(node.target))
+            if key not in known:
+                axis = [_replicated(op), *(rule(op) if rule else ())]
+                known[key] = _combine(_per_axis(axis, mesh), op, mesh)
+            strategies[node.name] = known[key]
+    if unsupported:
+        warnings.warn(f"no sharding rule for {', '.join(unsupported)}: replicated",
+                      stacklevel=2)
+    return StrategyTable(strategies, inputs, tuple(unsupported))

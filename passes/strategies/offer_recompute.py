@@ -1,0 +1,94 @@
+"""Recompute pass: offer every op whose output the backward keeps the choice of recomputing it.
+
+Reads `autopar_role`, `autopar_tensor` and `autopar_bytes`; returns a new `StrategyTable`
+in which each eligible op has its strategies twice, the second time with
+`Strategy.recompute` set. The solver then weighs, per op (one decision for tied blocks),
+the memory of keeping the output against computing it again in the backward
+(`build_problem`): recomputing every op of a block but its input is full activation
+recomputation, recomputing the cheap ops around the matmuls is the selective kind.
+
+Eligible: ops on the gradient path that write a new tensor (not views, which share their
+base's storage) that some op keeps for the backward (`find_saved`), whose result is not a
+model output, and that draw no random numbers (a
+recomputed dropout would draw another mask; ops tagged `nondeterministic_seeded`). A
+context-parallel attention strategy (`rules.attention.context_axis`) gets no recomputed
+twin: its recomputation would pass the key/value blocks around the ring once more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx as fx
+
+from autopar.passes.capturing.find_saved import find_saved, kept_outputs, storage_base
+from autopar.passes.capturing.gradient_path import gradient_path
+from autopar.passes.strategies.find_strategies import Strategy, StrategyTable, op_spec
+from autopar.rules.attention import RING_TARGETS, context_axis
+from autopar.values.specs import BLOCK, BYTES, module_of
+
+
+def draws_random_numbers(node: fx.Node) -> bool:
+    """Whether `node`'s op is seeded from the random generator (dropout, rand, ...)."""
+    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+
+
+def recomputable(node: fx.Node, on_path: dict[str, bool],
+                 kept: dict[str, frozenset[int]]) -> bool:
+    """Whether recomputing `node` in the backward can save memory and gives the same value:
+    some op keeps its output (`find_saved.kept_outputs`), and every input it would be
+    recomputed from is kept anyway (a parameter, a user input, or an output some op
+    keeps); an op `kept` knows nothing of is assumed kept. Recomputing `relu` from a norm's
+    output that nothing else keeps would hold that output instead of relu's: no gain."""
+    if not (node.op == "call_function" and on_path.get(node.name, False)
+            and node.meta.get(BYTES, 0) != 0 and not draws_random_numbers(node)
+            and all(user.op != "output" for user in node.users)
+            and kept.get(node.name, True)):
+        return False
+    for source in node.all_input_nodes:
+        base, index = storage_base(source)
+        if base.op == "call_function" and index not in kept.get(base.name, {index}):
+            return False
+    return True
+
+
+def _views_of(node: fx.Node, eligible: set[str]) -> bool:
+    """Whether `node` is a view (it moves no bytes) whose storage an eligible op wrote."""
+    if node.op != "call_function" or node.meta.get(BYTES, 0) != 0:
+        return False
+    base, _ = storage_base(node)
+    return base is not node and base.name in eligible
+
+
+def offer_recompute(gm: fx.GraphModule, table: StrategyTable) -> StrategyTable:
+    """`table` with a recomputed twin of every strategy of every eligible op."""
+    on_path = gradient_path(gm)
+    kept = kept_outputs(gm, find_saved(gm))
+    # Strategy tuples are shared between identical ops; keep them shared (problem caches).
+    doubled: dict[int, tuple[Strategy, ...]] = {}
+    strategies = dict(table.strategies)
+    eligible = {node.name for node in gm.graph.nodes if recomputable(node, on_path, kept)}
+    for node in gm.graph.nodes:
+        # A view of an eligible op's output carries the flag too (build_problem keeps it
+        # equal to its base's), so that what reads the view can be held to the same rules.
+        if node.name not in strategies or not (
+                node.name in eligible or _views_of(node, eligible)):
+            continue
+        own = strategies[node.name]
+        if id(own) not in doubled:
+            # A context-parallel attention would run its ring again: not offered.
+            op = op_spec(node) if node.target in RING_TARGETS else None
+            doubled[id(own)] = own + tuple(
+                dataclasses.replace(s, recompute=True) for s in own
+                if op is None or context_axis(op, s.inputs) is None)
+        strategies[node.name] = doubled[id(own)]
+    return dataclasses.replace(table, strategies=strategies)
+
+
+def recompute_region(node: fx.Node) -> str:
+    """The block (`<list>.<i>` of a ModuleList) a node belongs to, else the node itself.
+    Recomputing an op may recompute the ops it reads from in the same region only, so a
+    backward rebuilds one region at a time, from tensors that were kept."""
+    match = BLOCK.match(module_of(node))
+    return f"{match['list']}.{match['index']}" if match else node.name

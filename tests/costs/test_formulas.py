@@ -1,0 +1,98 @@
+"""The cost model: collective formulas, roofline, and the derived backward table."""
+
+import pytest
+import sympy
+import torch
+
+import autopar
+from autopar.costs import formulas
+from autopar.values.placement import Partial, Replicate, Shard
+
+R, P, S0, S1 = Replicate(), Partial(), Shard(0), Shard(1)
+
+
+def kinds(transfers):
+    return [(t.kind, t.axis, t.backward) for t in transfers]
+
+
+@pytest.mark.parametrize("src, dst, consumer_out, forward, backward", [
+    # docs/DESIGN.md's table, one row per case (1-D mesh of 4).
+    (P, R, R, ["all_reduce"], []),                     # grad arrives R: nothing
+    (S0, R, R, ["all_gather"], []),                    # grad R: slice
+    (S0, R, S1, ["all_gather"], ["reduce_scatter"]),   # grad P: reduce-scatter
+    (R, S0, S0, [], ["all_gather"]),                   # slice <-> all-gather
+    (P, S0, S0, ["reduce_scatter"], ["all_gather"]),
+    (S0, S1, S1, ["all_to_all"], ["all_to_all"]),
+    (R, R, S1, [], ["all_reduce"]),                    # R used by a split op
+    (R, R, R, [], []),
+])
+def test_backward_table(src, dst, consumer_out, forward, backward):
+    transfers = formulas.edge_transfers(1024, (src,), (dst,), (consumer_out,), (4,),
+                                        requires_grad=True)
+    assert [t.kind for t in transfers if not t.backward] == forward
+    assert [t.kind for t in transfers if t.backward] == backward
+
+
+def test_no_backward_off_the_gradient_path():
+    transfers = formulas.edge_transfers(1024, (R,), (R,), (S1,), (4,), requires_grad=False)
+    assert transfers == ()
+
+
+def test_buffer_sizes_follow_the_other_axes():
+    # 2x4 mesh: gather axis 1 of a tensor also sharded on axis 0 moves the axis-0 shard.
+    (gather,) = formulas.redistribute(800, (S0, S1), (S0, R), (2, 4))
+    assert (gather.kind, gather.axis, gather.nbytes) == ("all_gather", 1, 400)
+
+
+def test_slices_happen_before_gathers():
+    # R->S on axis 1 first, so the all-reduce on axis 0 moves a quarter of the tensor.
+    (reduce,) = formulas.redistribute(800, (P, R), (R, S1), (2, 4))
+    assert (reduce.kind, reduce.axis, reduce.nbytes) == ("all_reduce", 0, 200)
+
+
+def test_collective_formulas():
+    bw, lat = 1e9, 1e-5
+    assert formulas.collective_time("all_reduce", 8e6, 4, bw, lat) == pytest.approx(
+        2 * 3 / 4 * 8e6 / bw + 2 * 3 * lat)
+    for kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert formulas.collective_time(kind, 8e6, 4, bw, lat) == pytest.approx(
+            3 / 4 * 8e6 / bw + 3 * lat)
+    assert formulas.collective_time("all_reduce", 8e6, 1, bw, lat) == 0
+
+
+def test_roofline_picks_the_binding_resource():
+    h100 = autopar.load_hardware("h100-sxm")
+    peak = h100.flops_per_second(torch.bfloat16) * h100.compute_efficiency
+    bandwidth = h100.memory_bandwidth * h100.memory_efficiency
+    assert formulas.compute_time(1e12, 1, torch.bfloat16, h100) == pytest.approx(
+        1e12 / peak + h100.launch_overhead_s)
+    assert formulas.compute_time(1, 1e9, torch.bfloat16, h100) == pytest.approx(
+        1e9 / bandwidth + h100.launch_overhead_s)
+    train = formulas.training_compute_time(1e12, 1, torch.bfloat16, h100, differentiable=True)
+    assert train == pytest.approx(3e12 / peak + 2 * h100.launch_overhead_s)
+
+
+def test_costs_are_symbolic_over_symbolic_sizes():
+    batch = sympy.Symbol("s0")
+    h100 = autopar.load_hardware("h100-sxm")
+    time = formulas.compute_time(2 * batch * 4096 * 4096, 4 * batch * 4096, torch.float32, h100)
+    assert time.free_symbols == {batch}
+    (transfer,) = formulas.redistribute(4 * batch, (P,), (R,), (8,))
+    t = transfer.time(autopar.Mesh((8,), ("tp",), hardware="h100-sxm"))
+    assert float(t.subs(batch, 1024)) == pytest.approx(
+        formulas.collective_time("all_reduce", 4096, 8, 4.5e11, 1e-6))
+
+
+def test_compute_divisor():
+    assert formulas.compute_divisor(((S0,), (R,)), (S0,), (4,)) == 4
+    assert formulas.compute_divisor(((S1,), (S0,)), (P,), (4,)) == 4   # contraction split
+    assert formulas.compute_divisor(((P,), (P,)), (P,), (4,)) == 1     # P + P: full work
+    assert formulas.compute_divisor(((S0, R),), (S0, R), (2, 4)) == 2
+
+
+def test_sharded_parameters_are_gathered_again_for_the_backward():
+    # ZeRO-3: all-gather forward, all-gather again and reduce-scatter backward.
+    transfers = formulas.edge_transfers(1024, (S0,), (R,), (S1,), (4,), requires_grad=True,
+                                        regather=True)
+    assert [(t.kind, t.backward) for t in transfers] == [
+        ("all_gather", False), ("all_gather", True), ("reduce_scatter", True)]
