@@ -126,5 +126,6 @@ def load_hardware(name_or_path: str | Path | HardwareProfile) -> HardwareProfile
         raise HardwareError(f"unknown hardware {text!r}", expected=f"one of {', '.join(names)}",
                             got=repr(text),
                             fix="pick a bundled profile or pass the path of a JSON profile")
-    data = json.loads((resources.files("autopar.values") / "profiles" / f"{text}.json").read_text())
+    bundled = resources.files("autopar.values") / "profiles" / f"{text}.json"
+    data = json.loads(bundled.read_text())
     return HardwareProfile.from_dict(data, source=text)

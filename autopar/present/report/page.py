@@ -23,7 +23,7 @@ from autopar.values.plan import Plan
 
 
 def _asset(name: str) -> str:
-    return resources.files("autopar.report").joinpath(name).read_text(encoding="utf-8")
+    return resources.files("autopar.present.report").joinpath(name).read_text(encoding="utf-8")
 
 
 def _data(plan: Plan) -> str:
