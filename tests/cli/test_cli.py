@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from autopar.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT.parent / "shared" / "benchmarks" / "iopddl" / "example.json"
 
 

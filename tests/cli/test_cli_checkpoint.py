@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from autopar.cli import main
 from autopar.tools import checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "tests" / "runtime" / "tripwire_model.py"
 STEPS = 6
 

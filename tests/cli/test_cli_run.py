@@ -10,7 +10,7 @@ import autopar
 from autopar.cli import main
 from autopar.tools.model_file import load_model_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MLP = ROOT / "examples" / "mlp.py"
 
 # A model whose compiled and plain copies draw different dropout masks: never verifiable.

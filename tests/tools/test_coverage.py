@@ -17,7 +17,7 @@ from autopar.tools.coverage import DATA_MOVEMENT, FORMULA, NO_RULE, check
 from autopar.values.specs import FLOPS
 from examples.gpt import build
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPT_CONFIG = {"vocab": 64, "seq": 8, "hidden": 32, "heads": 2, "layers": 2, "batch": 2}
 
 
