@@ -2,8 +2,8 @@
 
 Forward converts a rank's local piece from `redistribution.src` to `.dst`; backward converts
 the gradient from `.grad_arriving` to `.grad_needed`, both axis by axis in the order and with
-the collectives `autopar.costs.formulas.edge_transfers` charged for the edge (see `steps.py`). This is
-docs/DESIGN.md's backward table made code: Megatron's copy/reduce/scatter/gather regions for any
+the collectives `autopar.costs.formulas.edge_transfers` charged for the edge (see `steps.py`). This
+is docs/DESIGN.md's backward table made code: Megatron's copy/reduce/scatter/gather regions for any
 axis and any pair of placements. Each collective is counted on the caller's `CommCounter`.
 
 Regathered parameter edges (`redistribution.regather`) also need a `Regather` scope: the

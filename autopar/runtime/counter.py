@@ -1,9 +1,9 @@
 """`CommCounter`: the bytes the runtime's collectives move, measured the cost model's way.
 
 Keys are (kind, axis name, direction) with kind one of `autopar.costs.formulas.COLLECTIVES` and
-direction "forward" or "backward". Bytes follow `autopar.costs.formulas.Transfer.nbytes`: the per-rank
-buffer B, i.e. the tensor on the rank for all-reduce and all-to-all, the gathered output for
-all-gather, the input for reduce-scatter. Measured totals of an edge therefore equal
+direction "forward" or "backward". Bytes follow `autopar.costs.formulas.Transfer.nbytes`: the
+per-rank buffer B, i.e. the tensor on the rank for all-reduce and all-to-all, the gathered output
+for all-gather, the input for reduce-scatter. Measured totals of an edge therefore equal
 `transfer_totals(cost.edge_transfers(...))` exactly.
 """
 

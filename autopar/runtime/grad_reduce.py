@@ -83,7 +83,7 @@ def scatterable(redistribution: Redistribution) -> bool:
     reduce-scatter on the same mesh axis, not gathered again for the backward (local steps
     may come before or after them): a parameter kept gathered (ZeRO-2) is read this way,
     and `gather_kept` carries such edges out. The planner charges the same edges' scatter
-    as run in the background (`passes/edge_costs.background_reductions`)."""
+    as run in the background (`passes/problem/edge_costs.background_reductions`)."""
     forward = [s for s in redistribution.forward_steps if s.kind is not None]
     backward = [s for s in redistribution.backward_steps if s.kind is not None]
     return (not redistribution.regather and len(forward) == 1 and len(backward) == 1

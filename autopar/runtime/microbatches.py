@@ -1,7 +1,7 @@
 """Micro-batches inside one call: `pm(*inputs)` runs the step as M micro-batches.
 
 A plan with `microbatches` M > 1 was made for one micro-batch's graph. A call of the
-compiled model cuts the inputs along dim 0 (`passes/split_microbatches.micro_inputs`) and runs each
+compiled model cuts the inputs along dim 0 (`autopar.values.microbatch.micro_inputs`) and runs each
 micro-batch's forward and, at once, its backward, seeded with the micro-batch's weight w_i,
 so that only one micro-batch's activations are alive at a time. The gradients accumulate:
 replicated parameters' all-reduces wait for the last micro-batch (the reducer's

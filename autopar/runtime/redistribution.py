@@ -1,7 +1,7 @@
 """`Redistribution`: everything the runtime needs to move one tensor along one graph edge.
 
-It is the cost model's view of the edge (`autopar.costs.formulas.edge_transfers`) made executable: the
-forward and backward `Transfer`s as the cost model lists them, the placements they convert
+It is the cost model's view of the edge (`autopar.costs.formulas.edge_transfers`) made executable:
+the forward and backward `Transfer`s as the cost model lists them, the placements they convert
 between, and the per-axis steps that perform exactly those transfers. Construction checks
 that the steps and the transfers agree collective for collective, so the bytes the runtime
 moves are the bytes the plan was charged.

@@ -1,8 +1,8 @@
 """The per-axis steps of a redistribution, in the order the cost model charges them.
 
-`redistribution_steps(src, dst, ...)` turns one sharding into another one mesh axis at a time, in the
-order `autopar.costs.formulas.conversion_steps` fixes (the order decides which axis moves how many
-bytes, so the runtime takes it from the cost model rather than restating it). Each step is
+`redistribution_steps(src, dst, ...)` turns one sharding into another one mesh axis at a time, in
+the order `autopar.costs.formulas.conversion_steps` fixes (the order decides which axis moves how
+many bytes, so the runtime takes it from the cost model rather than restating it). Each step is
 one of
 
     P -> R      all_reduce              R -> S(d)     local chunk (torch.chunk, own coordinate)

@@ -1,7 +1,7 @@
 """Hardware profiles: what one device computes and holds, and how fast devices talk.
 
-Profiles are data, not code: JSON files in `autopar/values/profiles/`, one per device kind, loaded by
-name (`load_hardware("h100-sxm")`) or from a path. A profile lists link levels from the
+Profiles are data, not code: JSON files in `autopar/values/profiles/`, one per device kind, loaded
+by name (`load_hardware("h100-sxm")`) or from a path. A profile lists link levels from the
 innermost (NVLink inside a node) outwards (InfiniBand between nodes); `devices` is how many
 devices one level connects (null: unbounded, the outermost level).
 """
@@ -119,7 +119,8 @@ def load_hardware(name_or_path: str | Path | HardwareProfile) -> HardwareProfile
         except json.JSONDecodeError as exc:
             raise HardwareError(f"hardware profile {text} is not JSON: {exc}",
                                 expected="a JSON object", got=text,
-                                fix="compare it with autopar/values/profiles/h100-sxm.json") from exc
+                                fix="compare it with autopar/values/profiles/h100-sxm.json"
+                                ) from exc
         return HardwareProfile.from_dict(data, source=text)
     names = available_hardware()
     if text not in names:

@@ -94,7 +94,7 @@ def module_of(node) -> str:
 
 @dataclass(frozen=True)
 class Fold:
-    """How a folded graph (`passes/fold_depth.py`) stands for the graph it was folded from:
+    """How a folded graph (`passes/problem/fold_depth.py`) stands for the graph it was folded from:
     each node of its representative block stands for the nodes at the same position in
     consecutive blocks, named `copies[node]` (itself first) and in modules `modules[node]`;
     `previous` maps each node of the block before the representative to the

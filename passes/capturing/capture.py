@@ -74,7 +74,7 @@ def capture(model: nn.Module, example_inputs: tuple, *,
     `dynamic_shapes` is passed to torch.export as is (e.g. `({0: Dim("batch")}, ...)`).
     With `repeat_blocks`, a model whose main ModuleList holds many identical blocks is
     traced with four of them and the others stamped, the same graph in a fraction of the
-    time (`passes/repeat_blocks.py`; not with `dynamic_shapes`).
+    time (`passes/capturing/repeat_blocks.py`; not with `dynamic_shapes`).
     Raises `CaptureError` when torch.export cannot trace the model.
     """
     if not isinstance(example_inputs, tuple):

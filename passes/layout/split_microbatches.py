@@ -32,8 +32,9 @@ loss over the batch's means takes the micro-batch's), and the step's loss and gr
 the mean of the micro-batches' (ACCUMULATED, w_i = 1/M), not the whole batch's. Mutated
 buffers are refused even then.
 
-Reads `autopar_role`, `autopar_tensor`, `autopar_module`; writes nothing. `split_microbatches(gm, M)`
-returns the `BatchSplit` or raises `MicrobatchError` saying which op or output prevents it.
+Reads `autopar_role`, `autopar_tensor`, `autopar_module`; writes nothing.
+`split_microbatches(gm, M)` returns the `BatchSplit` or raises `MicrobatchError` saying which op
+or output prevents it.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ map from problem indices back to graph nodes and tensors.
   (`background_reductions`), and a parameter's gather it starts one use ahead
   (`background_gathers`), count at the `Background` fractions of their time (the caller's
   estimate of the part left exposed; see `autopar.planning.graph.plan_table`). The edges' costs are
-  `passes/edge_costs.py`'s: an edge's matrix is computed once per distinct signature of its
+  `passes/problem/edge_costs.py`'s: an edge's matrix is computed once per distinct signature of its
   pairs of strategies, and kept, apart from the charges, for the next problem built with
   the same `EdgeCache`.
 - Memory per device: parameters with their gradient, master copy and optimizer states
@@ -35,7 +35,7 @@ map from problem indices back to graph nodes and tensors.
 - Ties: the blocks of a `ModuleList` (module paths `<list>.<i>...`) whose nodes and
   strategies match are tied node by node, so identical transformer blocks are one
   decision (the plan is uniform across them).
-- Folded graphs (`passes/fold_depth.py`): a node standing for r nodes of the unfolded
+- Folded graphs (`passes/problem/fold_depth.py`): a node standing for r nodes of the unfolded
   graph counts r times in compute, in the edges into it and, when held to the end of the
   forward, in memory; the problem is the unfolded one's, tied.
 """
@@ -334,7 +334,7 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     `find_saved(gm)` when the caller has it (it runs every op once on fake tensors).
     `microbatches`: how many times a step runs `gm`, one micro-batch's graph;
     `in_flight`: how many micro-batches' activations are held at once (a pipeline stage's,
-    `autopar.values.pipeline.in_flight`; one when they run one after the other).
+    `autopar.costs.schedule.in_flight`; one when they run one after the other).
     `edge_cache`: an `EdgeCache` of `mesh` to keep the edges' seconds in from one call to
     the next (calls that change only `charges` then compute no transfer again); by default
     a new one.

@@ -111,8 +111,8 @@ def _replicated_reduction(transfers: tuple[formulas.Transfer, ...]) -> bool:
     return len(transfers) == 1 and transfers[0].backward and transfers[0].kind == "all_reduce"
 
 
-def background_reductions(ref: EdgeRef, src: Strategy,
-                          transfers: tuple[formulas.Transfer, ...]) -> tuple[formulas.Transfer, ...]:
+def background_reductions(ref: EdgeRef, src: Strategy, transfers: tuple[formulas.Transfer, ...]
+                          ) -> tuple[formulas.Transfer, ...]:
     """The edge's gradient reductions the runtime runs in the background of the rest of
     the backward: a replicated parameter's one all-reduce (as DDP's buckets), or the
     reduce-scatter of a parameter kept gathered over one axis (ZeRO-1/2), whose edge is

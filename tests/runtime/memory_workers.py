@@ -1,6 +1,7 @@
 """Rank bodies of the memory fidelity checks: each rank compiles an example under a memory
 budget, trains one AdamW step measuring what it holds (`autopar.runtime.memory_probe`), and
-rank 0 also returns the plan's prediction (`autopar.tools.predicted_memory.predicted_memory`). Shared by
+rank 0 also returns the plan's prediction (`autopar.tools.predicted_memory.predicted_memory`).
+Shared by
 `tests/runtime/test_memory_fidelity.py` and `benchmarks/memory_fidelity.py` (module level,
 so spawned processes can import it)."""
 

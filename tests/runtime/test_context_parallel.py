@@ -1,7 +1,7 @@
 """Context-parallel plans train exactly like the single-process model, with the bytes the
 plan predicts.
 
-Each case is planned in the parent under the "cp" role (`passes/restrict.py`: the inputs
+Each case is planned in the parent under the "cp" role (`passes/strategies/restrict.py`: the inputs
 split along the sequence, every attention on the ring of that axis, parameters sharded
 over it), alone (cp=2) or next to Megatron on a second axis (cp x tp = 2 x 2), and trained
 3 AdamW steps on gloo ranks next to the plain model (`equivalence_cases`): the loss and

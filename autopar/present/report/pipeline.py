@@ -1,6 +1,6 @@
 """The pipeline of a pipelined plan: a timeline of every stage's forward and backward (a
 zero-bubble schedule's input and weight gradients apart) per micro-batch on each pipeline
-rank (`autopar.values.pipeline.timeline`, from the cost model), and
+rank (`autopar.costs.schedule.timeline`, from the cost model), and
 the stages' table. Empty for a plan without a pipeline."""
 
 from __future__ import annotations
