@@ -69,13 +69,19 @@ def training_compute_time(flops, nbytes, dtype: torch.dtype, hardware: HardwareP
     return forward * (2 if recompute else 1) + backward
 
 
+def send_time(nbytes, bandwidth: float, latency: float):
+    """B / beta + alpha: one point-to-point send of `nbytes` over a link of `bandwidth`
+    bytes/s and `latency` s (a pipeline stage's boundary, a step of an attention ring)."""
+    return nbytes / bandwidth + latency
+
+
 def collective_time(kind: str, nbytes, n: int, bandwidth: float, latency: float):
     """alpha-beta time of one collective over `n` devices; `nbytes` per rank as above."""
     assert kind in COLLECTIVES, kind
     if n == 1:
         return 0
     if kind in ("send", "broadcast"):
-        return nbytes / bandwidth + latency
+        return send_time(nbytes, bandwidth, latency)
     steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
     return steps * nbytes / (n * bandwidth) + steps * latency
 

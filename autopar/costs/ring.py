@@ -23,7 +23,8 @@ The ring overlaps each step's transfer with that step's compute, a c-th of the n
     backward = t_b + (c - 1) max(0, x(KV + G) - t_b / c) + x(KV) + x(O h) + x(Q h)
 
 where t_f, t_b are the node's forward and backward compute and x(B) = B / beta + alpha a
-send over the axis. The swaps and the last dK, dV send wait for their data: exposed.
+send over the axis (`formulas.send_time`). The swaps and the last dK, dV send wait for
+their data: exposed.
 
 The ring also runs many kernels where the op ran one: per pair of a query piece and a key
 block it attends to (c pairs, 2c + 1 balanced: half a's queries see a + 1 key halves), the
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autopar.costs.formulas import Transfer, _divide, _max, local_bytes
+from autopar.costs.formulas import Transfer, _divide, _max, local_bytes, send_time
 from autopar.rules.attention import context_axis
 from autopar.rules.base import OpSpec
 from autopar.rules.common import argument, tensor_slots
@@ -115,7 +116,7 @@ class Ring:
         link = mesh.axis_links[self.axis]
 
         def send(nbytes):
-            return nbytes / link.bandwidth + link.latency
+            return send_time(nbytes, link.bandwidth, link.latency)
 
         steps = self.ranks - 1
         swaps = send(self.query_half_bytes) + send(self.output_half_bytes) \

@@ -1,7 +1,8 @@
-"""Text rendering of a `Plan`: per op group placements and costs (groups in the order the
-model runs them, long module paths shortened to distinct labels, a legend under the table),
-the totals, the bytes moved, and, when the plan carries them, the hand strategies it is
-compared with, and for a pipeline its stages; then the plan's warnings, each once.
+"""Text rendering of a `Plan`: per op group placements and costs (groups by `layer_pattern`
+in the order the model runs them, as `autopar.present.report.layers` defines both; long
+module paths shortened to distinct labels, a legend under the table), the totals, the bytes
+moved, and, when the plan carries them, the hand strategies it is compared with, and for a
+pipeline its stages; then the plan's warnings, each once.
 
 Scaling efficiency is the compute-only lower bound of the step time (the step's compute on
 one device divided by the number of devices: perfect splitting, nothing moved) over a
@@ -15,6 +16,7 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
+from autopar.present.report.layers import group_layers, layer_nodes, layer_pattern
 from autopar.present.report.units import ms as _ms_text
 from autopar.present.report.units import size as _size
 from autopar.values.plan import (
@@ -22,7 +24,6 @@ from autopar.values.plan import (
     HandStrategyRecord,
     NodePlan,
     Plan,
-    layer_pattern,
     scaling_efficiency,
 )
 
@@ -43,20 +44,10 @@ def _placements(node: NodePlan) -> str:
 
 
 def _groups(plan: Plan) -> dict[str, list[NodePlan]]:
-    """The plan's nodes by layer pattern ("(top)" for the model's own), in the order the
-    model runs them: by each group's first op in graph order (a group without ops, only
-    parameters or inputs, which the graph lists first, by its first node)."""
-    groups: dict[str, list[NodePlan]] = defaultdict(list)
-    first_op: dict[str, int] = {}
-    first_node: dict[str, int] = {}
-    for position, node in enumerate(plan.nodes):
-        pattern = layer_pattern(node.module) or "(top)"
-        groups[pattern].append(node)
-        first_node.setdefault(pattern, position)
-        if node.role == "op":
-            first_op.setdefault(pattern, position)
-    order = sorted(groups, key=lambda p: first_op.get(p, first_node[p]))
-    return {pattern: groups[pattern] for pattern in order}
+    """The plan's nodes by layer pattern (`layer_pattern`, `TOP` for the model's own), in
+    the order the model runs them (`group_layers`)."""
+    return {group.name: layer_nodes(plan, group)
+            for group in group_layers(plan, layer_pattern)}
 
 
 def _shortened(parts: list[str], head: int, limit: int) -> str:

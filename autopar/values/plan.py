@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -146,7 +145,7 @@ class StageRecord:
 class PipelineRecord:
     """The pipeline of a plan: mesh axis, schedule (torch's class name without "Schedule"),
     micro-batches, stages per rank (`virtual`), the stages, the modelled step time and
-    bubble (`autopar.values.pipeline`), the intra-stage mesh (`sub_mesh`: the other axes), and
+    bubble (`autopar.costs.schedule`), the intra-stage mesh (`sub_mesh`: the other axes), and
     the collectives every pipeline rank runs once per step over the pipeline axis
     (`transfers`: shared weights' gradient sums, the loss's broadcast)."""
 
@@ -169,13 +168,13 @@ class PipelineRecord:
 class Plan:
     """A solved sharding plan. `nodes` are in graph order. `hand_strategies` holds the
     standard strategies evaluated alongside it (empty unless asked for). `optimizer` says
-    what the memory of the parameters counts (`autopar.costs.optimizer_state`); `model_flops` is
-    the whole model's FLOPs of one training step (see `mfu`). A step runs `microbatches`
-    micro-batches one after the other (gradient accumulation): the nodes are one
-    micro-batch's, their times and bytes the whole step's. `inputs` describes the flat
-    example inputs it was planned for (`autopar.planning.entry.input_signature`) and `graph` a digest
-    of the captured graph's ops and tensor shapes (`autopar.planning.entry.graph_digest`), which
-    compiling it checks.
+    what the memory of the parameters counts (`autopar.costs.optimizer_state`);
+    `model_flops` is the whole model's FLOPs of one training step (see `mfu`). A step runs
+    `microbatches` micro-batches one after the other (gradient accumulation): the nodes are
+    one micro-batch's, their times and bytes the whole step's. `inputs` describes the flat
+    example inputs it was planned for (`autopar.planning.entry.input_signature`) and `graph`
+    a digest of the captured graph's ops and tensor shapes
+    (`autopar.planning.entry.graph_digest`), which compiling it checks.
 
     A pipelined plan (`pipeline` set) holds every stage's nodes, each with its `stage`, and
     their placements on the whole mesh: replicated on the pipeline axis, which places
@@ -371,14 +370,6 @@ def drop_axis(placements: str, axis: int) -> str:
     """`"S(0),R,R"` without mesh axis `axis`'s entry."""
     parts = placements.split(",")
     return ",".join(parts[:axis] + parts[axis + 1:])
-
-
-_INDEX = re.compile(r"\.\d+(?=\.|$)")
-
-
-def layer_pattern(module: str) -> str:
-    """`"layers.3.attn"` -> `"layers.*.attn"`: repeated blocks summarised as one row."""
-    return _INDEX.sub(".*", module)
 
 
 def compute_lower_bound(plan: Plan) -> float | None:

@@ -218,7 +218,7 @@ def _with_sends(plan: Plan, stage: Stage, microbatches: int, axis: str, link) ->
     """`plan` with the stage's boundary sends over the pipeline axis: its outputs forward
     (on the output node) and the gradients of the floating inputs it received backward (on
     those inputs), once per micro-batch, each rank its piece of the tensor to its
-    counterpart, at `B / beta + alpha` each."""
+    counterpart, at `B / beta + alpha` each (`formulas.send_time`)."""
     module = stage.module
     by_name = {n.name: n for n in module.graph.nodes}
     shape = plan.mesh.shape
@@ -229,8 +229,8 @@ def _with_sends(plan: Plan, stage: Stage, microbatches: int, axis: str, link) ->
                   for name, spec, placed in specs]
         return tuple(TransferRecord(
             "send", axis, float(nbytes * microbatches), backward, name,
-            float(microbatches * formulas.collective_time("send", nbytes, 2, link.bandwidth,
-                                                          link.latency)), microbatches)
+            float(microbatches * formulas.send_time(nbytes, link.bandwidth, link.latency)),
+            microbatches)
             for name, nbytes in pieces)
 
     placed = _sent_placements(plan, stage)
