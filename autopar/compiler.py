@@ -172,19 +172,9 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
         options = dict(plan=plan, memory_budget=memory_budget, time_limit=time_limit,
                        seed=seed, optimizer=optimizer, master_weights=master_weights,
                        microbatches=microbatches, pipeline=pipeline, progress=progress)
-
-        def compile_for(inputs: tuple, pinned: dict[str, str] | None) -> ParallelModule:
-            # The same DeviceMesh for every compile: its process groups are made once.
-            return compile(model, device or mesh, inputs, hardware=mesh.hardware,
-                           constraints={**(constraints or {}), **(pinned or {})} or None,
-                           **options)
-
-        return CompileOnCall(model, compile_for, replan=replan and plan is None)
-    if not isinstance(example_inputs, tuple):
-        raise CaptureError("example_inputs must be the positional arguments of model.forward",
-                           expected="a tuple", got=type(example_inputs).__name__,
-                           fix="wrap them in a tuple, e.g. (x,)")
-    gm = annotate(capture(model, tuple(example_inputs)))
+        return _on_first_call(model, mesh, device, constraints, options,
+                              replan=replan and plan is None)
+    gm = _captured(model, example_inputs)
     if plan is not None:
         check_plan(plan, gm, tuple(example_inputs), mesh)
     chosen = _agreed(lambda: plan or plan_model(
@@ -193,6 +183,32 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
         time_limit=time_limit, constraints=constraints, seed=seed, optimizer=optimizer,
         master_weights=master_weights, pipeline=pipeline, progress=progress), device)
     return assemble(model, gm, chosen, device, tuple(example_inputs))
+
+
+def _captured(model: nn.Module, example_inputs: object) -> fx.GraphModule:
+    """`model`'s step captured at `example_inputs` and annotated; `CaptureError` when they
+    are not a tuple."""
+    if not isinstance(example_inputs, tuple):
+        raise CaptureError("example_inputs must be the positional arguments of model.forward",
+                           expected="a tuple", got=type(example_inputs).__name__,
+                           fix="wrap them in a tuple, e.g. (x,)")
+    return annotate(capture(model, tuple(example_inputs)))
+
+
+def _on_first_call(model: nn.Module, mesh: Mesh, device: DeviceMesh | None,
+                   constraints: Mapping[str, str] | None, options: dict, *,
+                   replan: bool) -> CompileOnCall:
+    """`model` compiled at its first call (`CompileOnCall`), with `compile`'s other
+    `options`, on `device` (`mesh` when None); each compile adds the pins `CompileOnCall`
+    passes to `constraints`."""
+
+    def compile_for(inputs: tuple, pinned: dict[str, str] | None) -> ParallelModule:
+        # The same DeviceMesh for every compile: its process groups are made once.
+        return compile(model, device or mesh, inputs, hardware=mesh.hardware,
+                       constraints={**(constraints or {}), **(pinned or {})} or None,
+                       **options)
+
+    return CompileOnCall(model, compile_for, replan=replan)
 
 
 def assemble_pipeline(model: nn.Module, gm: fx.GraphModule, plan: Plan,

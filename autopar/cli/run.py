@@ -203,20 +203,10 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
     """Train MODEL_FILE (a .py file with build() -> (model, example_inputs)) on --nproc
     local CPU processes: the loss per step, then the bytes each collective moved against
     the plan's prediction."""
-    from autopar.present.report import units  # the summary's units (autopar.present.summary)
-    from autopar.tools.training import plan_run
     from autopar.values.plan import Plan
 
     shape = mesh_shape(mesh_text)
-    size = 1
-    for axis in shape:
-        size *= axis
-    if nproc is None:
-        nproc = size
-    if nproc != size:
-        raise click.BadParameter(
-            f"{nproc} processes for mesh {mesh_text} of {size} devices; expected one process "
-            f"per device: --nproc {size}, or a mesh of {nproc} devices", param_hint="--nproc")
+    nproc = _process_count(nproc, shape, mesh_text)
     if lr is None:
         lr = VERIFY_LEARNING_RATE if verify else LEARNING_RATE
     if tolerance is None:
@@ -232,41 +222,71 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
                           plan=Plan.load(plan_file).to_dict() if plan_file else None,
                           checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                           resume=resume)
-
-        def planned(run: TrainingRun) -> TrainingRun:
-            mesh = run.build_mesh()
-            plan = plan_run(run, progress=lambda message: click.echo(f"... {message}",
-                                                                     err=True))
-            click.echo(f"{plan.model} on mesh {mesh.describe()}: modelled step "
-                       f"{units.ms(plan.step_time_s)}, peak memory "
-                       f"{units.size(plan.peak_memory_bytes)} per device"
-                       + (f", {plan.microbatches} micro-batches per step"
-                          if plan.microbatches > 1 else "")
-                       + (f", pipelined in {len(plan.pipeline.stages)} stages "
-                          f"({plan.pipeline.schedule})" if plan.pipeline is not None else ""))
-            return dataclasses.replace(run, plan=plan.to_dict())
-
-        run = planned(run)
-        recipe = ", fp32 master weights, bf16 model" if precision == "bf16-master" else ""
-        click.echo(f"training {steps} steps (AdamW{recipe}, lr {lr:g}) on {nproc} "
-                   + ("process" if nproc == 1 else "processes")
-                   + (", verified against the single-process model in rank 0" if verify
-                      else ""))
-        report = _recovering(run, nproc, planned, max_restarts=max_restarts,
+        run = _planned(run)
+        _announce(run, nproc)
+        report = _recovering(run, nproc, _planned, max_restarts=max_restarts,
                              min_nproc=nproc if min_nproc is None else min_nproc)
     except AutoparError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(communication_report(report))
     if verify:
-        failures = verification_failures(report.steps, accepted)
-        if failures:
-            raise click.ClickException(
-                "verification failed: the compiled model differs from the single-process "
-                f"model by more than {accepted.describe()}\n  " + "\n  ".join(failures)
-                + "\n  (a model with dropout or other randomness never matches; the check "
-                f"assumes fp32 and lr around {VERIFY_LEARNING_RATE:g})")
-        worst = max(report.steps, key=lambda r: r.grad_excess)
-        click.echo(f"verification passed: {steps} steps, losses and gradients within "
-                   f"{accepted.describe()} of the single-process model (worst gradient: "
-                   f"{worst.worst_param}, {worst.grad_abs_error:.1e} absolute, "
-                   f"{worst.grad_error:.1e} relative)")
+        _check_verified(report, accepted, steps)
+
+
+def _process_count(nproc: int | None, shape: tuple[int, ...], mesh_text: str) -> int:
+    """The processes to run: `nproc`, by default one per device of the mesh `shape`
+    (`mesh_text` as given); `BadParameter` for any other count."""
+    size = 1
+    for axis in shape:
+        size *= axis
+    if nproc is None:
+        nproc = size
+    if nproc != size:
+        raise click.BadParameter(
+            f"{nproc} processes for mesh {mesh_text} of {size} devices; expected one process "
+            f"per device: --nproc {size}, or a mesh of {nproc} devices", param_hint="--nproc")
+    return nproc
+
+
+def _planned(run: TrainingRun) -> TrainingRun:
+    """`run` with the plan its ranks will run (`plan_run`: made here unless given), after
+    printing the plan's modelled step and memory."""
+    from autopar.present.report import units  # the summary's units (autopar.present.summary)
+    from autopar.tools.training import plan_run
+
+    mesh = run.build_mesh()
+    plan = plan_run(run, progress=lambda message: click.echo(f"... {message}", err=True))
+    click.echo(f"{plan.model} on mesh {mesh.describe()}: modelled step "
+               f"{units.ms(plan.step_time_s)}, peak memory "
+               f"{units.size(plan.peak_memory_bytes)} per device"
+               + (f", {plan.microbatches} micro-batches per step"
+                  if plan.microbatches > 1 else "")
+               + (f", pipelined in {len(plan.pipeline.stages)} stages "
+                  f"({plan.pipeline.schedule})" if plan.pipeline is not None else ""))
+    return dataclasses.replace(run, plan=plan.to_dict())
+
+
+def _announce(run: TrainingRun, nproc: int) -> None:
+    """Say what is about to train: steps, optimizer recipe, learning rate, processes."""
+    recipe = ", fp32 master weights, bf16 model" if run.precision == "bf16-master" else ""
+    click.echo(f"training {run.steps} steps (AdamW{recipe}, lr {run.lr:g}) on {nproc} "
+               + ("process" if nproc == 1 else "processes")
+               + (", verified against the single-process model in rank 0" if run.verify
+                  else ""))
+
+
+def _check_verified(report: RankReport, accepted: Tolerance, steps: int) -> None:
+    """Fail (`ClickException`, listing the steps) unless every step of `report` matched the
+    single-process model within `accepted`; else say so, with the worst gradient."""
+    failures = verification_failures(report.steps, accepted)
+    if failures:
+        raise click.ClickException(
+            "verification failed: the compiled model differs from the single-process "
+            f"model by more than {accepted.describe()}\n  " + "\n  ".join(failures)
+            + "\n  (a model with dropout or other randomness never matches; the check "
+            f"assumes fp32 and lr around {VERIFY_LEARNING_RATE:g})")
+    worst = max(report.steps, key=lambda r: r.grad_excess)
+    click.echo(f"verification passed: {steps} steps, losses and gradients within "
+               f"{accepted.describe()} of the single-process model (worst gradient: "
+               f"{worst.worst_param}, {worst.grad_abs_error:.1e} absolute, "
+               f"{worst.grad_error:.1e} relative)")

@@ -128,42 +128,14 @@ def timeline(stage_times: Sequence[float], microbatches: int, ranks: int,
     pending = {r: [(kind, k, j) for j in range(m) for k in range(r, stages, ranks)
                    for kind in kinds] for r in range(ranks)}
     slots: list[Slot] = []
-
-    def ready(kind: str, k: int, j: int) -> float | None:
-        if kind == "W":
-            needs = [("B", k, j)]
-        elif kind == "F":
-            needs = [("F", k - 1, j)] if k else []
-        else:
-            needs = [("F", k, j)] + ([("B", k + 1, j)] if k + 1 < stages else [])
-        times = [done.get(need) for need in needs]
-        return None if any(t is None for t in times) else max(times, default=0.0)
-
     while any(pending.values()):
         best = None
         for r, work in pending.items():
-            options = [(ready(*w), w) for w in work]
+            options = [(_ready(w, done, stages), w) for w in work]
             options = [(t, w) for t, w in options if t is not None]
             if not options:
                 continue
-            backward = [o for o in options if o[1][0] == "B"]
-            forward = sorted((o for o in options if o[1][0] == "F"),
-                             key=lambda o: (o[1][2], o[1][1]))
-            weights = [o for o in options if o[1][0] == "W"]
-            pick = None
-            if schedule.name == "GPipe":
-                if forward or backward:
-                    pick = forward[0] if forward else min(backward,
-                                                          key=lambda o: (o[1][2], -o[1][1]))
-            elif backward and (held[r] >= limit[r] or not forward):
-                pick = min(backward, key=lambda o: (o[0], o[1][2]))
-            elif forward or backward:
-                pick = forward[0] if forward else min(backward, key=lambda o: o[0])
-            if weights:
-                weight = min(weights, key=lambda o: (o[0], o[1][2]))
-                if pick is None or max(free[r], weight[0]) < max(free[r], pick[0]):
-                    pick = weight
-            assert pick is not None
+            pick = _rank_pick(options, schedule, free[r], held[r] >= limit[r])
             start = max(free[r], pick[0])
             if best is None or start < best[0]:
                 best = (start, r, pick[1])
@@ -175,3 +147,44 @@ def timeline(stage_times: Sequence[float], microbatches: int, ranks: int,
         pending[r].remove((kind, k, j))
         slots.append(Slot(r, k, j, kind, start, end))
     return tuple(slots)
+
+
+def _ready(piece: tuple[str, int, int], done: dict[tuple[str, int, int], float],
+           stages: int) -> float | None:
+    """When `piece` (kind, stage k, micro-batch j) can start: the latest end among the
+    pieces it needs (`timeline`'s docstring) that are `done`, None while one is not."""
+    kind, k, j = piece
+    if kind == "W":
+        needs = [("B", k, j)]
+    elif kind == "F":
+        needs = [("F", k - 1, j)] if k else []
+    else:
+        needs = [("F", k, j)] + ([("B", k + 1, j)] if k + 1 < stages else [])
+    times = [done.get(need) for need in needs]
+    return None if any(t is None for t in times) else max(times, default=0.0)
+
+
+def _rank_pick(options: list[tuple[float, tuple[str, int, int]]], schedule: Schedule,
+               free: float, full: bool) -> tuple[float, tuple[str, int, int]]:
+    """The piece a rank free from `free` runs next among its ready `options` ((time it
+    is ready, piece)), in the schedule's order (`timeline`'s docstring); `full` when the
+    rank holds its `in_flight` micro-batches."""
+    backward = [o for o in options if o[1][0] == "B"]
+    forward = sorted((o for o in options if o[1][0] == "F"),
+                     key=lambda o: (o[1][2], o[1][1]))
+    weights = [o for o in options if o[1][0] == "W"]
+    pick = None
+    if schedule.name == "GPipe":
+        if forward or backward:
+            pick = forward[0] if forward else min(backward,
+                                                  key=lambda o: (o[1][2], -o[1][1]))
+    elif backward and (full or not forward):
+        pick = min(backward, key=lambda o: (o[0], o[1][2]))
+    elif forward or backward:
+        pick = forward[0] if forward else min(backward, key=lambda o: o[0])
+    if weights:
+        weight = min(weights, key=lambda o: (o[0], o[1][2]))
+        if pick is None or max(free, weight[0]) < max(free, pick[0]):
+            pick = weight
+    assert pick is not None
+    return pick

@@ -152,46 +152,67 @@ def plan_unpipelined(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple
     the planning call's splits and micro-batch captures.
     `least_memory`: whether the whole step's `InfeasiblePlanError` says the least memory a
     plan needs (a search of its own)."""
-    say = progress or (lambda message: None)
     loss_output(gm)  # a model that returns no loss can't be trained: say so before solving
-    budget = default_budget(mesh, memory_budget)
-
-    def planned(count: int, split: BatchSplit | None, *, screening: bool = False,
-                screened_plan: Plan | None = None, least_memory: bool = True) -> Plan:
-        if split is not None:
-            say(f"{STAGE} plan {split.describe()}")
-        graph = gm if split is None else micro.graph(split)
-        if screening:
-            chosen = screened(options)
-        elif screened_plan is not None:
-            chosen = refined(options, screened_plan)
-        else:
-            chosen = {**options, "least_memory": least_memory}
-        return plan_compared(graph, mesh, memory_budget=budget, microbatches=count,
-                             progress=progress, **chosen)
-
+    plain = _Plain(gm, mesh, default_budget(mesh, memory_budget), micro, progress, options)
     if microbatches != "auto":
         if not isinstance(microbatches, int) or isinstance(microbatches, bool):
             raise MicrobatchError("microbatches must be a count or 'auto'",
                                   expected="a positive int or 'auto'", got=repr(microbatches),
                                   fix="pass microbatches=4, or leave the default 'auto'")
         split = micro.split(microbatches) if microbatches != 1 else None
-        return planned(microbatches, split, least_memory=least_memory)
+        return plain.planned(microbatches, split, least_memory=least_memory)
+    return _in_full(plain, _screened_best(plain, least_memory=least_memory))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plain:
+    """`plan_unpipelined`'s planning of `gm` on `mesh` within `budget`, at one micro-batch
+    count: `micro` its splits and captures, `options` `plan_compared`'s."""
+
+    gm: fx.GraphModule
+    mesh: Mesh
+    budget: float
+    micro: MicroBatches
+    progress: Callable[[str], None] | None
+    options: dict
+
+    def planned(self, count: int, split: BatchSplit | None, *, screening: bool = False,
+                screened_plan: Plan | None = None, least_memory: bool = True) -> Plan:
+        """The plan of `count` micro-batches cut as `split` (None: the whole step): a
+        screening solve (`screening`), `screened_plan` planned in full, or a full solve."""
+        say = self.progress or (lambda message: None)
+        if split is not None:
+            say(f"{STAGE} plan {split.describe()}")
+        graph = self.gm if split is None else self.micro.graph(split)
+        if screening:
+            chosen = screened(self.options)
+        elif screened_plan is not None:
+            chosen = refined(self.options, screened_plan)
+        else:
+            chosen = {**self.options, "least_memory": least_memory}
+        return plan_compared(graph, self.mesh, memory_budget=self.budget, microbatches=count,
+                             progress=self.progress, **chosen)
+
+
+def _screened_best(plain: _Plain, *, least_memory: bool) -> Plan:
+    """The best plan of the "auto" search (`plan_unpipelined`'s docstring): the whole step
+    planned in full, then twice as many micro-batches screened while memory binds; raises
+    the whole step's `InfeasiblePlanError` when no count fits."""
     best: Plan | None = None
     failure: InfeasiblePlanError | None = None
     try:
-        best = planned(1, None, least_memory=least_memory)
+        best = plain.planned(1, None, least_memory=least_memory)
     except InfeasiblePlanError as error:
         failure = error
-    count, batch = 2, batch_size(gm) or 1
+    count, batch = 2, batch_size(plain.gm) or 1
     while count <= min(batch, MAX_MICROBATCHES) and batch % count == 0 and (
-            best is None or best.peak_memory_bytes >= MEMORY_BINDS * budget):
+            best is None or best.peak_memory_bytes >= MEMORY_BINDS * plain.budget):
         try:
-            split = micro.split(count)
+            split = plain.micro.split(count)
         except MicrobatchError:
             break
         try:
-            candidate = planned(count, split, screening=True)
+            candidate = plain.planned(count, split, screening=True)
         except InfeasiblePlanError:
             count *= 2
             continue
@@ -201,12 +222,17 @@ def plan_unpipelined(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple
     if best is None:
         assert failure is not None
         raise failure
+    return best
+
+
+def _in_full(plain: _Plain, best: Plan) -> Plan:
+    """`best`, or its micro-batch count chosen by screening planned in full when that is
+    no slower."""
     if best.microbatches == 1:
         return best
     try:  # the count chosen by screening, planned in full
-        full = planned(best.microbatches, micro.split(best.microbatches), screened_plan=best)
+        full = plain.planned(best.microbatches, plain.micro.split(best.microbatches),
+                             screened_plan=best)
     except InfeasiblePlanError:
         return best
     return full if full.step_time_s <= best.step_time_s else best
-
-

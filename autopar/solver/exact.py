@@ -62,11 +62,34 @@ def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float
     chosen = binding_segments(flat, hint, everyone, FIRST_SEGMENTS)
     if hot.sum() <= FIRST_SEGMENTS:
         chosen = np.union1d(chosen, np.flatnonzero(hot))
+    highs = _highs(flat, best, chosen, deterministic=deterministic, wall=wall, report=report,
+                   tolerance=tolerance)
+    if highs.outcome is not None:
+        return highs.outcome
+    if highs.deterministic <= 0.05 or wall() <= 0.05:
+        return _found(best, highs.bound)  # no time to build the model
+    hint = best.x if best.x is not None else hint
+    model = SubModel(flat, scales, hint, everyone)  # built once: the edges dominate
+    return _cpsat(flat, best, model, hint, chosen, highs.bound, deterministic=highs.deterministic,
+                  wall=wall, seed=seed, workers=workers, report=report)
 
-    def check(y: np.ndarray) -> np.ndarray:
-        return np.flatnonzero(flat.profile(y) > flat.limit)
 
-    bound, spent = -math.inf, 0.0
+@dataclass(frozen=True)
+class _Highs:
+    """What HiGHS's phases leave: the bound they proved (-inf when they did not run), CP-SAT's
+    deterministic budget less their share, and the outcome when they ended the search."""
+
+    bound: float
+    deterministic: float
+    outcome: Outcome | None = None
+
+
+def _highs(flat: Flat, best: Best, chosen: np.ndarray, *, deterministic: float,
+           wall: Callable[[], float], report: Progress, tolerance: float) -> _Highs:
+    """The linear relaxation of the problem with the memory rows of segments `chosen`, then
+    branch and bound from `best` (improving it), when `best` is known and the model is
+    small (module docstring); either ends the search when its bound meets `best`'s cost."""
+    bound = -math.inf
     lp_cells = model_cells(flat) + memory_cells(flat, chosen)
     if best.x is not None and lp_cells <= LP_CELLS:
         # The relaxation's (estimated) time and branch and bound's share (spent whole
@@ -77,7 +100,7 @@ def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float
         report.proved(bound)
         report("linear relaxation solved")
         if not _open(best, bound, tolerance):
-            return _closed(best, bound)
+            return _Highs(bound, deterministic, _closed(best, bound))
         seconds = BRANCH_SHARE * min(deterministic / DET_PER_SECOND, wall())
         deterministic -= seconds * DET_PER_SECOND
         branched = linear.branch(best.x, tolerance, min(seconds, wall()))
@@ -87,11 +110,21 @@ def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float
         report.proved(bound)
         report("branch and bound ended")
         if not _open(best, bound, tolerance):
-            return _closed(best, bound)
-    if deterministic <= 0.05 or wall() <= 0.05:
-        return _found(best, bound)  # no time to build the model
-    hint = best.x if best.x is not None else hint
-    model = SubModel(flat, scales, hint, everyone)  # built once: the edges dominate
+            return _Highs(bound, deterministic, _closed(best, bound))
+    return _Highs(bound, deterministic)
+
+
+def _cpsat(flat: Flat, best: Best, model: SubModel, hint: np.ndarray, chosen: np.ndarray,
+           bound: float, *, deterministic: float, wall: Callable[[], float], seed: int,
+           workers: int, report: Progress) -> Outcome:
+    """CP-SAT rounds on `model` (module docstring), from the memory rows of segments
+    `chosen` and the proven `bound`, each hinted with the best assignment so far (`hint`
+    before any), within `deterministic` time in all; improves `best` in place."""
+
+    def check(y: np.ndarray) -> np.ndarray:
+        return np.flatnonzero(flat.profile(y) > flat.limit)
+
+    spent = 0.0
     added = chosen
     for round_ in range(1000):
         budget = deterministic - spent

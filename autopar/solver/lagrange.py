@@ -74,12 +74,11 @@ def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: 
     """
     rng = np.random.default_rng(seed)
     nseg = flat.problem.base.size
-    lam = np.zeros(nseg)
+    prices = _Prices(np.zeros(nseg))
     trws = Trws(flat, _big(flat))
     moves = MemoryMoves(flat)
     limit = flat.limit
-    theta, stall, best_dual = 1.0, 0, -math.inf
-    best_prices = lam
+    best_prices = prices.lam
     hot = np.zeros(nseg, dtype=bool)
     quiet = done = 0
     for it in range(iterations):
@@ -88,35 +87,61 @@ def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: 
             break
         quiet += 1
         done += 1
-        costs = flat.priced(lam)
+        costs = flat.priced(prices.lam)
         x = trws.sweep(costs, forward=it % 2 == 0)
         x = polish(flat, costs, x, rng, 2)
         prof = flat.profile(x)
         excess = prof - limit
         hot |= excess > 0
-        dual = flat.objective(x) + float(lam @ excess)
+        dual = flat.objective(x) + float(prices.lam @ excess)
         fits = not (excess > 0).any()
-        fixed = x if fits else moves.repair(x, flat.cost_flat, 20)
-        if fixed is not None:
-            fixed = moves.descend(fixed, flat.cost_flat, rng.permutation(flat.num_nodes))
-        if best.offer(flat, fixed):
-            quiet, best_prices = 0, lam
+        if best.offer(flat, _repaired(flat, moves, x, fits, rng)):
+            quiet, best_prices = 0, prices.lam
             report(f"lagrangian iteration {it}")
         else:
             report.tick(f"lagrangian iteration {it}")
         if not math.isfinite(limit) or nseg == 0 or not math.isfinite(dual):
             continue  # nothing (sensible) to price: later sweeps only refine the messages
+        prices = prices.stepped(excess, dual, best.cost)
+    return hot, done, best_prices
+
+
+def _repaired(flat: Flat, moves: MemoryMoves, x: np.ndarray, fits: bool,
+              rng: np.random.Generator) -> np.ndarray | None:
+    """`x` repaired to fit memory unless it `fits`, then polished by memory-safe descent;
+    None when the repair fails."""
+    fixed = x if fits else moves.repair(x, flat.cost_flat, 20)
+    if fixed is not None:
+        fixed = moves.descend(fixed, flat.cost_flat, rng.permutation(flat.num_nodes))
+    return fixed
+
+
+@dataclass(frozen=True)
+class _Prices:
+    """The segment prices `lam` and their step size: Polyak's, scaled by `theta`, which
+    halves after 5 iterations in a row that did not raise the best dual bound
+    (`best_dual`; `stall` counts them)."""
+
+    lam: np.ndarray
+    theta: float = 1.0
+    stall: int = 0
+    best_dual: float = -math.inf
+
+    def stepped(self, excess: np.ndarray, dual: float, best_cost: float) -> _Prices:
+        """The prices after a projected subgradient step from an iterate over the limits
+        by `excess` (negative: under them) with dual bound `dual`, toward `best_cost` (the
+        best feasible cost, inf while none is known)."""
+        theta, stall, best_dual = self.theta, self.stall, self.best_dual
         if dual > best_dual + 1e-9 * abs(best_dual):
             best_dual, stall = dual, 0
         else:
             stall += 1
             if stall >= 5:
                 theta, stall = theta / 2, 0
-        g = np.where((lam > 0) | (excess > 0), excess, 0.0)
+        g = np.where((self.lam > 0) | (excess > 0), excess, 0.0)
         norm = float(g @ g)
         if norm == 0:
-            continue
-        target = best.cost if math.isfinite(best.cost) else 1.5 * abs(dual) + 1.0
+            return _Prices(self.lam, theta, stall, best_dual)
+        target = best_cost if math.isfinite(best_cost) else 1.5 * abs(dual) + 1.0
         step = theta * max(target - dual, 0.05 * abs(dual)) / norm
-        lam = np.maximum(lam + step * g, 0.0)
-    return hot, done, best_prices
+        return _Prices(np.maximum(self.lam + step * g, 0.0), theta, stall, best_dual)

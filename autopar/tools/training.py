@@ -281,14 +281,8 @@ def train_rank(rank: int, run: TrainingRun, *,
     if on_compiled is not None:
         on_compiled(pm.plan)
     optimizer = run.optimizer(pm)
-    if reference is not None:
-        reference_optimizer = run.optimizer(reference)
-    first = 1
-    resumed = checkpoint.latest(run.checkpoint_dir) if run.resume else None
-    if resumed is not None:
-        first = checkpoint.load(resumed, pm, optimizer).step + 1
-        if reference is not None:
-            checkpoint.load_full(resumed, reference, reference_optimizer)
+    reference_optimizer = run.optimizer(reference) if reference is not None else None
+    first = _first_step(run, pm, optimizer, reference, reference_optimizer)
     pending = None
     records = []
     for step in range(first, run.steps + 1):
@@ -299,28 +293,58 @@ def train_rank(rank: int, run: TrainingRun, *,
         optimizer.step()
         optimizer.zero_grad()
         if reference is not None:
-            expected = training_loss(reference(*inputs))
-            expected.backward()
-            relative, worst, absolute, excess = worst_gradient(grads, reference,
-                                                               run.accepted)
-            record = StepRecord(step, record.loss, float(expected.detach()), relative,
-                                worst, absolute, excess)
-            reference_optimizer.step()
-            reference_optimizer.zero_grad()
+            record = _verified(record, reference, reference_optimizer, inputs, grads,
+                               run.accepted)
         records.append(record)
         if on_step is not None:
             on_step(record)
-        if run.checkpoint_dir is not None and (
-                step == run.steps or run.checkpoint_every and step % run.checkpoint_every == 0):
-            if pending is not None:
-                pending.wait()
-            pending = checkpoint.save(checkpoint.step_path(run.checkpoint_dir, step), pm,
-                                      optimizer, step=step, async_save=step < run.steps)
+        pending = _checkpointed(run, step, pm, optimizer, pending)
     if pending is not None:
         pending.wait()
     return RankReport(rank, tuple(records), dict(pm.counter.totals()),
                       pm.plan.rank_comm_bytes(pm.coordinate),
                       pm.plan.step_time_s)
+
+
+def _first_step(run: TrainingRun, pm, optimizer, reference: nn.Module | None,
+                reference_optimizer) -> int:
+    """The step to train first: 1, or with `run.resume` the one after the latest committed
+    checkpoint, which is loaded into `pm` and `optimizer` (and the plain `reference` and its
+    optimizer, when verifying)."""
+    first = 1
+    resumed = checkpoint.latest(run.checkpoint_dir) if run.resume else None
+    if resumed is not None:
+        first = checkpoint.load(resumed, pm, optimizer).step + 1
+        if reference is not None:
+            checkpoint.load_full(resumed, reference, reference_optimizer)
+    return first
+
+
+def _verified(record: StepRecord, reference: nn.Module, reference_optimizer, inputs: tuple,
+              grads: dict, accepted: Tolerance) -> StepRecord:
+    """`record` with the plain model's side of its step: `reference` trains the same step
+    on `inputs`, and its loss and gradients are compared with the compiled model's (its
+    full gradients `grads`) under `accepted`."""
+    expected = training_loss(reference(*inputs))
+    expected.backward()
+    relative, worst, absolute, excess = worst_gradient(grads, reference, accepted)
+    record = StepRecord(record.step, record.loss, float(expected.detach()), relative,
+                        worst, absolute, excess)
+    reference_optimizer.step()
+    reference_optimizer.zero_grad()
+    return record
+
+
+def _checkpointed(run: TrainingRun, step: int, pm, optimizer, pending):
+    """Save `step` when it is due (`train_rank`'s docstring), once the save still `pending`
+    (or None) is done; the save now pending."""
+    if run.checkpoint_dir is not None and (
+            step == run.steps or run.checkpoint_every and step % run.checkpoint_every == 0):
+        if pending is not None:
+            pending.wait()
+        pending = checkpoint.save(checkpoint.step_path(run.checkpoint_dir, step), pm,
+                                  optimizer, step=step, async_save=step < run.steps)
+    return pending
 
 
 def training_loss(output: object) -> torch.Tensor:

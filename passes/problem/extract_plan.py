@@ -5,7 +5,7 @@ Reads `autopar_role`, `autopar_flops`, `autopar_bytes`, `autopar_tensor` and the
 the inbound collectives (forward and backward) with their bytes, its memory, and the formula
 of its cost over the graph's symbolic sizes, re-derived with the same cost functions the
 problem was built with so the plan can be re-evaluated at other sizes. A folded graph's
-plan (`passes/fold_depth.py`) is the unfolded graph's: each node of the representative
+plan (`passes/problem/fold_depth.py`) is the unfolded graph's: each node of the representative
 block is recorded once per node it stands for, under that node's name and module, reading
 its own copies' tensors, and the nodes come in the unfolded graph's order.
 """
@@ -130,50 +130,10 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
     edges = _edges(build, chosen)
     hidden = _hidden(build, by_name, chosen, edges, sizes)
     fold: Fold | None = gm.meta.get(FOLD)
-    repeats, held_repeats = build.repeats, build.held_repeats
     nodes = []
     for i, name in enumerate(build.nodes):
-        node, strategy = by_name[name], chosen[name]
-        comm = overlapped = 0.0
-        records = []
-        for ref, src, _, transfers in edges[name]:
-            repeated = step_repeats(ref, src, transfers, build.microbatches)
-            seconds = [float(x) for x in step_seconds(ref, src, transfers,
-                                                      build.microbatches, mesh)]
-            comm += sum(seconds)
-            overlapped += float(hidden_seconds(ref, src, transfers, build.microbatches, mesh,
-                                               hidden))
-            records.extend(TransferRecord(
-                t.kind, mesh.axis_names[t.axis], n * float(t.nbytes), t.backward,
-                ref.producer, time, calls=n) for t, n, time in zip(transfers, repeated, seconds))
-        compute = float(problem.node_costs[i][solution.choices[i]]) / repeats[i]
-        ring = op_ring(node, strategy, mesh, lambda value: _at(value, sizes))
-        if ring is not None:  # the ring's exposed time is communication, not compute
-            differentiable = build.requires_grad[name]
-            exposed = build.microbatches * float(ring.exposed_seconds(
-                *_compute_split(node, build, strategy, sizes), mesh,
-                differentiable=differentiable))
-            compute -= exposed
-            comm += exposed
-            records.extend(TransferRecord(
-                t.kind, mesh.axis_names[t.axis], build.microbatches * float(t.nbytes),
-                t.backward, name, float(t.time(mesh)), calls=build.microbatches)
-                for t in ring.transfers(differentiable=differentiable))
-        plan = NodePlan(
-            name=name, op=str(node.target) if node.op == "call_function" else node.op,
-            role=node.meta.get(ROLE, node.op), module=module_of(node),
-            inputs=tuple(format_placements(p) for p in strategy.inputs),
-            output=format_placements(strategy.output),
-            compute_s=compute, comm_s=comm,
-            memory_bytes=float(problem.node_usages[i][solution.choices[i]]) / held_repeats[i],
-            transfers=tuple(records),
-            formula=str(_symbolic_cost(node, build, strategy,
-                                       [e[:3] for e in edges[name]], hidden))
-            if sizes else repr(compute + comm - overlapped),
-            # A view's flag only mirrors its base's (build_problem): views run no op.
-            recompute=strategy.recompute and node.meta.get(BYTES, 0) != 0,
-            gathered=format_placements(strategy.gathered) if strategy.gathered else "",
-            whole_gradient=strategy.whole_gradient, hidden_s=overlapped)
+        plan = _node_plan(i, name, by_name[name], chosen[name], build, solution, edges[name],
+                          hidden, sizes)
         nodes.extend(_unfolded(plan, fold) if fold else (plan,))
     if fold:
         nodes.sort(key=lambda n: fold.order[n.name])
@@ -190,6 +150,64 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
                 peak_memory_bytes=problem.peak_usage(solution.choices),
                 sizes=tuple(sorted(sizes.items())), warnings=warnings,
                 microbatches=build.microbatches)
+
+
+def _node_plan(i: int, name: str, node: fx.Node, strategy, build: ProblemBuild,
+               solution: Solution, inbound: list, hidden: Background,
+               sizes: dict[str, int]) -> NodePlan:
+    """The plan of decision node `i` (`name`, the graph's `node`) under its chosen
+    `strategy`: its compute, its `inbound` collectives (`_edges`'s, with their transfers)
+    and those of a ring it runs (whose exposed time counts as communication), its memory,
+    and the formula of its cost."""
+    problem, mesh = build.problem, build.mesh
+    comm, overlapped, records = _inbound(build, inbound, hidden)
+    compute = float(problem.node_costs[i][solution.choices[i]]) / build.repeats[i]
+    ring = op_ring(node, strategy, mesh, lambda value: _at(value, sizes))
+    if ring is not None:  # the ring's exposed time is communication, not compute
+        differentiable = build.requires_grad[name]
+        exposed = build.microbatches * float(ring.exposed_seconds(
+            *_compute_split(node, build, strategy, sizes), mesh,
+            differentiable=differentiable))
+        compute -= exposed
+        comm += exposed
+        records.extend(TransferRecord(
+            t.kind, mesh.axis_names[t.axis], build.microbatches * float(t.nbytes),
+            t.backward, name, float(t.time(mesh)), calls=build.microbatches)
+            for t in ring.transfers(differentiable=differentiable))
+    return NodePlan(
+        name=name, op=str(node.target) if node.op == "call_function" else node.op,
+        role=node.meta.get(ROLE, node.op), module=module_of(node),
+        inputs=tuple(format_placements(p) for p in strategy.inputs),
+        output=format_placements(strategy.output),
+        compute_s=compute, comm_s=comm,
+        memory_bytes=float(problem.node_usages[i][solution.choices[i]]) / build.held_repeats[i],
+        transfers=tuple(records),
+        formula=str(_symbolic_cost(node, build, strategy, [e[:3] for e in inbound], hidden))
+        if sizes else repr(compute + comm - overlapped),
+        # A view's flag only mirrors its base's (build_problem): views run no op.
+        recompute=strategy.recompute and node.meta.get(BYTES, 0) != 0,
+        gathered=format_placements(strategy.gathered) if strategy.gathered else "",
+        whole_gradient=strategy.whole_gradient, hidden_s=overlapped)
+
+
+def _inbound(build: ProblemBuild, inbound: list,
+             hidden: Background) -> tuple[float, float, list[TransferRecord]]:
+    """A node's `inbound` collectives (`_edges`'s) over a step: their seconds, the seconds
+    of them `hidden` behind compute, and their records."""
+    mesh = build.mesh
+    comm = overlapped = 0.0
+    records = []
+    for ref, src, _, transfers in inbound:
+        repeated = step_repeats(ref, src, transfers, build.microbatches)
+        seconds = [float(x) for x in step_seconds(ref, src, transfers,
+                                                  build.microbatches, mesh)]
+        comm += sum(seconds)
+        overlapped += float(hidden_seconds(ref, src, transfers, build.microbatches, mesh,
+                                           hidden))
+        records.extend(TransferRecord(
+            t.kind, mesh.axis_names[t.axis], n * float(t.nbytes), t.backward,
+            ref.producer, time, calls=n) for t, n, time in zip(transfers, repeated, seconds))
+    return comm, overlapped, records
 
 
 def _unfolded(plan: NodePlan, fold: Fold) -> tuple[NodePlan, ...]:

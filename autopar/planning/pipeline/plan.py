@@ -3,9 +3,9 @@
 For a pipeline over mesh axis `a` of p ranks, every candidate (micro-batch count m,
 schedule, stage count s = v p) is planned as follows, and the fastest that fits is kept:
 
-1. the model captured at one micro-batch's shapes (`autopar.planning.microbatches`; the step must cut
-   into micro-batches exactly, or, for a pipeline the user asked for, accumulate over them:
-   `split_microbatches`);
+1. the model captured at one micro-batch's shapes (`autopar.planning.microbatches`; the step
+   must cut into micro-batches exactly, or, for a pipeline the user asked for, accumulate over
+   them: `split_microbatches`);
 2. cut into s stages of consecutive blocks balancing their estimated time
    (`split_stages.balanced_cuts`, O(U^2 s) over U blocks);
 3. each stage planned by the intra-op solver on the other axes (`sub_mesh`), as a step of m
@@ -26,12 +26,12 @@ the first whose bound is no better than the best plan found (branch and bound); 
 candidate whose stages hold at least the samples' activations of one that did not fit is
 skipped; while nothing fits, or the best holds `MEMORY_BINDS` of the budget, twice as
 many micro-batches are tried (`_more_microbatches`). Candidates are compared by
-screening solves (`autopar.planning.graph.screened`); the chosen one's stages are then planned in
-full slowest first, until the slowest is one so planned and the others weigh little in
-the step (`autopar.planning.pipeline.stages.refined_stages`). Complexity: at most O(|m| x |schedules|)
-candidates of s screening solves each, and at most 2s full solves; the sub-mesh is the
-same for every stage (the other axes), not searched over as in Alpa, whose stage DP also
-chooses a sub-mesh shape per stage.
+screening solves (`autopar.planning.graph.screened`); the chosen one's stages are then
+planned in full slowest first, until the slowest is one so planned and the others weigh little
+in the step (`autopar.planning.pipeline.stages.refined_stages`). Complexity: at most
+O(|m| x |schedules|) candidates of s screening solves each, and at most 2s full solves; the
+sub-mesh is the same for every stage (the other axes), not searched over as in Alpa, whose
+stage DP also chooses a sub-mesh shape per stage.
 """
 
 from __future__ import annotations
@@ -45,7 +45,13 @@ import torch.fx as fx
 from autopar.costs.schedule import in_flight, rank_of, step_time
 from autopar.errors import InfeasiblePlanError, PipelineError, ShardingError
 from autopar.passes.layout.split_microbatches import batch_size
-from autopar.passes.layout.split_stages import balanced_cuts, find_units, split_stages, unit_times
+from autopar.passes.layout.split_stages import (
+    Stage,
+    balanced_cuts,
+    find_units,
+    split_stages,
+    unit_times,
+)
 from autopar.passes.strategies.constrain import pin_placements
 from autopar.planning.microbatches import MicroBatches
 from autopar.planning.pipeline.request import check_request, divisors
@@ -116,15 +122,69 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
     ranks, inner = mesh.shape[axis], sub_mesh(mesh, axis)
     batch = batch_size(gm)
     check_request(pipeline, ranks, find_units(gm).count, batch)
-    pins = _stage_pins(gm, mesh, axis, constraints or {})
+    stager = _Stager(mesh, axis, inner, memory_budget, plan_stage, cache={},
+                     pins=_stage_pins(gm, mesh, axis, constraints or {}))
+    best, failure, mixes = _search(gm, pipeline, micro, mixing, stager, batch, say)
+    if best is None:
+        if failure is not None:
+            raise failure
+        raise PipelineError("no micro-batch count runs the pipeline", expected="a batch "
+                            f"that splits into micro-batches for {ranks} pipeline ranks",
+                            got=f"batch {batch}", fix="use a larger batch, or fewer ranks")
+    return _with_accumulation_warning(_refined(best, stager), mixes)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stager:
+    """What planning any candidate's stages shares: the mesh and its pipeline `axis`, the
+    sub-mesh `inner` of the other axes, the budget, the caller's `plan_stage`, the stage
+    plans' `cache` (filled as candidates are planned) and the `pins` on the sub-mesh."""
+
+    mesh: Mesh
+    axis: int
+    inner: Mesh
+    memory_budget: float | None
+    plan_stage: Callable[..., Plan]
+    cache: dict[tuple, Plan]
+    pins: dict[str, str]
+
+    @property
+    def ranks(self) -> int:
+        return self.mesh.shape[self.axis]
+
+    def screened(self, chosen: _Chosen) -> Plan:
+        """The candidate's plan from screening solves of its stages (`candidate_plan`)."""
+        return candidate_plan(chosen.stages, chosen.names, chosen.schedule, chosen.microbatches,
+                              self.ranks, self.mesh, self.axis, self.inner, self.memory_budget,
+                              self.plan_stage, self.cache, self.pins)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Chosen:
+    """A candidate cut into stages: the stages, its units' names, its schedule and
+    micro-batch count, and (once planned) its screened `plan`."""
+
+    stages: tuple[Stage, ...]
+    names: tuple[str, ...]
+    schedule: Schedule
+    microbatches: int
+    plan: Plan | None = None
+
+
+def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing: str,
+            stager: _Stager, batch: int | None, say: Callable[[str], None],
+            ) -> tuple[_Chosen | None, Exception | None, dict[int, str]]:
+    """Branch and bound over the candidates (module docstring), round after round of
+    micro-batch counts: the fastest candidate's screened plan (None if none fits), the last
+    `InfeasiblePlanError` (None if none), and what mixes samples per accumulated count."""
+    ranks = stager.ranks
     # Fewer micro-batches than ranks leave most of every rank idle: not worth a solve.
     counts = [pipeline.microbatches] if pipeline.microbatches else [
         m for m in divisors(batch or 1) if ranks <= m <= MAX_MICROBATCHES_PER_RANK * ranks]
-    cache: dict[tuple, Plan] = {}
-    best: Plan | None = None
+    best: _Chosen | None = None
     failure: Exception | None = None
     mixes: dict[int, str] = {}  # micro-batch count -> what mixes samples, when accumulated
-    devices = math.prod(inner.shape)
+    devices = math.prod(stager.inner.shape)
     # (stage count, samples each stage holds) of the candidates that did not fit: one whose
     # stages hold as many or more samples' activations does not fit either.
     overflowing: list[tuple[int, tuple[float, ...]]] = []
@@ -135,46 +195,65 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
             if split is not None and split.weighting == ACCUMULATED:
                 mixes[m] = split.mixes
             candidates += _candidates(
-                pipeline, m, ranks, devices, mesh,
+                pipeline, m, ranks, devices, stager.mesh,
                 lambda split=split: gm if split is None else micro.graph(split))
-        for bound, m, schedule, count, graph, units, cuts in sorted(
-                candidates, key=lambda c: c[0]):
-            if best is not None and bound >= best.step_time_s:
-                break  # no later candidate can be faster (they are sorted by bound)
-            held = _held_samples(schedule, m, ranks, count, batch or m)
-            if any(n == count and all(a >= b for a, b in zip(held, least))
-                   for n, least in overflowing):
-                continue
-            stages = split_stages(graph, units, cuts)
-            say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
-            try:
-                candidate = candidate_plan(stages, units.names, schedule, m, ranks, mesh,
-                                           axis, inner, memory_budget, plan_stage, cache,
-                                           pins)
-            except InfeasiblePlanError as error:
-                failure = error
-                overflowing.append((count, held))
-                continue
-            if best is None or candidate.step_time_s < best.step_time_s:
-                best, chosen = candidate, (stages, units.names, schedule, m)
-        counts = _more_microbatches(counts, best, pipeline, batch, memory_budget,
+        best, failed = _screen(candidates, best, stager, batch, overflowing, say)
+        if failed is not None:
+            failure = failed
+        counts = _more_microbatches(counts, best.plan if best is not None else None, pipeline,
+                                    batch, stager.memory_budget,
                                     improved=before is None or best is not before)
-    if best is None:
-        if failure is not None:
-            raise failure
-        raise PipelineError("no micro-batch count runs the pipeline", expected="a batch "
-                            f"that splits into micro-batches for {ranks} pipeline ranks",
-                            got=f"batch {batch}", fix="use a larger batch, or fewer ranks")
+    return best, failure, mixes
+
+
+def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
+            batch: int | None, overflowing: list[tuple[int, tuple[float, ...]]],
+            say: Callable[[str], None]) -> tuple[_Chosen | None, Exception | None]:
+    """`candidates` planned by screening solves in the order of their bounds, until one's
+    bound is no better than the best plan (`best` so far): the best after them, and the last
+    `InfeasiblePlanError` among them (None if none). A candidate that does not fit joins
+    `overflowing`; one that holds at least the samples of one there is skipped."""
+    failure: Exception | None = None
+    for bound, m, schedule, count, graph, units, cuts in sorted(
+            candidates, key=lambda c: c[0]):
+        if best is not None and bound >= best.plan.step_time_s:
+            break  # no later candidate can be faster (they are sorted by bound)
+        held = _held_samples(schedule, m, stager.ranks, count, batch or m)
+        if any(n == count and all(a >= b for a, b in zip(held, least))
+               for n, least in overflowing):
+            continue
+        stages = split_stages(graph, units, cuts)
+        say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
+        chosen = _Chosen(stages, units.names, schedule, m)
+        try:
+            candidate = stager.screened(chosen)
+        except InfeasiblePlanError as error:
+            failure = error
+            overflowing.append((count, held))
+            continue
+        if best is None or candidate.step_time_s < best.plan.step_time_s:
+            best = dataclasses.replace(chosen, plan=candidate)
+    return best, failure
+
+
+def _refined(best: _Chosen, stager: _Stager) -> Plan:
+    """The faster of `best`'s screened plan and its stages planned again in full."""
     # Candidates were compared by screening solves (one per stage, every background
     # collective charged, a fraction of the time); the chosen one's slowest stages are
     # planned again in full, estimating what the backward hides (plan_table's rounds).
-    stages, names, schedule, m = chosen
-    stage_plans = refined_stages(stages, schedule, m, ranks, inner, mesh.axis_names[axis],
-                                 mesh.axis_links[axis], memory_budget, plan_stage, cache,
-                                 pins)
-    refined = costed(stages, names, stage_plans, schedule, m, ranks, mesh, axis,
-                     memory_budget)
-    best = min(best, refined, key=lambda plan: plan.step_time_s)
+    mesh, axis = stager.mesh, stager.axis
+    stage_plans = refined_stages(best.stages, best.schedule, best.microbatches, stager.ranks,
+                                 stager.inner, mesh.axis_names[axis], mesh.axis_links[axis],
+                                 stager.memory_budget, stager.plan_stage, stager.cache,
+                                 stager.pins)
+    refined = costed(best.stages, best.names, stage_plans, best.schedule, best.microbatches,
+                     stager.ranks, mesh, axis, stager.memory_budget)
+    return min(best.plan, refined, key=lambda plan: plan.step_time_s)
+
+
+def _with_accumulation_warning(best: Plan, mixes: dict[int, str]) -> Plan:
+    """`best`, warning that its step is gradient accumulation when its micro-batch count
+    was split so (`mixes`: what mixes the samples, per such count)."""
     if best.microbatches in mixes:
         m = best.microbatches
         best = dataclasses.replace(best, warnings=(*best.warnings, (
