@@ -1,5 +1,5 @@
-"""`autopar.summary(plan)` (`autopar.present.summary`): the op-group table's row order, its labels of long
-module paths, its legend, and warnings shown once."""
+"""`autopar.summary(plan)` (`autopar.present.summary`): the op-group table's row order, its labels
+of long module paths, its legend, and warnings shown once."""
 
 import warnings
 
