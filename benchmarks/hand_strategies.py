@@ -2,15 +2,18 @@
 
 For every case of the golden set (`tests/golden/golden_cases.py`: each example model at a
 mid-size config built on the meta device, on meshes 8 and 2x4, hardware profiles h100-sxm
-and a100-sxm), plans the model and costs the hand strategies (`autopar.planning.hand_strategies`:
-data parallel, ZeRO-3, Megatron over all devices, data x tensor parallel), then prints one
-table: the solver's predicted step time, each hand strategy's (`*` marks one over the memory
-budget, `-` one that doesn't apply), the best hand strategy that fits, and solver / best. A
-hand strategy is the cheapest plan within its restriction, so a fitting one is a plan the
-solver could have chosen: the script exits with status 1 when the solver is worse than the
-best fitting one by more than `TOLERANCE` (relative) in any case.
+and a100-sxm), plans the model and costs the hand strategies
+(`autopar.planning.hand_strategies.standard_hand_strategies`: data parallel, ZeRO-3, Megatron
+over all devices, data x tensor parallel, FSDP with full recomputation, Megatron with
+selective recomputation and a distributed optimizer, context x tensor parallel with FSDP),
+then prints one table: the solver's predicted step time, each hand strategy's (`*` marks
+one over the memory budget, `-` one that doesn't apply), the best hand strategy that fits,
+and solver / best. A hand strategy is the cheapest plan within its restriction, so a fitting
+one is a plan the solver could have chosen: the script exits with status 1 when the solver
+is worse than the best fitting one by more than `TOLERANCE` (relative) in any case.
 
 Usage: python benchmarks/hand_strategies.py [--examples gpt,llama] [--time-limit 60]
+       python benchmarks/hand_strategies.py --quick   # the mlp example's four cases, 5 s solves
 """
 
 from __future__ import annotations
@@ -32,16 +35,21 @@ from golden_cases import CASES, TIME_LIMIT, GoldenCase  # noqa: E402
 import autopar  # noqa: E402
 from autopar.passes.capturing.annotate import annotate  # noqa: E402
 from autopar.passes.capturing.capture import capture  # noqa: E402
-from autopar.planning.hand_strategies import (
-    plan_compared,  # noqa: E402
-    standard_hand_strategies,  # noqa: E402
+from autopar.planning.hand_strategies import (  # noqa: E402
+    plan_compared,
+    standard_hand_strategies,
 )
 from autopar.values.plan import SINGLE_DEVICE  # noqa: E402
 
 TOLERANCE = 1e-9
 # Column headings of the standard hand strategies.
 SHORT = {"data parallel": "DP", "fully sharded (ZeRO-3)": "ZeRO-3",
-         "Megatron tensor parallel": "Megatron", "data x tensor parallel": "DP x TP"}
+         "Megatron tensor parallel": "Megatron", "data x tensor parallel": "DP x TP",
+         "FSDP + full recompute": "FSDP + recompute",
+         "Megatron TP + selective recompute + distributed optimizer": "Megatron + SR + DO",
+         "CP x TP x FSDP": "CP x TP x FSDP"}
+# `--quick`: the smallest example's cases with short solves, to check that the script runs.
+QUICK_EXAMPLES, QUICK_TIME_LIMIT = "mlp", 5.0
 
 
 def _graph(case: GoldenCase):
@@ -58,8 +66,13 @@ def _ms(seconds: float) -> str:
               show_default=True, help="comma-separated example modules")
 @click.option("--time-limit", type=float, default=TIME_LIMIT, show_default=True,
               help="solver seconds per solve")
-def main(names: str, time_limit: float) -> None:
+@click.option("--quick", is_flag=True,
+              help=f"--examples {QUICK_EXAMPLES} --time-limit {QUICK_TIME_LIMIT:g}, in place "
+                   "of the options above")
+def main(names: str, time_limit: float, quick: bool) -> None:
     """Solver vs hand strategies on every example, mesh and hardware profile."""
+    if quick:
+        names, time_limit = QUICK_EXAMPLES, QUICK_TIME_LIMIT
     console = Console(width=160)
     wanted = names.split(",")
     columns = [s.name for s in standard_hand_strategies(autopar.Mesh((2, 4), ("dp", "tp")))]

@@ -5,6 +5,7 @@ recomputes and how it stores the parameters.
     python benchmarks/large_models.py              # 70B on 8x8 H100, 8B on 8x8 H100
     python benchmarks/large_models.py --case 8b    # one case
     python benchmarks/large_models.py --case 70b-3d --case 405b-3d   # pipelined, 3D meshes
+    python benchmarks/large_models.py --quick      # a 2-layer Llama of width 256, 5 s solves
 
 Models are built on the meta device in bfloat16 (nothing is allocated) and trained, in the
 cost model, by AdamW with fp32 master weights and states (the Megatron recipe). The MFU is
@@ -24,12 +25,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-import autopar
-from autopar.present.summary import describe_context_parallel
-
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 # The loss wrapper the transformers tests train with.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "runtime"))
+sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+
 from hf_models import CausalLMLoss  # noqa: E402
+
+import autopar  # noqa: E402
+from autopar.present.summary import describe_context_parallel  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,11 @@ CASES = {
                    (2, 8, 8), ("pp", "dp", "tp")),
     "405b-3d": Case("Llama-3-405B shape", 126, 16384, 128, 8, 53248, 128256, 1024, 4096,
                     (8, 8, 8), ("pp", "dp", "tp")),
+    # `--quick`'s: every step of a report (a hand strategy too) on a tiny model.
+    "tiny": Case("tiny Llama shape", 2, 256, 4, 2, 512, 1024, 8, 256,
+                 hand=("CP x TP x FSDP",)),
 }
+QUICK_CASES, QUICK_TIME_LIMIT = ("tiny",), 5.0
 
 
 def build(case: Case) -> tuple[nn.Module, tuple]:
@@ -175,7 +183,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", choices=sorted(CASES), action="append")
     parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"--case {' '.join(QUICK_CASES)} --time-limit "
+                             f"{QUICK_TIME_LIMIT:g}, in place of the options above")
     args = parser.parse_args()
+    if args.quick:
+        args.case, args.time_limit = QUICK_CASES, QUICK_TIME_LIMIT
     for name in args.case or ("70b", "8b"):
         report(CASES[name], args.time_limit)
 

@@ -6,8 +6,8 @@ ZeRO-2 and recomputation), four gloo ranks (`autopar.launch`) compile the
 model, train one AdamW step and measure (`autopar.runtime.memory_probe`): the parameter
 pieces, gradients and optimizer states held after the step, and the storages autograd
 holds at the end of the forward. The table sets them against the plan's prediction at
-the end of the forward (`autopar.tools.predicted_memory.predicted_memory`), per rank (rank 0; a row is
-marked when the ranks differ), as bytes and measured / predicted.
+the end of the forward (`autopar.tools.predicted_memory.predicted_memory`), per rank
+(rank 0; a row is marked when the ranks differ), as bytes and measured / predicted.
 
 Rows: `parameters` (stored pieces), `gradients` (the .grad tensors' own bytes), `grad
 storages` (the storages they live in: a gradient that is a view of a larger buffer holds
@@ -17,6 +17,7 @@ and saved: ZeRO-2), `activations` (everything else saved), `recompute reserve` (
 plan's first tied block of recomputed outputs, charged but not held at that instant).
 
 Usage: python benchmarks/memory_fidelity.py [--examples mlp,gpt] [--budgets 1,0.5,0.3]
+       python benchmarks/memory_fidelity.py --quick   # mlp at budgets 1 and 0.5
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ import autopar  # noqa: E402
 from autopar.runtime.launch import launch  # noqa: E402
 
 EXAMPLES = ("mlp", "gpt", "llama", "bert", "moe", "resnet")
+# `--quick`: the smallest example, replicated and sharded, to check that the script runs.
+QUICK_EXAMPLES, QUICK_BUDGETS = "mlp", "1,0.5"
 
 
 def replicated_peak(example: str) -> float:
@@ -90,7 +93,12 @@ def table(case: MemoryCase, fraction: float, results: list) -> str:
 @click.option("--examples", default=",".join(EXAMPLES), help="comma-separated example names")
 @click.option("--budgets", default="1,0.5,0.3",
               help="fractions of the replicated plan's peak memory")
-def main(examples: str, budgets: str) -> None:
+@click.option("--quick", is_flag=True,
+              help=f"--examples {QUICK_EXAMPLES} --budgets {QUICK_BUDGETS}, in place of the "
+                   "options above")
+def main(examples: str, budgets: str, quick: bool) -> None:
+    if quick:
+        examples, budgets = QUICK_EXAMPLES, QUICK_BUDGETS
     fractions = [float(b) for b in budgets.split(",")]
     names = [e for e in examples.split(",") if e]
     cases, labels = [], []

@@ -45,6 +45,8 @@ backward and optimizer step pay DTensor's dispatch on every op, where autopar's 
 on plain local tensors.
 
 Usage: python benchmarks/overhead.py [--steps 3] [--repeats 31] [--hidden 512] [--batch 128]
+       python benchmarks/overhead.py --quick   # 1 step, 1 repeat, hidden 32, batch 8: a smoke
+                                               # run of every row, its ratios only noise
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import autopar  # noqa: E402
+from autopar.runtime import keep_freed_memory  # noqa: E402
+from autopar.runtime.launch import launch  # noqa: E402
 from examples import mlp  # noqa: E402
 
 RANKS = 2
@@ -97,6 +101,10 @@ class Config:
     repeats: int
     hidden: int
     batch: int
+
+
+# `--quick`: every row on the smallest sizes, to check that the script runs.
+QUICK = Config(steps=1, repeats=1, hidden=32, batch=8)
 
 
 @dataclass(frozen=True)
@@ -297,12 +305,14 @@ def print_table(rows: list[Row], config: Config) -> None:
 @click.option("--repeats", default=31, show_default=True, help="timed blocks per contender")
 @click.option("--hidden", default=512, show_default=True, help="MLP width (ffn is 4x)")
 @click.option("--batch", default=128, show_default=True, help="global batch (even)")
-def main(steps: int, repeats: int, hidden: int, batch: int) -> None:
-    config = Config(steps, repeats, hidden, batch)
-    autopar.runtime.keep_freed_memory()  # as in the ranks `launch` starts
+@click.option("--quick", is_flag=True,
+              help=f"the smallest run, in place of the options above: {QUICK}")
+def main(steps: int, repeats: int, hidden: int, batch: int, quick: bool) -> None:
+    config = QUICK if quick else Config(steps, repeats, hidden, batch)
+    keep_freed_memory()  # as in the ranks `launch` starts
     rows = [single_device(config)]
     # Rank 0's view: the barriers around each block make every rank's times alike.
-    rows += autopar.launch(distributed, RANKS, config, timeout=3600.0)[0]
+    rows += launch(distributed, RANKS, config, timeout=3600.0)[0]
     print_table(rows, config)
 
 

@@ -10,7 +10,9 @@ also compares the shapes: each time over the time at the fewest micro-batches, m
 predicted, and the predicted bubble (1 - m max_r tau_r / T).
 
 Usage: python benchmarks/pipeline_bubble.py [--microbatches 2,4,8]
-       [--schedules GPipe,1F1B,Interleaved1F1B,InterleavedZeroBubble]
+       [--schedules GPipe,1F1B,Interleaved1F1B,InterleavedZeroBubble] [--steps 8] [--warmup 2]
+       python benchmarks/pipeline_bubble.py --quick   # a 2-layer GPT of width 32, GPipe at
+                                                      # m = 2 and 4, 1 step after 1
 """
 
 from __future__ import annotations
@@ -31,22 +33,27 @@ from examples import gpt  # noqa: E402
 
 CONFIG = {"hidden": 256, "heads": 4, "layers": 8, "batch": 16, "seq": 128, "vocab": 1024}
 MESH = ((2,), ("pp",))
+# `--quick`: the smallest pipeline, to check that the script runs (its times are noise).
+QUICK = {"config": {"hidden": 32, "heads": 2, "layers": 2, "batch": 4, "seq": 16, "vocab": 128},
+         "microbatches": "2,4", "schedules": "GPipe", "steps": 1, "warmup": 1,
+         "time_limit": 1.0}
 
 
-def _plan(schedule: str, microbatches: int) -> dict:
-    model, inputs = gpt.build(**CONFIG)
+def _plan(config: dict, schedule: str, microbatches: int, time_limit: float) -> dict:
+    model, inputs = gpt.build(**config)
     pipeline = autopar.Pipeline(schedule=schedule, microbatches=microbatches)
-    return autopar.plan(model, autopar.Mesh(*MESH, hardware="cpu"), inputs, time_limit=5.0,
-                        pipeline=pipeline).to_dict()
+    return autopar.plan(model, autopar.Mesh(*MESH, hardware="cpu"), inputs,
+                        time_limit=time_limit, pipeline=pipeline).to_dict()
 
 
-def _measure(rank: int, plans: list[dict], steps: int, warmup: int) -> list[float]:
+def _measure(rank: int, config: dict, plans: list[dict], steps: int,
+             warmup: int) -> list[float]:
     import torch
 
     medians = []
     for plan in plans:
         torch.manual_seed(0)
-        model, inputs = gpt.build(**CONFIG)
+        model, inputs = gpt.build(**config)
         pm = autopar.compile(model, autopar.Mesh(*MESH, hardware="cpu"), inputs,
                              plan=autopar.Plan.from_dict(plan))
         optimizer = torch.optim.AdamW(pm.parameters(), lr=1e-4)
@@ -68,14 +75,22 @@ def _measure(rank: int, plans: list[dict], steps: int, warmup: int) -> list[floa
 @click.option("--schedules", default="GPipe,1F1B", help="comma-separated schedule names")
 @click.option("--steps", default=8, show_default=True)
 @click.option("--warmup", default=2, show_default=True)
-def main(microbatches: str, schedules: str, steps: int, warmup: int) -> None:
+@click.option("--quick", is_flag=True,
+              help="a 2-layer GPT of width 32, GPipe at m = 2 and 4, 1 step after 1 warm-up, "
+                   "1 solver second per plan, in place of the options above")
+def main(microbatches: str, schedules: str, steps: int, warmup: int, quick: bool) -> None:
+    config, time_limit = CONFIG, 5.0  # solver seconds per plan
+    if quick:
+        config, microbatches, schedules, steps, warmup, time_limit = (
+            QUICK["config"], QUICK["microbatches"], QUICK["schedules"], QUICK["steps"],
+            QUICK["warmup"], QUICK["time_limit"])
     counts = [int(m) for m in microbatches.split(",")]
     names = schedules.split(",")
     cases = [(name, m) for name in names for m in counts]
-    plans = [_plan(name, m) for name, m in cases]
-    measured = launch(_measure, 2, plans, steps, warmup, timeout=1800.0)
+    plans = [_plan(config, name, m, time_limit) for name, m in cases]
+    measured = launch(_measure, 2, config, plans, steps, warmup, timeout=1800.0)
     slowest = [max(per_rank[i] for per_rank in measured) for i in range(len(cases))]
-    print(f"GPT {CONFIG} on pp=2 gloo processes; median of {steps} steps after {warmup}")
+    print(f"GPT {config} on pp=2 gloo processes; median of {steps} steps after {warmup}")
     header = (f"{'schedule':22s} {'m':>3s} {'predicted ms':>13s} {'measured ms':>12s} "
               f"{'meas/pred':>10s} {'pred T/T0':>10s} {'meas T/T0':>10s} {'pred bubble':>12s}")
     print(header)

@@ -5,7 +5,10 @@ progress messages) and the whole plan. With `--check`, each plan is also made th
 way, every block traced (`capture(..., repeat_blocks=False)`) and planned on its own (no
 `fold_depth`), and the two plans are compared node by node: placements, transfers,
 seconds and bytes of every node, the step time and the peak memory.
-Usage: python benchmarks/scale.py [--layers 2,8,32,96] [--mesh 8x8] [--preset 70b] [--check]
+
+Usage: python benchmarks/scale.py [--layers 2,8,32,96] [--mesh 8x8] [--time-limit 60]
+       [--preset 70b] [--check]
+       python benchmarks/scale.py --quick   # 2 layers on 2x2, 5 s solves, with --check
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ PRESETS = {
     "8b": dict(vocab=128256, seq=4096, hidden=4096, heads=32, kv_heads=8, ffn=14336, batch=8),
     "70b": dict(vocab=128256, seq=4096, hidden=8192, heads=64, kv_heads=8, ffn=28672, batch=8),
 }
+# `--quick`: the fewest layers on a small mesh, both ways, to check that the script runs.
+QUICK = {"layers": "2", "mesh": "2x2", "time_limit": 5.0, "check": True}
 PASSES = ("capture", "annotate", "fold_depth", "find_strategies", "build_problem", "solve",
           "extract_plan")
 
@@ -96,7 +101,13 @@ def main() -> None:
                         help="Llama-3 shape (80 layers for 70b)")
     parser.add_argument("--check", action="store_true",
                         help="compare each plan with the one planned block by block")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"--layers {QUICK['layers']} --mesh {QUICK['mesh']} --time-limit "
+                             f"{QUICK['time_limit']:g} --check, in place of those options")
     args = parser.parse_args()
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
     shape = tuple(int(s) for s in args.mesh.split("x"))
     mesh = autopar.Mesh(shape, ("dp", "tp")[: len(shape)], hardware="h100-sxm")
     shape = PRESETS[args.preset]

@@ -40,7 +40,7 @@ def _field(mapping: object, key: str, where: str) -> object:
         raise ProblemFormatError(f"missing field {where}.{key}",
                                  expected=f"an IOPDDL problem with {where}.{key}",
                                  got=f"{found}"[:120],
-                                 fix="see shared/benchmarks/iopddl/README.md for the format")
+                                 fix="see tests/solver/data/README.md for the format")
     return mapping[key]
 
 

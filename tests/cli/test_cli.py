@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from autopar.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT.parent / "shared" / "benchmarks" / "iopddl" / "example.json"
+EXAMPLE = ROOT / "tests" / "solver" / "data" / "iopddl-example.json"
 
 
 def test_plan_prints_the_summary_and_writes_json(tmp_path):

@@ -13,7 +13,8 @@ from solver_cases import brute_force
 from autopar.errors import ProblemFormatError
 from autopar.solver import load_iopddl, solve
 
-EXAMPLE = Path(__file__).resolve().parents[2].parent / "shared/benchmarks/iopddl/example.json"
+# The format's example problem (google/iopddl, Apache-2.0; see data/README.md).
+EXAMPLE = Path(__file__).resolve().parent / "data" / "iopddl-example.json"
 
 
 def document() -> dict:

@@ -1,0 +1,113 @@
+"""Benchmarks do not rot: every script in benchmarks/ runs with `--quick` (the same code on
+the smallest sizes) as a fresh process from the repository root, exits with status 0 and
+prints its table. 2 to 3.5 minutes on 2 shared cores, the ones that start gloo ranks
+(checkpoint, memory fidelity, overhead, pipeline bubble) taking most of it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 300.0  # seconds per script; each takes well under a minute on an idle machine
+
+
+def run_quick(script: str, *extra: str) -> str:
+    """`python benchmarks/<script> --quick`; its stdout, after checking its exit status."""
+    done = subprocess.run([sys.executable, f"benchmarks/{script}", "--quick", *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, (
+        f"{script} --quick exited with {done.returncode}\n{done.stdout[-4000:]}\n"
+        f"{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def has_line(pattern: str, text: str) -> bool:
+    return re.search(pattern, text, re.MULTILINE) is not None
+
+
+def test_checkpoint() -> None:
+    out = run_quick("checkpoint.py")
+    assert "AdamW, on 4 gloo processes; slowest rank of 1 saves" in out
+    assert has_line(r"^layout\s+state MiB\s+on disk MiB\s+disk/state\s+sync s", out)
+    number = r"\s+\d+\.\d+"
+    for layout in ("2x2 sharded", "data parallel"):
+        assert has_line(rf"^{layout}{number * 7}$", out), layout
+
+
+def test_hand_strategies() -> None:
+    out = run_quick("hand_strategies.py")
+    assert "Predicted step time (ms): solver vs hand strategies" in out
+    for mesh in ("8", "2x4"):
+        for hardware in ("h100-sxm", "a100-sxm"):
+            # The solver's plan, then the hand strategies': the solver is never worse than
+            # the best that fits (the script exits with 1 otherwise).
+            assert has_line(rf"│ mlp\s+│ {mesh}\s+│ {hardware} │\s+[\d,.]+ │", out), (mesh,
+                                                                                   hardware)
+    assert has_line(r"│\s+1\.000000 │", out)
+
+
+def test_iopddl(tmp_path: Path) -> None:
+    out = run_quick("iopddl.py", "--logs", str(tmp_path))
+    assert has_line(r"^inst\s+run\s+cost\s+fits\s+points\s+status\s+gap\s+time\s+limit$", out)
+    # Instance G (tests/solver/data), one run with a 5 s limit, a feasible answer (whether
+    # the process ended within the limit depends on the machine's load: a table cell here).
+    assert has_line(r"^G\s+0\s+\d+\s+yes\s+\d\.\d{4}\s+(feasible|optimal)\s+.*\s+5s$", out)
+    assert "average points over 1 instances" in out and has_line(r"runs past their limit: \d", out)
+    assert (tmp_path / "G-0.log").read_text()
+
+
+def test_large_models() -> None:
+    out = run_quick("large_models.py")
+    assert "## tiny Llama shape" in out and "predicted step" in out
+    assert has_line(r"^peak memory \d+\.\d+ GiB of 80\.00 GiB", out)
+    assert has_line(r"^layer 0 parameters \(stored, kept gathered\):", out)
+    assert has_line(r"^CP x TP x FSDP \(.*\): step \d+\.\d+ s", out)
+
+
+def test_memory_fidelity() -> None:
+    out = run_quick("memory_fidelity.py")
+    assert "mesh 2x2 (dp, tp), 4 gloo ranks, AdamW; 2 cases" in out
+    for fraction in ("1", "0.5"):
+        assert f"mlp at {fraction} x replicated peak" in out, fraction
+    assert has_line(r"^\s+kind\s+predicted\s+measured\s+ratio$", out)
+    # Parameters and optimizer states: measured as predicted, to the byte.
+    assert len(re.findall(r"^\s+parameters\s+(\d+)\s+\1\s+1\.000$", out, re.MULTILINE)) == 2
+    assert len(re.findall(r"^\s+optimizer\s+(\d+)\s+\1\s+1\.000$", out, re.MULTILINE)) == 2
+
+
+def test_overhead() -> None:
+    out = run_quick("overhead.py")
+    assert "autopar overhead: MLP hidden 32, ffn 128, batch 8" in out
+    assert "autopar ms/step" in out
+    for row in ("1 device vs eager", "data parallel vs DDP", "data parallel vs DDP + loss sum",
+                "Megatron vs torch TP"):
+        # The times are noise at this size: only that every row was measured and printed.
+        assert has_line(rf"│ {re.escape(row)}\s+│\s+\d+\.\d+ │\s+\d+\.\d+ │", out), row
+
+
+def test_pipeline_bubble() -> None:
+    out = run_quick("pipeline_bubble.py")
+    assert "on pp=2 gloo processes; median of 1 steps after 1" in out
+    assert has_line(r"^schedule\s+m\s+predicted ms\s+measured ms\s+meas/pred", out)
+    for m in (2, 4):
+        assert has_line(rf"^GPipe\s+{m}(\s+\d+\.\d+){{5}}\s+\d+\.\d+%$", out), m
+
+
+def test_scale() -> None:
+    out = run_quick("scale.py")
+    assert "Llama-3-8B shape (batch 8) on 2x2" in out
+    assert has_line(r"^layers decisions\s+capture\s+annotate", out)
+    # Two layers; the plan made block by block (--check) is the same plan.
+    assert has_line(r"^\s+2\s+\d+(\s+\d+\.\d+){8}\s+\d+\.\d+ \w+\s+same \(", out)
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")))
+def test_every_benchmark_is_tested_and_documents_quick(script: str) -> None:
+    assert f"def test_{script.removesuffix('.py')}(" in Path(__file__).read_text(), script
+    doc = (ROOT / "benchmarks" / script).read_text().split('"""')[1]
+    assert f"benchmarks/{script} --quick" in doc, f"{script}: no --quick in its usage"
