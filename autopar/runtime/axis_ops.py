@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.runtime.counter import CommCounter
+from autopar.runtime.counter import CommCounter, tensor_bytes
 from autopar.runtime.steps import Step
 from autopar.values.placement import Partial, Replicate, Shard
 
@@ -23,10 +23,6 @@ def axis_name(mesh: DeviceMesh, axis: int) -> str:
     """The counter's name of a mesh axis: its mesh_dim_name, else its index."""
     names = mesh.mesh_dim_names
     return names[axis] if names else str(axis)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 # torch.distributed's blocking collectives rather than the functional ones: those wrap every
@@ -114,15 +110,15 @@ def apply_step(t: torch.Tensor, step: Step, mesh: DeviceMesh, counter: CommCount
         return t.chunk(n, dst.dim)[coordinate].contiguous()  # R -> S(d)
     group = mesh.get_group(step.axis)
     if kind == "all_reduce":
-        out, nbytes = _all_reduce(t, group), _nbytes(t)
+        out, nbytes = _all_reduce(t, group), tensor_bytes(t)
     elif kind == "reduce_scatter":
-        out, nbytes = _reduce_scatter(t, dst.dim, n, group), _nbytes(t)
+        out, nbytes = _reduce_scatter(t, dst.dim, n, group), tensor_bytes(t)
     elif kind == "all_gather":
         out = _all_gather(t, src.dim, n, group)
-        nbytes = _nbytes(out)
+        nbytes = tensor_bytes(out)
     else:
         assert kind == "all_to_all" and isinstance(src, Shard) and isinstance(dst, Shard)
-        out, nbytes = _all_to_all(t, src.dim, dst.dim, n, group), _nbytes(t)
+        out, nbytes = _all_to_all(t, src.dim, dst.dim, n, group), tensor_bytes(t)
     counter.record(kind, axis_name(mesh, step.axis), direction, nbytes)
     return out
 

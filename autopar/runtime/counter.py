@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
+
 from autopar.costs.formulas import COLLECTIVES, Transfer
 
 DIRECTIONS = ("forward", "backward")
@@ -67,3 +69,8 @@ def transfer_totals(transfers: Iterable[Transfer], axis_names: tuple[str, ...]) 
         assert int(nbytes) == nbytes, f"fractional bytes {nbytes} in {transfer}"
         totals[key] = totals.get(key, 0) + int(nbytes)
     return totals
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of a tensor's elements, as a collective moves them."""
+    return t.numel() * t.element_size()

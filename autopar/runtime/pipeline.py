@@ -31,15 +31,13 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import fx, nn
-from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.microbatch import TensorChunkSpec, _Replicate
 from torch.distributed.pipelining.schedules import get_schedule_class
 from torch.utils import _pytree as pytree
 
 from autopar.runtime.collectives import RankContext
-from autopar.runtime.counter import CommCounter
+from autopar.runtime.counter import CommCounter, tensor_bytes
 from autopar.runtime.microbatches import hand_over
 from autopar.runtime.parallel_module import (
     adopt_pieces,
@@ -48,7 +46,7 @@ from autopar.runtime.parallel_module import (
     owner_of,
     register_pieces,
 )
-from autopar.runtime.pending import PendingSum
+from autopar.runtime.pipeline_stage import StageModule, TorchStage
 from autopar.runtime.program import RankProgram, StateSlot
 from autopar.runtime.shards import chunk_of, gather_full
 from autopar.values.microbatch import BatchSplit, micro_inputs
@@ -56,158 +54,6 @@ from autopar.values.pipeline import schedule_named
 from autopar.values.placement import parse_placements
 from autopar.values.plan import Plan
 from autopar.values.specs import BOUNDARY, ROLE, TENSOR
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-class _Boundary(torch.autograd.Function):
-    """Identity on a stage's floating outputs that marks the start of the stage's backward
-    for one micro-batch (`on_backward`, before any gradient of the stage is made) and
-    hands torch plain tensors to send (a pending all-reduce is waited for)."""
-
-    @staticmethod
-    def forward(ctx, on_backward: Callable[[], None], copy: bool, *outputs: torch.Tensor):
-        ctx.on_backward = on_backward
-        # A schedule that splits the backward detaches what a stage sent in place, which
-        # a view can't be: it gets copies.
-        return tuple(t.clone() if copy or isinstance(t, PendingSum) else t.view_as(t)
-                     for t in outputs)
-
-    @staticmethod
-    def backward(ctx, *grads: torch.Tensor):
-        ctx.on_backward()
-        return None, None, *grads
-
-
-class _CountGrad(torch.autograd.Function):
-    """Identity on a received tensor whose backward counts the gradient sent back."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, record: Callable[[torch.Tensor], None]) -> torch.Tensor:
-        ctx.record = record
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        ctx.record(grad)
-        return grad, None
-
-
-class _StageModule(nn.Module):
-    """One stage's rank program as torch's `PipelineStage` calls it:
-    `forward(*received, **user_inputs)` -> the tensors to send (or the loss)."""
-
-    def __init__(self, owner: PipelinedModule, index: int, program: RankProgram,
-                 arguments: tuple[StateSlot, ...], user_keys: tuple[str, ...],
-                 is_first: bool, is_last: bool) -> None:
-        super().__init__()
-        self._owner = [owner]  # not a submodule: the owner holds the parameters
-        self.index, self._program, self._arguments = index, program, arguments
-        self._user_keys = user_keys
-        self._is_first, self._is_last = is_first, is_last
-        self.backwards = 0
-
-    def forward(self, *received: torch.Tensor, **users) -> torch.Tensor | tuple:
-        owner = self._owner[0]
-        if not self._is_first:
-            received = tuple(_CountGrad.apply(t, owner.count_grad_sent)
-                             if t.is_floating_point() and t.requires_grad else t
-                             for t in received)
-        values = [owner.value(slot) for slot in self._arguments]
-        context, scope = owner.context, self._program.recompute
-        if context is not None:
-            context.prefetch.begin()
-            if scope is None and owner.regathers:
-                scope = context.regather
-        inputs = (*values, *received, *(users[key] for key in self._user_keys))
-        if scope is None:
-            outputs = self._program.module(*inputs)
-        else:
-            with scope:
-                outputs = self._program.module(*inputs)
-        if self._is_last:
-            sent = [next(o for o in outputs if isinstance(o, torch.Tensor))]
-        else:
-            sent = list(outputs)
-            for t in sent:
-                owner.counter.record("send", owner.axis_name, "forward", _nbytes(t))
-        floating = [i for i, t in enumerate(sent) if t.requires_grad]
-        if floating:
-            marked = _Boundary.apply(self._backward_starts, owner.splits_backward,
-                                     *(sent[i] for i in floating))
-            for i, t in zip(floating, marked):
-                sent[i] = t
-        return sent[0] if self._is_last else tuple(sent)
-
-    def parameters(self, recurse: bool = True):
-        """The parameters this stage reads (its owner holds them): the weight pass of a
-        schedule that splits the backward computes their gradients."""
-        owner = self._owner[0]
-        for slot in self._arguments:
-            value = owner.value(slot)
-            if isinstance(value, nn.Parameter) and value.requires_grad:
-                yield value
-
-    def _backward_starts(self) -> None:
-        # Replicated parameters' gradient all-reduces wait for this stage's last micro-batch
-        # (with a split backward, its last weight pass: `_Stage`).
-        self.backwards += 1
-        owner = self._owner[0]
-        if owner.context is not None and not owner.splits_backward:
-            owner.context.reducer.deferring = self.backwards < owner.microbatches
-
-
-class _Stage(PipelineStage):
-    """torch's stage with the weight pass of a split backward run as a backward pass.
-
-    torch computes the weight gradients with `autograd.grad` and stores them itself; the
-    rank programs' parameter uses (`reduce_later`, `gather_kept`, ZeRO-1 copies) reduce
-    their gradients from their own backward and hand none to autograd, so here the pass is
-    `autograd.backward` from the saved intermediates into the stage's parameters, as the
-    whole backward would run it. The gradient reducer sums the gradients of a weight pass
-    that is not the stage's last locally, and reduces them at the last."""
-
-    def backward_weight_one_chunk(self, bwd_chunk_id: int, last_backward: bool = False):
-        context = self.submod._owner[0].context
-        if context is not None:
-            context.reducer.deferring = not last_backward
-        return super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
-
-    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict,
-                                   last_backward: bool = False):
-        if backward_type != "weight":
-            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs,
-                                                      last_backward=last_backward)
-        leaves = {get_gradient_edge(p).node: p for p in self.submod.parameters()}
-        for group in bwd_kwargs["param_groups"]:
-            _weight_pass(group, [leaves[node] for node in group["params"]])
-        return (), None
-
-
-def _weight_pass(group: dict, weights: list[torch.Tensor]) -> None:
-    """One parameter group's weight gradients (a group of torch's `stage_backward_input`):
-    backward from its intermediates with the gradients they received in the input pass,
-    into `weights` only (the inputs' gradients were made then). Each intermediate's
-    gradient is pinned to the saved one, so none is counted twice through another."""
-    intermediates, saved = group.pop("intermediates"), group.pop("grads", None)
-    if saved is None:
-        return
-    edges, grads = [], []
-    for node, received in zip(intermediates, saved):
-        for i, grad in enumerate(received):
-            if grad is not None:
-                edges.append(GradientEdge(node, i))
-                grads.append(grad)
-    handles = [node.register_prehook(lambda _, kept=received: kept)
-               for node, received in zip(intermediates, saved)] if len(intermediates) > 1 else []
-    try:
-        if edges:
-            torch.autograd.backward(edges, grad_tensors=grads, inputs=weights)
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 class PipelinedModule(nn.Module):
@@ -258,11 +104,11 @@ class PipelinedModule(nn.Module):
         self._stages = []
         for index, program, keys in stages:
             arguments = tuple(by_name[slot.names[0]] for slot in program.state)
-            self._stages.append(_StageModule(self, index, program, arguments, keys,
+            self._stages.append(StageModule(self, index, program, arguments, keys,
                                              index == 0, index == count - 1))
         # Static metadata: torch would otherwise run each stage once more to infer it, with
         # its collectives.
-        self._torch_stages = [_Stage(
+        self._torch_stages = [TorchStage(
             module, module.index, count, here, group=self._group,
             input_args=examples[module.index][0],
             output_args=examples[module.index][1]) for module in self._stages]
@@ -301,7 +147,7 @@ class PipelinedModule(nn.Module):
         return getattr(owner, leaf)
 
     def count_grad_sent(self, grad: torch.Tensor) -> None:
-        self._counter.record("send", self.axis_name, "backward", _nbytes(grad))
+        self._counter.record("send", self.axis_name, "backward", tensor_bytes(grad))
 
     def _flat_inputs(self, args: tuple, kwargs: dict) -> list:
         flat = flatten_inputs(args, kwargs, self._in_spec)
@@ -352,7 +198,7 @@ class PipelinedModule(nn.Module):
             grad = held.grad if held is not None else None
             flat = grad.reshape(-1).clone() if grad is not None else torch.zeros(
                 numel, dtype=dtype, device=self._device())
-            self._counter.record("all_reduce", self.axis_name, "backward", _nbytes(flat))
+            self._counter.record("all_reduce", self.axis_name, "backward", tensor_bytes(flat))
             dist.all_reduce(flat, group=self._group)
             if held is not None:
                 held.grad = flat.view_as(held)
@@ -370,7 +216,7 @@ class PipelinedModule(nn.Module):
         total = torch.zeros((), dtype=torch.float32, device=self._device())
         if self._last:
             total = sum(loss.detach().float() for loss in losses).reshape(()).clone()
-        self._counter.record("broadcast", self.axis_name, "forward", _nbytes(total))
+        self._counter.record("broadcast", self.axis_name, "forward", tensor_bytes(total))
         dist.broadcast(total, group=self._group, group_src=self._ranks - 1)
         return total
 
