@@ -51,8 +51,7 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                 ) -> tuple[HandStrategyRecord, Plan | None]:
     """The Megatron 3D record and its plan (None when it doesn't apply or fit); `micro`
     splits the step and captures one micro-batch (`MicroBatches`: the planning call's, or
-    one of its own), and `edge_caches` are the planning call's
-    (`autopar.planning.graph.plan_graph`)."""
+    one of its own), and `edge_caches` are the planning call's (`graph.plan_graph`)."""
     axis = pipeline_axis_3d(mesh) if mesh.ndim >= 2 else None
     inner_link = mesh.hardware.links[0].name
     if axis is None:
