@@ -20,25 +20,11 @@ from autopar.planning.hand_strategies import MEGATRON_3D, plan_compared
 from autopar.planning.microbatches import MicroBatches
 from autopar.planning.pipeline.megatron_3d import megatron_3d
 from autopar.planning.pipeline.plan import MAX_MICROBATCHES, MEMORY_BINDS, plan_pipeline
+from autopar.planning.pipeline.request import pipeline_request
 from autopar.values.mesh import Mesh
 from autopar.values.microbatch import BatchSplit
 from autopar.values.pipeline import Pipeline
 from autopar.values.plan import Plan
-
-
-def pipeline_request(mesh: Mesh, pipeline: Pipeline | str | bool | None) -> Pipeline | None:
-    """The pipeline `plan(pipeline=...)` asks for on `mesh`: the one given, one over the
-    axis named "pp" for "auto" when the mesh has it (of 2 or more), else None."""
-    if isinstance(pipeline, Pipeline):
-        return pipeline
-    if pipeline is False or pipeline is None:
-        return None
-    if pipeline == "auto":
-        names = mesh.axis_names
-        return Pipeline() if "pp" in names and mesh.shape[names.index("pp")] > 1 else None
-    raise PipelineError("pipeline must be 'auto', False or an autopar.Pipeline",
-                        expected="'auto', False or Pipeline(axis='pp', ...)",
-                        got=repr(pipeline), fix="pipeline=autopar.Pipeline(schedule='1F1B')")
 
 
 def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,

@@ -18,7 +18,7 @@ REFUSE, ACCUMULATE = "refuse", "accumulate"
 class BatchSplit:
     """How a step runs as `microbatches` micro-batches: which flat user inputs are cut along
     dim 0 (`split`; the others go whole to every micro-batch), of `batch` samples, and how
-    the micro-batches' losses combine (`weighting`, see the module docstring): SUMMED, a
+    the micro-batches' losses combine (`weighting`, see `split_microbatches`): SUMMED, a
     sum (w_i = 1); SCALED, a sum over the constant `count` (a mean's number of samples,
     w_i = its micro-batch value / `count`); COUNTED, over a count of the inputs
     (w_i = den_i / sum_j den_j); ACCUMULATED, the mean of the micro-batches' losses

@@ -16,8 +16,7 @@ from autopar.passes.layout.split_stages import (
     find_units,
     split_stages,
 )
-from autopar.planning.layout import pipeline_request
-from autopar.planning.pipeline.request import check_request
+from autopar.planning.pipeline.request import check_request, pipeline_request
 from autopar.values.pipeline import SCHEDULES, Pipeline
 from examples import llama, moe
 from examples.gpt import build

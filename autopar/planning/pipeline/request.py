@@ -1,11 +1,28 @@
-"""Whether a pipeline request can run: stages, blocks, micro-batches (`check_request`)."""
+"""The pipeline a planning call asks for (`pipeline_request`), and whether it can run:
+stages, blocks, micro-batches (`check_request`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from autopar.errors import PipelineError
+from autopar.values.mesh import Mesh
 from autopar.values.pipeline import Pipeline, Schedule
+
+
+def pipeline_request(mesh: Mesh, pipeline: Pipeline | str | bool | None) -> Pipeline | None:
+    """The pipeline `plan(pipeline=...)` asks for on `mesh`: the one given, one over the
+    axis named "pp" for "auto" when the mesh has it (of 2 or more), else None."""
+    if isinstance(pipeline, Pipeline):
+        return pipeline
+    if pipeline is False or pipeline is None:
+        return None
+    if pipeline == "auto":
+        names = mesh.axis_names
+        return Pipeline() if "pp" in names and mesh.shape[names.index("pp")] > 1 else None
+    raise PipelineError("pipeline must be 'auto', False or an autopar.Pipeline",
+                        expected="'auto', False or Pipeline(axis='pp', ...)",
+                        got=repr(pipeline), fix="pipeline=autopar.Pipeline(schedule='1F1B')")
 
 
 def check_request(pipeline: Pipeline, ranks: int, blocks: int, batch: int | None) -> None:
