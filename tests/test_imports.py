@@ -5,6 +5,8 @@ it (docs/DESIGN.md's table)."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import networkx as nx
@@ -115,3 +117,26 @@ def test_the_layers_have_no_cycle() -> None:
                          for reached in allowed])
     assert nx.is_directed_acyclic_graph(layers)
     assert set(layers) <= set(ALLOWED) | {"values"}
+
+
+def _fresh(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+
+
+def test_every_public_name_and_package_resolves_on_first_use() -> None:
+    done = _fresh("import autopar\n"
+                  "for name in autopar.__all__: getattr(autopar, name)\n"
+                  "for name in ('runtime', 'planning', 'present', 'tools', 'values', 'costs',"
+                  " 'solver', 'rules', 'passes', 'cli'):\n"
+                  "    assert getattr(autopar, name).__name__ == f'autopar.{name}', name\n"
+                  "print(callable(autopar.check), autopar.checkpoint.__name__)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "autopar.tools.checkpoint"]
+
+
+def test_the_solver_starts_without_torch() -> None:
+    done = _fresh("import sys, autopar\nautopar.solver.solve\n"
+                  "print('torch' in sys.modules)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
