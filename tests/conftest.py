@@ -9,10 +9,10 @@ def pytest_addoption(parser) -> None:
                      help="also run the tests marked slow (forced strategies over both axes of "
                           "a 2x2 mesh, the whole pipeline matrix, pipelining over a slow "
                           "link, the pipelined Llama golden plan, checkpoints resumed under "
-                          "other plans and after a lost rank: about 15 minutes)")
+                          "other plans and after a lost rank: about 5 minutes on 2 cores)")
     parser.addoption("--corpus", action="store_true", default=False,
                      help="also train the whole model corpus (tests/corpus) on a 2x2 mesh next "
-                          "to the single-process models: about 15 minutes on 2 cores")
+                          "to the single-process models: about 5 minutes on 2 cores")
 
 
 def pytest_configure(config) -> None:
