@@ -1,7 +1,7 @@
 """The models users bring (`corpus_models`): planned on a 2x2 mesh under half their
 replicated peak and trained 3 AdamW steps next to the single-process model.
 
-The whole corpus trains only with `pytest --corpus` (it takes about 15 minutes on 2 cores);
+The whole corpus trains only with `pytest --corpus` (about 5 minutes on 2 cores);
 the default run trains `QUICK`, one model of each kind that has its own machinery (batch
 norm in training mode, a tied-weight encoder-decoder with a cache in its output, dropout, a
 dict output). Every model is held to:
