@@ -3,6 +3,7 @@
 - `autopar plan FILE.py ...` (`plan.py`): plan a model and print what it costs.
 - `autopar solve PROBLEM.json` (`solve.py`): solve a sharding problem (IOPDDL format).
 - `autopar run FILE.py ...` (`run.py`): train a model on local processes, optionally verified.
+- `autopar profile --nproc N --mesh 2x2 --out FILE.json` (`profile.py`): measure a mesh.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ COMMANDS = {
     "run": ("autopar.cli.run", "run_command"),
     "report": ("autopar.cli.report", "report_command"),
     "check": ("autopar.cli.check", "check_command"),
+    "profile": ("autopar.cli.profile", "profile_command"),
 }
 
 

@@ -23,6 +23,11 @@ _DTYPE_NAMES = {
 }
 
 
+# What `autopar profile` writes (`autopar.tools.profile`): its format and version.
+PROFILE_FORMAT = "autopar-profile"
+PROFILE_VERSION = 1
+
+
 @dataclass(frozen=True)
 class LinkLevel:
     """One level of the interconnect: `devices` per group (None: unbounded), bytes/s, seconds."""
@@ -54,6 +59,7 @@ class HardwareProfile:
     memory_efficiency: float = 0.8
     launch_overhead_s: float = 5e-6
     description: str = ""
+    mesh_shape: tuple[int, ...] | None = None  # a measured profile's: the mesh it was made on
 
     def __post_init__(self) -> None:
         if not self.links:
@@ -73,6 +79,10 @@ class HardwareProfile:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "<dict>") -> HardwareProfile:
+        """The profile `data` describes: a bundled datasheet profile, or one measured by
+        `autopar profile` (format "autopar-profile", `version` at most `PROFILE_VERSION`,
+        the `mesh` it was measured on)."""
+        _check_version(data, source)
         try:
             links = tuple(LinkLevel(**link) for link in data["links"])
             return cls(
@@ -85,6 +95,8 @@ class HardwareProfile:
                 memory_efficiency=float(data.get("memory_efficiency", 0.8)),
                 launch_overhead_s=float(data.get("launch_overhead_s", 5e-6)),
                 description=data.get("description", ""),
+                mesh_shape=tuple(int(n) for n in data["mesh"]["shape"]) if "mesh" in data
+                else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, HardwareError):
@@ -94,6 +106,21 @@ class HardwareProfile:
                 expected="name, peak_flops (with float32), memory_bytes, memory_bandwidth, links",
                 got=", ".join(sorted(data)) if isinstance(data, dict) else type(data).__name__,
                 fix="compare it with autopar/values/profiles/h100-sxm.json") from exc
+
+
+def _check_version(data: object, source: str) -> None:
+    if not isinstance(data, dict) or "version" not in data:
+        return
+    version = data["version"]
+    if data.get("format") != PROFILE_FORMAT or not isinstance(version, int) \
+            or not 1 <= version <= PROFILE_VERSION:
+        raise HardwareError(
+            f"hardware profile {source} is of format {data.get('format')!r} version "
+            f"{version!r}, which this autopar does not read",
+            expected=f"format {PROFILE_FORMAT!r}, version 1 to {PROFILE_VERSION}",
+            got=f"format {data.get('format')!r}, version {version!r}",
+            fix="measure the profile again with this autopar: autopar profile --nproc N "
+                "--mesh SHAPE --out FILE.json")
 
 
 def available_hardware() -> tuple[str, ...]:

@@ -41,6 +41,14 @@ class Mesh:
                             expected="e.g. ('dp', 'tp')", got=repr(names),
                             fix="rename the repeated axis")
         hardware = load_hardware(self.hardware)
+        if hardware.mesh_shape is not None and hardware.mesh_shape != shape:
+            measured = "x".join(map(str, hardware.mesh_shape))
+            raise MeshError(f"hardware profile {hardware.name!r} was measured on a mesh of "
+                            f"shape {measured}, not this one",
+                            expected=f"a mesh of shape {measured}", got=repr(shape),
+                            fix=f"use a mesh of shape {measured}, or measure this one: "
+                                f"autopar profile --nproc {math.prod(shape)} --mesh "
+                                f"{'x'.join(map(str, shape))} --out FILE.json")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "axis_names", names)
         object.__setattr__(self, "hardware", hardware)

@@ -1,0 +1,91 @@
+"""`autopar profile` (`autopar.tools.profile`): a measured profile that plans load, the
+fit of a link, and bad profiles refused before any rank starts."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import autopar
+from autopar.cli import main
+from autopar.tools.profile import Settings, alpha_beta, profile, write_profile
+from examples import mlp
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    """A quick profile of a mesh of 2 measured on 2 gloo ranks, written to a file."""
+    data = profile((2,), ("dp",), settings=Settings.quick())
+    return write_profile(data, tmp_path_factory.mktemp("profile") / "measured.json")
+
+
+def test_a_measured_profile_is_what_a_mesh_of_its_shape_plans_with(measured: Path) -> None:
+    data = json.loads(measured.read_text())
+    assert data["format"] == "autopar-profile" and data["version"] == 1
+    assert data["mesh"] == {"shape": [2], "axis_names": ["dp"]}
+    assert set(data["peak_flops"]) == {"float32", "bfloat16"}
+    assert all(v > 0 for v in data["peak_flops"].values())
+    assert data["memory_bandwidth"] > 0 and 0 < data["launch_overhead_s"] < 1
+    (link,) = data["links"]
+    assert link["name"] == "dp" and link["devices"] is None and link["bandwidth"] > 0
+    assert set(data["measured"]["spread"]) >= {"copy", "launch", "adamw"}
+    mesh = autopar.Mesh((2,), ("dp",), hardware=str(measured))
+    assert mesh.hardware.mesh_shape == (2,) and mesh.axis_links[0].name == "dp"
+    model, inputs = mlp.build(device="meta")
+    plan = autopar.plan(model, mesh, inputs, time_limit=5)
+    assert plan.step_time_s > 0 and plan.mesh.hardware.name == "measured-2"
+
+
+def test_the_fit_of_a_link_recovers_its_latency_and_bandwidth() -> None:
+    alpha, beta, n = 3e-5, 2e9, 4
+    times = {b: 2 * (n - 1) * alpha + 2 * (n - 1) / n * b / beta for b in (2**12, 2**20, 2**24)}
+    latency, bandwidth = alpha_beta(n, times)
+    assert latency == pytest.approx(alpha) and bandwidth == pytest.approx(beta)
+    with pytest.raises(autopar.HardwareError, match="do not grow"):
+        alpha_beta(n, {2**12: 2e-3, 2**20: 1e-3})
+
+
+def _broken(measured: Path, tmp_path: Path, change) -> Path:
+    data = copy.deepcopy(json.loads(measured.read_text()))
+    change(data)
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda d: d.pop("memory_bandwidth"), "malformed"),
+    (lambda d: d["links"][0].update(bandwidth=-1.0), "bandwidth -1.0"),
+    (lambda d: d.update(version=2), "version 2"),
+    (lambda d: d.update(format="other"), "format 'other'"),
+], ids=["missing-field", "negative-bandwidth", "newer-version", "other-format"])
+def test_a_broken_profile_is_refused_when_the_mesh_is_made(measured: Path, tmp_path: Path,
+                                                           change, match: str) -> None:
+    with pytest.raises(autopar.HardwareError, match=match):
+        autopar.Mesh((2,), ("dp",), hardware=str(_broken(measured, tmp_path, change)))
+
+
+def test_a_profile_of_another_mesh_shape_is_refused(measured: Path) -> None:
+    with pytest.raises(autopar.MeshError, match="measured on a mesh of shape 2") as error:
+        autopar.Mesh((4,), ("dp",), hardware=str(measured))
+    assert "autopar profile --nproc 4 --mesh 4" in str(error.value)
+
+
+def test_the_command_refuses_a_process_count_that_is_not_the_mesh(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(main, ["profile", "--nproc", "3", "--mesh", "2x2", "--out",
+                                       str(out)])
+    assert result.exit_code != 0 and "--nproc 4" in result.output and not out.exists()
+
+
+def test_the_command_writes_a_profile(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(main, ["profile", "--nproc", "2", "--mesh", "2", "--axis-names",
+                                       "tp", "--out", str(out), "--quick"])
+    assert result.exit_code == 0, result.output
+    assert "axis tp    all-reduce fit" in result.output and "profile written to" in result.output
+    assert autopar.load_hardware(out).links[0].name == "tp"
