@@ -154,11 +154,12 @@ def _compare_megatron_3d(model, inputs, mesh: autopar.Mesh, plan: autopar.Plan,
     from autopar.costs.optimizer_state import optimizer_state
     from autopar.passes.capturing.annotate import annotate
     from autopar.passes.capturing.capture import capture
+    from autopar.planning.graph import default_budget
     from autopar.planning.pipeline.megatron_3d import megatron_3d
 
     start = time.monotonic()
     record, _ = megatron_3d(model, annotate(capture(model, inputs)), inputs, mesh,
-                            memory_budget=mesh.hardware.memory_bytes, time_limit=time_limit,
+                            memory_budget=default_budget(mesh, None), time_limit=time_limit,
                             fold_layers=True, seed=0,
                             optimizer=optimizer_state(torch.optim.AdamW,
                                                       master_weights=torch.float32))

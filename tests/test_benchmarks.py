@@ -64,7 +64,7 @@ def test_iopddl(tmp_path: Path) -> None:
 def test_large_models() -> None:
     out = run_quick("large_models.py")
     assert "## tiny Llama shape" in out and "predicted step" in out
-    assert has_line(r"^peak memory \d+\.\d+ GiB of 80\.00 GiB", out)
+    assert has_line(r"^peak memory \d+\.\d+ GiB of 74\.00 GiB", out)  # 80 GiB less the reserve
     assert has_line(r"^layer 0 parameters \(stored, kept gathered\):", out)
     assert has_line(r"^CP x TP x FSDP \(.*\): step \d+\.\d+ s", out)
 

@@ -58,6 +58,7 @@ def _describe(data: dict) -> str:
     for link in data["links"]:
         lines.append(f"axis {link['name']:5s} all-reduce fit: {link['bandwidth'] / 1e9:.2f} GB/s, "
                      f"latency {link['latency'] * 1e6:.0f} us")
-    lines.append(f"usable memory per process {data['memory_bytes'] / 2**30:.2f} GiB; worst "
+    lines.append(f"memory per process {data['memory_bytes'] / 2**30:.2f} GiB, usable "
+                 f"{data['usable_memory_bytes'] / 2**30:.2f} GiB; worst "
                  f"spread of any timing {max(spread.values()):.0%}")
     return "\n".join(lines)

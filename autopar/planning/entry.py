@@ -39,7 +39,8 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
 
     `example_inputs` may live on the meta device (and the model too), so plans for large
     models need no memory. The plan minimises the modelled training step time such that
-    every device holds at most `memory_budget` bytes (default: the hardware's memory).
+    every device holds at most `memory_budget` bytes (default: the hardware's memory
+    less its reserve, `HardwareProfile.reserve_bytes`).
     `constraints` pins named tensors' placements (see `autopar.passes.strategies.constrain`; with a
     pipeline, placements on the whole mesh replicated on the pipeline axis, each applied in
     the stage holding the tensor);

@@ -140,8 +140,12 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
 
 
 def default_budget(mesh: Mesh, memory_budget: float | None) -> float:
-    """The memory budget per device: `memory_budget`, or the hardware's memory."""
-    return float(memory_budget if memory_budget is not None else mesh.hardware.memory_bytes)
+    """The memory budget per device: `memory_budget`, or the hardware's memory less its
+    reserve (`HardwareProfile.reserve_bytes`: context, communicators, fragmentation)."""
+    if memory_budget is not None:
+        return float(memory_budget)
+    hardware = mesh.hardware
+    return float(hardware.memory_bytes - hardware.reserve_bytes)
 
 
 def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_name: str,

@@ -132,6 +132,7 @@ def _totals_table(plan: Plan) -> Table:
         ("  communication, exposed", _ms_text(plan.exposed_comm_s)),
         ("  communication, hidden", f"{_ms_text(plan.hidden_comm_s)} (overlaps the backward)"),
         ("peak memory", f"{_size(plan.peak_memory_bytes)} of {_size(plan.memory_limit_bytes)}"),
+        ("  memory budget", _budget(plan)),
         *((("scaling efficiency", f"{efficiency:.1%}"),)
           if (efficiency := scaling_efficiency(plan, plan.step_time_s)) is not None else ()),
         *((("predicted MFU (bf16 peak)", f"{plan.mfu:.1%}"),) if plan.mfu is not None else ()),
@@ -146,6 +147,16 @@ def _totals_table(plan: Plan) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def _budget(plan: Plan) -> str:
+    """The budget as the device's capacity less what it leaves free (the reserve, by
+    default: context, communicators, fragmentation; or what a given budget leaves)."""
+    capacity = plan.mesh.hardware.memory_bytes
+    left = capacity - plan.memory_limit_bytes
+    if left < 0:
+        return f"{_size(plan.memory_limit_bytes)}, above the device's {_size(capacity)}"
+    return f"{_size(capacity)} device less {_size(left)} reserved"
 
 
 def _recomputed(plan: Plan) -> str:

@@ -11,7 +11,8 @@ each figure is what a rank gets while the others are busy too:
 - per mesh axis, the all-reduce over that axis's process groups at message sizes from KiB
   to MiB, fitted to the cost model's all-reduce, t = 2(n-1) alpha + 2(n-1)/n B / beta,
   by least squares over the sizes: one link level per axis (latency alpha, bandwidth beta);
-- the memory a rank can use: what the host has available, shared by the ranks.
+- the memory of a rank: the host's, shared by the ranks (`memory_bytes`), and what it has
+  available (`usable_memory_bytes`: the default budget of plans, `reserve_bytes`).
 
 Each figure is the median over `repeats` timings on each rank, then over the ranks; its
 spread (the larger of the relative range of the ranks' medians and of each rank's
@@ -176,9 +177,11 @@ def alpha_beta(ranks: int, timings: dict[int, float]) -> tuple[float, float]:
     return intercept / (2 * (ranks - 1)), 2 * (ranks - 1) / ranks / slope
 
 
-def _available_bytes() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
+def _host_bytes(field: str) -> int:
+    """The host's `MemTotal` or `MemAvailable` (/proc/meminfo), else its physical memory."""
+    meminfo = Path("/proc/meminfo")
+    for line in meminfo.read_text().splitlines() if meminfo.exists() else ():
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -221,7 +224,8 @@ def _profile_dict(shape: tuple[int, ...], names: tuple[str, ...], ranks: list[di
                        f"of this host, {time.strftime('%Y-%m-%d %H:%M')}",
         "mesh": {"shape": list(shape), "axis_names": list(names)},
         "peak_flops": {dtype: max(curve.values()) for dtype, curve in matmul.items()},
-        "memory_bytes": _available_bytes() // math.prod(shape),
+        "memory_bytes": _host_bytes("MemTotal") // math.prod(shape),
+        "usable_memory_bytes": _host_bytes("MemAvailable") // math.prod(shape),
         "memory_bandwidth": figure("copy", 2 * COPY_BYTES),
         "compute_efficiency": 1.0, "memory_efficiency": 1.0,
         "launch_overhead_s": 1 / figure("launch", 1.0),

@@ -23,6 +23,13 @@ _DTYPE_NAMES = {
 }
 
 
+# What a process can't plan for on a device of a datasheet profile: the runtime's context
+# and the communicators' buffers (`RESERVE_BYTES`; a CUDA context and NCCL's buffers take
+# about 0.5 to 1.5 GiB), and the allocator's fragmentation (`RESERVE_SHARE` of the
+# capacity). Assumptions, not measurements: a measured profile gives `usable_memory_bytes`.
+RESERVE_BYTES = 2 * 2**30
+RESERVE_SHARE = 0.05
+
 # What `autopar profile` writes (`autopar.tools.profile`): its format and version.
 PROFILE_FORMAT = "autopar-profile"
 PROFILE_VERSION = 1
@@ -60,6 +67,7 @@ class HardwareProfile:
     launch_overhead_s: float = 5e-6
     description: str = ""
     mesh_shape: tuple[int, ...] | None = None  # a measured profile's: the mesh it was made on
+    usable_memory_bytes: int | None = None  # measured: what a process can really hold
 
     def __post_init__(self) -> None:
         if not self.links:
@@ -76,6 +84,16 @@ class HardwareProfile:
         """Peak FLOP/s for `dtype`; dtypes without an entry (integers) use float32's."""
         table = dict(self.peak_flops)
         return table.get(_DTYPE_NAMES.get(dtype, "float32"), table["float32"])
+
+    @property
+    def reserve_bytes(self) -> int:
+        """What a plan leaves free of the capacity by default: the measured capacity less
+        what a process can use, or `RESERVE_BYTES` plus `RESERVE_SHARE` of the capacity,
+        at most half of it."""
+        if self.usable_memory_bytes is not None:
+            return max(0, self.memory_bytes - self.usable_memory_bytes)
+        return min(self.memory_bytes // 2,
+                   RESERVE_BYTES + int(RESERVE_SHARE * self.memory_bytes))
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "<dict>") -> HardwareProfile:
@@ -97,6 +115,8 @@ class HardwareProfile:
                 description=data.get("description", ""),
                 mesh_shape=tuple(int(n) for n in data["mesh"]["shape"]) if "mesh" in data
                 else None,
+                usable_memory_bytes=int(data["usable_memory_bytes"])
+                if "usable_memory_bytes" in data else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, HardwareError):
