@@ -1,6 +1,8 @@
-"""Planning one captured graph: `plan_graph` (strategies, constraints, hand strategies) and
-`plan_table` (the problem, the solve and the plan, estimating the overlap round by round);
-`screened` options for comparing many candidates quickly."""
+"""Planning one captured graph: `strategy_tables` (fold, find, offer, constrain),
+`plan_graph` (those, then `plan_table`) and `plan_table` (the problem, the solve and the
+plan, estimating the overlap round by round); `screened` options for comparing many
+candidates quickly. The hand strategies planned beside a graph's plan are
+`autopar.planning.hand_strategies.plan_compared`'s."""
 
 from __future__ import annotations
 

@@ -364,20 +364,15 @@ def plan_compared(gm: fx.GraphModule, mesh: Mesh, *,
     that fits and is faster is the plan."""
     if not hand_strategies:
         return plan_graph(gm, mesh, **options)
-    tables = strategy_tables(gm, mesh, fold_layers=options.get("fold_layers", True),
-                             constraints=options.get("constraints"),
-                             recompute=options.get("recompute", True),
-                             microbatches=options.get("microbatches", 1),
-                             progress=options.get("progress"))
+    tables = strategy_tables(gm, mesh, **_picked(options, (
+        "fold_layers", "constraints", "recompute", "microbatches", "progress")))
     result = plan_graph(gm, mesh, tables=tables, **options)
     hand = evaluate_hand_strategies(
         tables.gm, mesh, memory_budget=default_budget(mesh, options.get("memory_budget")),
-        time_limit=options.get("time_limit", 30.0),
-        fold_layers=options.get("fold_layers", True), seed=options.get("seed", 0),
         table=tables.found, strategies=asked_hand_strategies(hand_strategies, mesh),
         optimizer=optimizer_state(options.get("optimizer"),
                                   master_weights=options.get("master_weights")),
-        microbatches=options.get("microbatches", 1), progress=options.get("progress"))
+        **_picked(options, ("time_limit", "fold_layers", "seed", "microbatches", "progress")))
     # Each hand strategy is a restriction of the same search; the overlap of gradient
     # reductions is estimated round by round (plan_table), so a restricted search can
     # land on a faster plan than the whole one did: keep the fastest of them.
@@ -386,3 +381,8 @@ def plan_compared(gm: fx.GraphModule, mesh: Mesh, *,
             and fastest.step_time_s < result.step_time_s:
         result = dataclasses.replace(fastest, model=result.model, warnings=result.warnings)
     return dataclasses.replace(result, hand_strategies=hand.records)
+
+
+def _picked(options: dict, names: tuple[str, ...]) -> dict:
+    """The `options` among `names` that were given (the callee's defaults for the rest)."""
+    return {name: options[name] for name in names if name in options}
