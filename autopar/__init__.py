@@ -39,6 +39,8 @@ _LAZY = {  # public name -> (module, attribute)
     "summary": ("autopar.present.summary", "render_summary"),
     "report": ("autopar.present.report", "write_report"),
     "to_dot": ("autopar.present.report", "to_dot"),
+    "measure": ("autopar.tools.measure", "measure"),
+    "Measurement": ("autopar.values.measurement", "Measurement"),
 }
 # Modules of the public API, and the packages, reached as attributes (`autopar.runtime`).
 _MODULES = {"checkpoint": "autopar.tools.checkpoint"} | {name: f"autopar.{name}" for name in (

@@ -62,8 +62,10 @@ def check_plan(plan: Plan, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh
             f"the plan was made for other inputs (input {where} differs)",
             expected=f"inputs {', '.join(plan.inputs)}", got=f"inputs {', '.join(given)}",
             fix="plan again with these inputs, or pass inputs of the planned shapes")
-    if plan.microbatches > 1 or plan.graph == graph_digest(gm):
-        return  # (a plan of micro-batches is one micro-batch's graph, checked when lowered)
+    if plan.microbatches > 1 or plan.pipeline is not None or plan.graph == graph_digest(gm):
+        # A plan of micro-batches is one micro-batch's graph, a pipelined one its stages'
+        # graphs: each is checked when lowered.
+        return
     planned = {node.name: node.op for node in plan.nodes}
     for node in gm.graph.nodes:
         if not is_decision(node):

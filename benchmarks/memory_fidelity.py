@@ -13,8 +13,10 @@ Rows: `parameters` (stored pieces), `gradients` (the .grad tensors' own bytes), 
 storages` (the storages they live in: a gradient that is a view of a larger buffer holds
 all of it), `optimizer` (parameter-shaped states), `scalars`
 (AdamW's step counters, not modelled), `gathered` (parameter copies made by collectives
-and saved: ZeRO-2), `activations` (everything else saved), `recompute reserve` (the
-plan's first tied block of recomputed outputs, charged but not held at that instant).
+and saved: ZeRO-2), `activations` (everything else saved; predicted: the kept outputs of
+ops plus `copies`, the collectives' outputs that consumers keep, also shown alone),
+`recompute reserve` (the plan's first tied block of recomputed outputs, charged but not held
+at that instant).
 
 Usage: python benchmarks/memory_fidelity.py [--examples mlp,gpt] [--budgets 1,0.5,0.3]
        python benchmarks/memory_fidelity.py --quick   # mlp at budgets 1 and 0.5
@@ -82,7 +84,8 @@ def table(case: MemoryCase, fraction: float, results: list) -> str:
         _row("scalars", 0.0, each(lambda r: r.state.optimizer_scalars)),
         _row("buffers", p.buffers, each(lambda r: r.state.buffers)),
         _row("gathered", p.gathered, each(lambda r: r.saved.gathered)),
-        _row("activations", p.activations, each(lambda r: r.saved.activations)),
+        _row("activations", p.activations + p.copies, each(lambda r: r.saved.activations)),
+        _row("  of which copies", p.copies, None),
         _row("recompute reserve", p.recompute_reserve, None),
         _row("saved inputs", p.inputs, each(lambda r: r.saved.inputs)),
     ]

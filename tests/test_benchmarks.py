@@ -39,6 +39,23 @@ def test_checkpoint() -> None:
         assert has_line(rf"^{layout}{number * 7}$", out), layout
 
 
+def test_fidelity() -> None:
+    out = run_quick("fidelity.py")
+    assert "profiled mesh 2-dp-cpu" in out
+    assert has_line(r"^\| mlp \| 2 \| solver \| \d+\.\d\d \| \d+\.\d\d \(±\d+%\) \| "
+                    r"\d+\.\d\d \| \d+\.\d \| \d+\.\d \| \d+\.\d\d \|$", out)
+    assert "step time: median |pred/meas - 1|" in out and "over 1 cases" in out
+
+
+def test_published() -> None:
+    out = run_quick("published.py")
+    assert "## 8b-h100: Llama 3.1 8B" in out
+    assert has_line(r"^case\s+tok/s/GPU\s+pred\s+ratio\s+hidden\s+GiB\s+pred\s+ratio\s+MFU\s+"
+                    r"pred\s+autopar$", out)
+    assert has_line(r"^8b-h100\s+5,762\s+[\d,]+\s+\d\.\d{3}\s+[\d,]+\s+82\.4\s+\d+\.\d\*?\s+"
+                    r"\d\.\d{3}\s+\d+\.\d%\+\s+\d+\.\d%\s+\d+\.\d%$", out)
+
+
 def test_hand_strategies() -> None:
     out = run_quick("hand_strategies.py")
     assert "Predicted step time (ms): solver vs hand strategies" in out

@@ -1,4 +1,5 @@
-"""Option parsing shared by the commands: mesh shapes, axis names, `--set KEY=VALUE`."""
+"""Option parsing shared by the commands: mesh shapes, axis names, `--set KEY=VALUE`,
+micro-batches, pipelines, the steps `--measure` times."""
 
 from __future__ import annotations
 
@@ -61,3 +62,17 @@ def pipeline(text: str):
     except (PipelineError, ValueError) as exc:
         raise click.BadParameter(f"{text!r}: expected auto, off or SCHEDULE[:MICROBATCHES], "
                                  f"e.g. 1F1B:8 ({exc})") from exc
+
+
+def measured_steps(steps: int) -> int:
+    """The steps `autopar run --measure` times: `--steps`, at least one. Raises
+    `TrainingRunError` (an `AutoparError`) otherwise, before anything is planned or any
+    rank starts."""
+    from autopar.errors import TrainingRunError
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise TrainingRunError(
+            "--measure has no step to time", expected="--steps N with N >= 1: the run trains "
+            "N steps, then times N more on every rank", got=f"--steps {steps}",
+            fix="e.g. --measure --steps 5")
+    return steps

@@ -3,8 +3,10 @@ mesh on N local gloo processes and write the profile `--hardware FILE.json` plan
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from pathlib import Path
 
 import click
 
@@ -19,9 +21,12 @@ from autopar.errors import AutoparError
 @click.option("--axis-names", default=None, help="comma-separated axis names (dp,tp,...)")
 @click.option("--out", required=True, type=click.Path(), help="profile JSON to write")
 @click.option("--quick", is_flag=True, help="fewest sizes and repeats (a smoke test)")
-def profile_command(nproc, mesh_text, axis_names, out, quick) -> None:
-    """Measure compute, memory, launch overhead, the optimizer step and each mesh axis's
-    all-reduce on NPROC processes, and write the fitted profile to OUT."""
+@click.option("--compare", "previous", type=click.Path(exists=True), default=None,
+              help="a profile measured before: print how far each fitted figure moved")
+def profile_command(nproc, mesh_text, axis_names, out, quick, previous) -> None:
+    """Measure compute (matmul, attention, convolution), memory-bound kernels, op overhead,
+    the optimizer step, each collective kind on each mesh axis and the slowdown of compute
+    beside communication on NPROC processes, and write the fitted profile to OUT."""
     from autopar.errors import HardwareError
     from autopar.tools.profile import Settings, profile, write_profile
 
@@ -35,30 +40,73 @@ def profile_command(nproc, mesh_text, axis_names, out, quick) -> None:
                                 fix=f"autopar profile --nproc {math.prod(shape)} --mesh "
                                     f"{mesh_text} --out {out}")
         click.echo(f"profiling mesh {mesh_text} ({', '.join(names)}) on {nproc} processes ...")
-        data = profile(shape, names, settings=Settings.quick() if quick else Settings())
+        data = profile(shape, names, settings=Settings.quick() if quick else Settings(),
+                       progress=lambda text: click.echo(f"  {text} ..."))
         written = write_profile(data, out)
     except AutoparError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(_describe(data))
+    if previous is not None:
+        click.echo(_compared(data, json.loads(Path(previous).read_text()), previous))
     click.echo(f"profile written to {written} in {time.perf_counter() - start:.0f} s; "
                f"plan with --hardware {written}")
 
 
 def _describe(data: dict) -> str:
-    """The fitted figures, each with its spread (noise) as measured."""
+    """The fitted figures, each with the spread (noise) of its timings as measured."""
     spread = data["measured"]["spread"]
-    lines = [f"{dtype:9s} matmul {flops / 1e9:8.1f} GFLOP/s"
+
+    def noise(prefix: str) -> str:
+        return f"(spread {max(v for k, v in spread.items() if k.startswith(prefix)):.0%})"
+
+    lines = [f"{dtype:9s} matmul {flops / 1e9:8.1f} GFLOP/s   {noise('matmul/torch.' + dtype)}"
              for dtype, flops in data["peak_flops"].items()]
-    lines.append(f"memory    copy   {data['memory_bandwidth'] / 1e9:8.2f} GB/s   "
-                 f"(spread {spread['copy']:.0%})")
-    lines.append(f"launch overhead  {data['launch_overhead_s'] * 1e6:8.1f} us   "
-                 f"(spread {spread['launch']:.0%})")
-    lines.append(f"AdamW step       {data['measured']['optimizer_s_per_element'] * 1e9:8.2f} "
-                 f"ns per element (spread {spread['adamw']:.0%})")
+    lines += [f"{family:9s} {flops / 1e9:15.1f} GFLOP/s   {noise(family)}"
+              for family, flops in data.get("kernel_flops", {}).items()]
+    lines.append(f"memory    elementwise {data['memory_bandwidth'] / 1e9:5.2f} GB/s   "
+                 f"{noise('elementwise')}")
+    lines.append(f"op overhead (autograd) {data['launch_overhead_s'] * 1e6:6.1f} us   "
+                 f"{noise('autograd_op')}")
+    lines.append(f"AdamW step  {data['optimizer_tensor_s'] * 1e6:6.1f} us per tensor + "
+                 f"{data['optimizer_element_s'] * 1e9:.2f} ns per element   {noise('adamw')}")
+    lines.append(f"compute beside communication: {data['overlap_slowdown']:.0%} slower")
     for link in data["links"]:
-        lines.append(f"axis {link['name']:5s} all-reduce fit: {link['bandwidth'] / 1e9:.2f} GB/s, "
-                     f"latency {link['latency'] * 1e6:.0f} us")
+        for kind, fit in link.get("collectives", {}).items():
+            lines.append(f"axis {link['name']:5s} {kind:14s} {fit['bandwidth'] / 1e9:7.2f} GB/s, "
+                         f"latency {fit['latency'] * 1e6:6.0f} us   "
+                         f"{noise('links/' + link['name'] + '/' + kind)}")
     lines.append(f"memory per process {data['memory_bytes'] / 2**30:.2f} GiB, usable "
                  f"{data['usable_memory_bytes'] / 2**30:.2f} GiB; worst "
                  f"spread of any timing {max(spread.values()):.0%}")
+    return "\n".join(lines)
+
+
+def fitted_figures(data: dict) -> dict[str, float]:
+    """Every figure of a profile fitted from its timings, by a dotted name."""
+    figures = {f"peak_flops.{k}": v for k, v in data["peak_flops"].items()}
+    for table in ("kernel_flops", "kernel_overhead_s"):
+        figures.update({f"{table}.{k}": v for k, v in data.get(table, {}).items()})
+    for key in ("memory_bandwidth", "launch_overhead_s", "optimizer_tensor_s",
+                "optimizer_element_s", "overlap_slowdown"):
+        if key in data:
+            figures[key] = data[key]
+    for link in data["links"]:
+        for kind, fit in link.get("collectives", {}).items():
+            figures.update({f"{link['name']}.{kind}.{k}": v for k, v in fit.items()})
+    return figures
+
+
+def _compared(data: dict, before: dict, source: str) -> str:
+    """Each fitted figure against the same one of `before`: the relative change."""
+    now, then = fitted_figures(data), fitted_figures(before)
+    shared = [k for k in now if k in then]
+    if not shared:
+        return f"{source} has no figure in common with this profile"
+    change = {k: (now[k] - then[k]) / then[k] if then[k] else float(now[k] != then[k])
+              for k in shared}
+    lines = [f"against {source}:"] + [f"  {k:42s} {change[k]:+7.1%}" for k in shared]
+    worst = max(shared, key=lambda k: abs(change[k]))
+    lines.append(f"  largest change: {worst} {change[worst]:+.1%}; "
+                 f"{sum(abs(c) <= 0.10 for c in change.values())} of {len(shared)} "
+                 f"figures within 10%")
     return "\n".join(lines)

@@ -7,6 +7,11 @@ printing a line per step under a progress bar (shown on terminals only); a mesh 
 device trains in this process. At the end it prints rank 0's communication against the
 plan and, with `--verify`, whether every step matched the single-process model.
 
+With `--measure`, every rank then compiles the model again under the same plan and
+measures `--steps` more steps (`autopar.measure`: 2 warm-up steps, the timed ones, one
+profiled), and the parent prints the plan's predictions against the measurements: step
+time (median, spread), op groups, and each rank's peak memory.
+
 With `--checkpoint-dir`, the ranks checkpoint every `--checkpoint-every` steps and after
 the last (`autopar.checkpoint`), and when a rank dies the parent launches them again from
 the latest committed checkpoint, up to `--max-restarts` times. A size that fails twice in a
@@ -24,7 +29,7 @@ from collections.abc import Callable
 import click
 
 from autopar.cli.options import axis_names as parse_axis_names
-from autopar.cli.options import config, mesh_shape, microbatches, pipeline
+from autopar.cli.options import config, measured_steps, mesh_shape, microbatches, pipeline
 from autopar.errors import AutoparError
 from autopar.tools.training import (
     ABSOLUTE_TOLERANCE,
@@ -47,11 +52,29 @@ from autopar.tools.training import (
 LAUNCH_TIMEOUT_S = 3600.0
 
 
-def _rank_main(rank: int, run: TrainingRun, steps_out) -> RankReport:
-    """One rank under `launch`: rank 0 sends each step's record to the parent through
-    `steps_out`, the write end of a pipe (a send is in the pipe when it returns, so every
-    record has arrived by the time `launch` returns)."""
-    return train_rank(rank, run, on_step=steps_out.send if rank == 0 else None)
+@dataclasses.dataclass(frozen=True)
+class Trained:
+    """What a run brings back: rank 0's report, and with `--measure` every rank's
+    measurement in rank order (else empty)."""
+
+    report: RankReport
+    measured: tuple = ()
+
+
+def _trained(rank: int, run: TrainingRun, measure: bool,
+             on_step: Callable[[StepRecord], None] | None) -> tuple:
+    """Train `run` on this rank, then with `measure` measure it (collective)."""
+    from autopar.tools.measure import measure_run
+
+    report = train_rank(rank, run, on_step=on_step)
+    return report, measure_run(run) if measure else None
+
+
+def _rank_main(rank: int, run: TrainingRun, steps_out, measure: bool = False) -> tuple:
+    """One rank under `launch`: (its report, its measurement or None). Rank 0 sends each
+    step's record to the parent through `steps_out`, the write end of a pipe (a send is in
+    the pipe when it returns, so every record has arrived by the time `launch` returns)."""
+    return _trained(rank, run, measure, steps_out.send if rank == 0 else None)
 
 
 def _follow(steps_in, done: threading.Event, show: Callable[[StepRecord], None]) -> None:
@@ -79,8 +102,10 @@ def _progress_bar(description: str, steps: int):
     return progress
 
 
-def _launch(run: TrainingRun, nproc: int, show: Callable[[StepRecord], None]) -> RankReport:
-    """Launch the ranks, `show` rank 0's steps as they complete, return rank 0's report."""
+def _launch(run: TrainingRun, nproc: int, show: Callable[[StepRecord], None],
+            measure: bool) -> Trained:
+    """Launch the ranks, `show` rank 0's steps as they complete; rank 0's report and, with
+    `measure`, every rank's measurement."""
     import torch.multiprocessing as mp
 
     from autopar.runtime.launch import launch
@@ -92,18 +117,19 @@ def _launch(run: TrainingRun, nproc: int, show: Callable[[StepRecord], None]) ->
     follower = threading.Thread(target=_follow, args=(steps_in, done, show), daemon=True)
     follower.start()
     try:
-        reports = launch(_rank_main, nproc, run, steps_out, timeout=LAUNCH_TIMEOUT_S)
+        results = launch(_rank_main, nproc, run, steps_out, measure,
+                         timeout=LAUNCH_TIMEOUT_S)
     finally:
         done.set()
         follower.join(timeout=10.0)
         steps_in.close()
         steps_out.close()
-    return reports[0]
+    return Trained(results[0][0], tuple(m for _, m in results if m is not None))
 
 
-def _train(run: TrainingRun, nproc: int) -> RankReport:
+def _train(run: TrainingRun, nproc: int, measure: bool = False) -> Trained:
     """Train on `nproc` processes (in this one for a mesh of one device, which needs no
-    process group), printing each step; rank 0's report."""
+    process group), printing each step, then with `measure` measure them."""
     progress = _progress_bar(f"training on {nproc} processes", run.steps)
 
     def show(record: StepRecord) -> None:
@@ -113,14 +139,17 @@ def _train(run: TrainingRun, nproc: int) -> RankReport:
 
     with progress or contextlib.nullcontext():
         if nproc == 1:
-            return train_rank(0, run, on_step=show)
-        return _launch(run, nproc, show)
+            report, measured = _trained(0, run, measure, show)
+            return Trained(report, (measured,) if measured is not None else ())
+        return _launch(run, nproc, show, measure)
 
 
 def _recovering(run: TrainingRun, nproc: int, planned: Callable[[TrainingRun], TrainingRun],
-                *, max_restarts: int, min_nproc: int) -> RankReport:
+                *, max_restarts: int, min_nproc: int, measure: bool = False
+                ) -> tuple[TrainingRun, Trained]:
     """`_train`, launched again from the latest checkpoint when a rank dies (see the module
-    docstring); rank 0's report of the run that finished. `planned` plans a run again."""
+    docstring); the run that finished (planned again if it lost processes) and what it
+    brought back. `planned` plans a run again."""
     from autopar.runtime.errors import LaunchError
     from autopar.tools import checkpoint
 
@@ -128,7 +157,7 @@ def _recovering(run: TrainingRun, nproc: int, planned: Callable[[TrainingRun], T
     attempt = 0
     while True:
         try:
-            return _train(run, nproc)
+            return run, _train(run, nproc, measure)
         except LaunchError as error:
             if run.checkpoint_dir is None or attempt == max_restarts or nproc == 1:
                 raise
@@ -196,15 +225,26 @@ def _recovering(run: TrainingRun, nproc: int, planned: Callable[[TrainingRun], T
 @click.option("--min-nproc", type=int, default=None,
               help="with --checkpoint-dir: the fewest processes to go on with when a size "
                    "keeps failing (default: --nproc, never fewer)")
+@click.option("--measure", is_flag=True,
+              help="after training, time --steps more steps on every rank (after 2 warm-up "
+                   "steps, plus one under torch.profiler) and print the plan's predictions "
+                   "against them: step time (median, spread), op groups, peak memory per rank")
 def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, seed,
                 memory_budget, time_limit, plan_file, settings, verify, tolerance, atol,
                 precision, microbatch_text, pipeline_text, checkpoint_dir, checkpoint_every,
-                resume, max_restarts, min_nproc) -> None:
+                resume, max_restarts, min_nproc, measure) -> None:
     """Train MODEL_FILE (a .py file with build() -> (model, example_inputs)) on --nproc
     local CPU processes: the loss per step, then the bytes each collective moved against
-    the plan's prediction."""
+    the plan's prediction; with --measure, the predicted step time, op groups and memory
+    against measured ones."""
+    from autopar.present.summary import render_measured
     from autopar.values.plan import Plan
 
+    if measure:
+        try:
+            measured_steps(steps)
+        except AutoparError as exc:
+            raise click.ClickException(str(exc)) from exc
     shape = mesh_shape(mesh_text)
     nproc = _process_count(nproc, shape, mesh_text)
     if lr is None:
@@ -223,12 +263,16 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
                           checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                           resume=resume)
         run = _planned(run)
-        _announce(run, nproc)
-        report = _recovering(run, nproc, _planned, max_restarts=max_restarts,
-                             min_nproc=nproc if min_nproc is None else min_nproc)
+        _announce(run, nproc, measure)
+        run, trained = _recovering(run, nproc, _planned, max_restarts=max_restarts,
+                                   min_nproc=nproc if min_nproc is None else min_nproc,
+                                   measure=measure)
     except AutoparError as exc:
         raise click.ClickException(str(exc)) from exc
+    report = trained.report
     click.echo(communication_report(report))
+    if measure:
+        click.echo(render_measured(Plan.from_dict(run.plan), trained.measured), nl=False)
     if verify:
         _check_verified(report, accepted, steps)
 
@@ -266,13 +310,15 @@ def _planned(run: TrainingRun) -> TrainingRun:
     return dataclasses.replace(run, plan=plan.to_dict())
 
 
-def _announce(run: TrainingRun, nproc: int) -> None:
-    """Say what is about to train: steps, optimizer recipe, learning rate, processes."""
+def _announce(run: TrainingRun, nproc: int, measure: bool = False) -> None:
+    """Say what is about to train: steps, optimizer recipe, learning rate, processes, and
+    whether it is verified and measured."""
     recipe = ", fp32 master weights, bf16 model" if run.precision == "bf16-master" else ""
     click.echo(f"training {run.steps} steps (AdamW{recipe}, lr {run.lr:g}) on {nproc} "
                + ("process" if nproc == 1 else "processes")
                + (", verified against the single-process model in rank 0" if run.verify
-                  else ""))
+                  else "")
+               + (f", then measuring {run.steps} more on every rank" if measure else ""))
 
 
 def _check_verified(report: RankReport, accepted: Tolerance, steps: int) -> None:

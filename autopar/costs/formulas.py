@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from autopar.values.hardware import HardwareProfile
+from autopar.values.hardware import HardwareProfile, LinkLevel
 from autopar.values.mesh import Mesh
 from autopar.values.placement import Partial, Placement, Placements, Replicate, Shard
 
@@ -50,40 +50,97 @@ def _max(a, b):
     return max(a, b)
 
 
-def compute_time(flops, nbytes, dtype: torch.dtype, hardware: HardwareProfile):
-    """Roofline time of one kernel moving `nbytes` and doing `flops`, with the launch floor."""
-    peak = hardware.flops_per_second(dtype) * hardware.compute_efficiency
+_MATMULS = ("mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "einsum", "addbmm")
+
+
+def kernel_family(target: object) -> str:
+    """The family of kernels an op belongs to, for the rate and overhead a profile
+    measured for it (`HardwareProfile.flops_per_second`, `kernel_overhead`): "matmul",
+    "attention", "convolution", else "other"."""
+    name = str(target).removeprefix("aten.").split(".")[0]
+    if "scaled_dot_product" in name or "flash_attention" in name:
+        return "attention"
+    if "conv" in name:
+        return "convolution"
+    return "matmul" if name in _MATMULS else "other"
+
+
+def compute_time(flops, nbytes, dtype: torch.dtype, hardware: HardwareProfile,
+                 family: str = "other"):
+    """Roofline time of one kernel moving `nbytes` and doing `flops`, with the launch floor
+    and its `family`'s measured overhead (`kernel_family`); its FLOPs at that family's
+    rate:
+
+        max(F / (peak x efficiency), B / (bandwidth x efficiency)) + launch + overhead
+    """
+    peak = hardware.flops_per_second(dtype, family) * hardware.compute_efficiency
     bandwidth = hardware.memory_bandwidth * hardware.memory_efficiency
-    return _max(flops / peak, nbytes / bandwidth) + hardware.launch_overhead_s
+    return (_max(flops / peak, nbytes / bandwidth) + hardware.launch_overhead_s
+            + hardware.kernel_overhead(family))
 
 
 def training_compute_time(flops, nbytes, dtype: torch.dtype, hardware: HardwareProfile,
-                          *, differentiable: bool, recompute: bool = False):
+                          *, differentiable: bool, recompute: bool = False,
+                          family: str = "other"):
     """Forward plus (when the op is on the gradient path) backward compute time; a
     recomputed op runs its forward once more in the backward."""
-    forward = compute_time(flops, nbytes, dtype, hardware)
+    forward = compute_time(flops, nbytes, dtype, hardware, family)
     if not differentiable:
         return forward
     backward = compute_time(BACKWARD_FLOPS_FACTOR * flops, BACKWARD_FLOPS_FACTOR * nbytes,
-                            dtype, hardware)
+                            dtype, hardware, family)
     return forward * (2 if recompute else 1) + backward
 
 
-def send_time(nbytes, bandwidth: float, latency: float):
-    """B / beta + alpha: one point-to-point send of `nbytes` over a link of `bandwidth`
-    bytes/s and `latency` s (a pipeline stage's boundary, a step of an attention ring)."""
+def send_time(nbytes, link: LinkLevel):
+    """B / beta + alpha: one point-to-point send of `nbytes` over `link` (a pipeline stage's
+    boundary, a step of an attention ring), at the figures the link has for sends."""
+    bandwidth, latency = link.figures("send")
     return nbytes / bandwidth + latency
 
 
-def collective_time(kind: str, nbytes, n: int, bandwidth: float, latency: float):
-    """alpha-beta time of one collective over `n` devices; `nbytes` per rank as above."""
+def collective_time(kind: str, nbytes, n: int, link: LinkLevel):
+    """alpha-beta time of one collective over `n` devices of `link`, at the bandwidth and
+    latency the link has for `kind` (`LinkLevel.figures`); `nbytes` per rank as above."""
     assert kind in COLLECTIVES, kind
     if n == 1:
         return 0
-    if kind in ("send", "broadcast"):
-        return send_time(nbytes, bandwidth, latency)
+    if kind == "send":
+        return send_time(nbytes, link)
+    bandwidth, latency = link.figures(kind)
+    if kind == "broadcast":
+        return nbytes / bandwidth + latency
     steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
     return steps * nbytes / (n * bandwidth) + steps * latency
+
+
+def optimizer_traffic(itemsize: int, state_bytes: float) -> float:
+    """Bytes an optimizer step moves per parameter element: the parameter read and
+    written, its gradient read, its master copy and states (`state_bytes` per element)
+    read and written: 3 itemsize + 2 state_bytes (AdamW in fp32: 28)."""
+    return 3 * itemsize + 2 * state_bytes
+
+
+ADAMW_FP32_TRAFFIC = optimizer_traffic(4, 8)
+
+
+def optimizer_time(elements, itemsize: int, state_bytes: float, hardware: HardwareProfile):
+    """Seconds of the optimizer's step for one parameter piece of `elements`:
+
+        measured   t_tensor + elements x t_element x traffic / ADAMW_FP32_TRAFFIC
+        datasheet  launch + elements x traffic / (bandwidth x memory efficiency)
+
+    with `traffic = optimizer_traffic(itemsize, state_bytes)`: a profile's AdamW figures
+    scaled by the bytes this optimizer moves, else a memory-bound kernel (an assumption:
+    a fused or multi-tensor step, one launch per tensor)."""
+    if elements == 0:
+        return 0
+    traffic = optimizer_traffic(itemsize, state_bytes)
+    if hardware.optimizer_element_s is not None:
+        per_element = hardware.optimizer_element_s * traffic / ADAMW_FP32_TRAFFIC
+        return (hardware.optimizer_tensor_s or 0.0) + elements * per_element
+    bandwidth = hardware.memory_bandwidth * hardware.memory_efficiency
+    return hardware.launch_overhead_s + elements * traffic / bandwidth
 
 
 @dataclass(frozen=True)
@@ -96,9 +153,8 @@ class Transfer:
     backward: bool
 
     def time(self, mesh: Mesh):
-        link = mesh.axis_links[self.axis]
-        return collective_time(self.kind, self.nbytes, mesh.shape[self.axis], link.bandwidth,
-                               link.latency)
+        return collective_time(self.kind, self.nbytes, mesh.shape[self.axis],
+                               mesh.axis_links[self.axis])
 
 
 def _local_bytes(nbytes, placements: Placements, mesh_shape: tuple[int, ...]):

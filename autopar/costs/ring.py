@@ -116,7 +116,7 @@ class Ring:
         link = mesh.axis_links[self.axis]
 
         def send(nbytes):
-            return send_time(nbytes, link.bandwidth, link.latency)
+            return send_time(nbytes, link)
 
         steps = self.ranks - 1
         swaps = send(self.query_half_bytes) + send(self.output_half_bytes) \

@@ -30,7 +30,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
          memory_budget: float | None = None, time_limit: float = 30.0,
          dynamic_shapes=None, constraints: Mapping[str, str] | None = None,
          fold_layers: bool = True, seed: int = 0,
-         hand_strategies: bool | tuple[str, ...] = False,
+         hand_strategies: bool | tuple[str, ...] = False, strategy: str | None = None,
          optimizer: object = None, master_weights: torch.dtype | None = None,
          recompute: bool = True, microbatches: int | str = "auto",
          pipeline: Pipeline | str | bool = "auto",
@@ -48,6 +48,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     plan also carries the standard hand-written strategies (data parallel, ZeRO-3, Megatron,
     data x tensor, and with recomputation) costed the same way (`autopar.planning.hand_strategies`),
     which costs one more solve each; a tuple of their names carries those only.
+    `strategy` names one to plan with instead of the solver's free choice.
     `optimizer` is what the model is trained with: a torch optimizer class,
     `(class, options)` or state bytes per parameter element (default AdamW;
     `autopar.costs.optimizer_state`), stepping a `master_weights` copy (e.g. torch.float32 for a
@@ -69,7 +70,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     `MicrobatchError` for a count of micro-batches the model's step can't be cut into.
     """
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
-    check_hand_strategy_names(hand_strategies, mesh)
+    check_hand_strategy_names(hand_strategies, mesh, strategy)
     say = progress or (lambda message: None)
     raised: list[str] = []
     with _warned_once(raised):
@@ -82,7 +83,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
                           microbatches=microbatches, model_name=type(model).__name__,
                           memory_budget=memory_budget, time_limit=time_limit,
                           constraints=constraints, fold_layers=fold_layers, seed=seed,
-                          hand_strategies=hand_strategies, optimizer=state,
+                          hand_strategies=hand_strategies, strategy=strategy, optimizer=state,
                           recompute=recompute, pipeline=pipeline, progress=progress)
     return dataclasses.replace(made, warnings=_merge_warnings(made.warnings, raised))
 

@@ -183,10 +183,27 @@ def standard_hand_strategies(mesh: Mesh) -> tuple[HandStrategy, ...]:
     return tuple(strategies)
 
 
-def check_hand_strategy_names(asked: bool | tuple[str, ...], mesh: Mesh) -> None:
+def _check_strategy_name(strategy: str | None, mesh: Mesh) -> None:
+    """Raise `ShardingError` unless `strategy` (the `strategy` option of `autopar.plan`) is
+    None or the name of a standard hand strategy that applies to `mesh`."""
+    if strategy is None:
+        return
+    applicable = [s.name for s in standard_hand_strategies(mesh) if s.roles is not None]
+    if strategy not in applicable:
+        raise ShardingError(f"no standard hand strategy {strategy!r} on {mesh.describe()}",
+                            expected=f"one of {', '.join(map(repr, applicable))}",
+                            got=repr(strategy),
+                            fix="pick one of those, or leave strategy unset to let the "
+                                "solver choose")
+
+
+def check_hand_strategy_names(asked: bool | tuple[str, ...], mesh: Mesh,
+                              strategy: str | None = None) -> None:
     """Raise `ShardingError` unless `asked` (the `hand_strategies` option of
     `autopar.plan`) is a bool or a tuple of names of standard hand strategies of `mesh`
-    or of Megatron 3D (`autopar.planning.pipeline.megatron_3d`)."""
+    or of Megatron 3D (`autopar.planning.pipeline.megatron_3d`), and unless `strategy`
+    (its `strategy` option) is None or names a standard hand strategy of `mesh`."""
+    _check_strategy_name(strategy, mesh)
     if isinstance(asked, bool):
         return
     known = (*(s.name for s in standard_hand_strategies(mesh)), MEGATRON_3D)
@@ -212,7 +229,8 @@ def plan_record(strategy: HandStrategy, plan: Plan, budget: float,
         compute_s=plan.compute_s, comm_s=plan.comm_s, peak_memory_bytes=plan.peak_memory_bytes,
         comm_bytes=tuple((kind, axis, direction, float(nbytes))
                          for (kind, axis, direction), nbytes in plan.comm_bytes().items()),
-        fits=plan.peak_memory_bytes <= budget, note=note, hidden_comm_s=plan.hidden_comm_s)
+        fits=plan.peak_memory_bytes <= budget, note=note, hidden_comm_s=plan.hidden_comm_s,
+        optimizer_s=plan.optimizer_s)
 
 
 def missing_record(strategy: HandStrategy, note: str) -> HandStrategyRecord:
@@ -356,12 +374,43 @@ class HandStrategyResults:
     fastest_fitting: Plan | None
 
 
+def plan_by_hand(gm: fx.GraphModule, mesh: Mesh, name: str, **options) -> Plan:
+    """The plan of the standard hand strategy `name` (its restriction of the search,
+    solved as `evaluate_hand_strategies` does), instead of the solver's free choice; it
+    carries its own record as its only hand strategy. Raises `InfeasiblePlanError` when
+    that strategy has no plan on `mesh` or its plan does not fit the memory budget."""
+    tables = strategy_tables(gm, mesh, **_picked(options, (
+        "fold_layers", "recompute", "microbatches", "progress")))
+    budget = default_budget(mesh, options.get("memory_budget"))
+    hand = evaluate_hand_strategies(
+        tables.gm, mesh, memory_budget=budget, table=tables.found,
+        strategies=asked_hand_strategies((name,), mesh),
+        optimizer=optimizer_state(options.get("optimizer"),
+                                  master_weights=options.get("master_weights")),
+        **_picked(options, ("time_limit", "fold_layers", "seed", "microbatches", "progress")))
+    record = hand.records[0]
+    if hand.fastest_fitting is None:
+        peak = record.peak_memory_bytes
+        raise InfeasiblePlanError(
+            f"the hand strategy {name!r} has no plan that fits on {mesh.describe()}",
+            min_bytes=peak, expected=f"a plan within {budget:.4g} bytes per device",
+            got=record.note or f"{peak:.4g} bytes per device",
+            fix="raise memory_budget, use more micro-batches, or let the solver choose "
+                "(no strategy)")
+    return dataclasses.replace(hand.fastest_fitting, model=options["model_name"],
+                               memory_limit_bytes=budget, hand_strategies=(record,))
+
+
 def plan_compared(gm: fx.GraphModule, mesh: Mesh, *,
-                  hand_strategies: bool | tuple[str, ...] = False, **options) -> Plan:
+                  hand_strategies: bool | tuple[str, ...] = False,
+                  strategy: str | None = None, **options) -> Plan:
     """`plan_graph(gm, mesh, **options)` with the hand strategies `hand_strategies` asks for
     (all, or those named) planned beside it (`evaluate_hand_strategies`). They ignore the
     `constraints`: they are the standard ones; without constraints, a hand strategy's plan
-    that fits and is faster is the plan."""
+    that fits and is faster is the plan. With `strategy`, the plan is that hand
+    strategy's (`plan_by_hand`)."""
+    if strategy is not None:
+        return plan_by_hand(gm, mesh, strategy, **options)
     if not hand_strategies:
         return plan_graph(gm, mesh, **options)
     tables = strategy_tables(gm, mesh, **_picked(options, (

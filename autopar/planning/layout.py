@@ -92,7 +92,7 @@ def _with_megatron_3d(chosen: Plan, model: nn.Module, gm: fx.GraphModule,
     records = list(chosen.hand_strategies)
     records.insert(max(0, len(records) - 1), record)  # before the single-device reference
     if adopt and plan is not None and not options.get("constraints") \
-            and plan.step_time_s < chosen.step_time_s:
+            and not options.get("strategy") and plan.step_time_s < chosen.step_time_s:
         chosen = dataclasses.replace(plan, model=chosen.model, warnings=chosen.warnings)
     return dataclasses.replace(chosen, hand_strategies=tuple(records))
 

@@ -2,7 +2,9 @@
 in the order the model runs them, as `autopar.present.report.layers` defines both; long
 module paths shortened to distinct labels, a legend under the table), the totals, the bytes
 moved, and, when the plan carries them, the hand strategies it is compared with, and for a
-pipeline its stages; then the plan's warnings, each once.
+pipeline its stages; then the plan's warnings, each once. Given a measurement
+(`autopar.measure`), the predicted step, op groups and peak memory next to the measured
+ones (`measured_table`).
 
 Scaling efficiency is the compute-only lower bound of the step time (the step's compute on
 one device divided by the number of devices: perfect splitting, nothing moved) over a
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import io
 from collections import defaultdict
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -19,6 +22,7 @@ from rich.table import Table
 from autopar.present.report.layers import group_layers, layer_nodes, layer_pattern
 from autopar.present.report.units import ms as _ms_text
 from autopar.present.report.units import size as _size
+from autopar.values.measurement import Comparison, Measurement, compare, ranks_of
 from autopar.values.plan import (
     SINGLE_DEVICE,
     HandStrategyRecord,
@@ -284,12 +288,61 @@ def _hand_notes(plan: Plan) -> list[str]:
                     "3D within it when some choice of micro-batches fits)."]
 
 
-def render_summary(plan: Plan, *, width: int = 120) -> str:
+def _value(row: Comparison, value: float) -> str:
+    return _size(value) if row.unit == "B" else _ms_text(value)
+
+
+def measured_table(plan: Plan, measured: Measurement | Sequence[Measurement]) -> Table:
+    """Predicted against measured (`autopar.values.measurement.compare`): the step time,
+    each op group, and each rank's peak memory, with measured/predicted."""
+    ranks = ranks_of(measured)
+    first = ranks[0]
+    table = Table(title=f"Predicted against measured ({len(ranks)} "
+                        f"{'rank' if len(ranks) == 1 else 'ranks'}, {first.steps} timed steps "
+                        f"after {first.warmup} warm-up, on {first.device})",
+                  title_justify="left")
+    for name in ("quantity", "predicted", "measured", "measured/predicted", "how measured"):
+        table.add_column(name, justify="right" if name in ("predicted", "measured",
+                                                           "measured/predicted") else "left")
+    for row in compare(plan, ranks):
+        quantity = row.quantity if row.quantity.startswith(("step", "peak")) \
+            else f"  {row.quantity}"
+        table.add_row(quantity, _value(row, row.predicted), _value(row, row.measured),
+                      "-" if row.ratio is None else f"{row.ratio:.2f}x", row.note)
+    profiled = sum(m.profiled_step_s for m in ranks) / len(ranks)
+    table.caption = (
+        f"predicted: the plan's cost model ({plan.mesh.hardware.name}); measured: "
+        f"autopar.measure. Op groups: the predicted step's against one profiled step's "
+        f"({_ms_text(profiled)}, profiler overhead included); collectives: predicted the "
+        "exposed communication, measured the time in collectives (waiting for other ranks "
+        "included); idle: predicted a pipeline's bubble, measured the time outside every "
+        "op (Python, waiting). Peak memory: the plan's per device (a pipeline rank's: its "
+        "stages') against each rank's.")
+    table.caption_justify = "left"
+    return table
+
+
+def render_measured(plan: Plan, measured: Measurement | Sequence[Measurement], *,
+                    width: int = 120) -> str:
+    """`measured_table` as plain text, `width` columns wide."""
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, no_color=True, color_system=None).print(
+        measured_table(plan, measured))
+    return buffer.getvalue()
+
+
+def render_summary(plan: Plan, *, width: int = 120,
+                   measured: Measurement | Sequence[Measurement] | None = None) -> str:
     """The plan as plain-text tables (no colour codes), `width` columns wide; with the
-    comparison table "Compared with hand strategies" when the plan carries them."""
+    comparison table "Compared with hand strategies" when the plan carries them, and with
+    `measured` (`autopar.measure`'s result, one rank's or a list of ranks') the table
+    "Predicted against measured" after the totals."""
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, no_color=True, color_system=None)
-    for table in (_group_table(plan, width), _totals_table(plan), _comm_table(plan)):
+    tables = [_group_table(plan, width), _totals_table(plan), _comm_table(plan)]
+    if measured is not None:
+        tables.insert(2, measured_table(plan, measured))
+    for table in tables:
         console.print(table)
     if plan.pipeline is not None:
         console.print(_pipeline_table(plan))

@@ -31,8 +31,8 @@ def axis_name(mesh: DeviceMesh, axis: int) -> str:
 # use since each waits for its result at once.
 # torch 2.13 renamed the gather and scatter into one tensor (the old names warn); torch >= 2.6
 # is supported, so take whichever exists.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or \
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or \
     dist.reduce_scatter_tensor
 
 
@@ -55,7 +55,7 @@ def start_all_gather(t: torch.Tensor, dim: int, n: int, group, *, async_op: bool
     # Gather along dim 0, where the pieces are contiguous blocks in group-rank order.
     front = t.movedim(dim, 0).contiguous()
     out = front.new_empty((n * front.shape[0], *front.shape[1:]))
-    work = _all_gather_single(out, front, group=group, async_op=async_op)
+    work = all_gather_single(out, front, group=group, async_op=async_op)
     return out.movedim(0, dim), work
 
 
@@ -73,7 +73,7 @@ def start_reduce_scatter(t: torch.Tensor, dim: int, n: int, group, *, async_op: 
     # Scatter along dim 0, where the pieces are contiguous blocks in group-rank order.
     front = t.movedim(dim, 0).contiguous()
     out = front.new_empty((front.shape[0] // n, *front.shape[1:]))
-    work = _reduce_scatter_single(out, front, group=group, async_op=async_op)
+    work = reduce_scatter_single(out, front, group=group, async_op=async_op)
     return out.movedim(0, dim), work, front
 
 
@@ -123,9 +123,32 @@ def apply_step(t: torch.Tensor, step: Step, mesh: DeviceMesh, counter: CommCount
     return out
 
 
+def owned(t: torch.Tensor) -> torch.Tensor:
+    """`t` contiguous, copied when it is a view into a larger buffer: what holds it then
+    holds its own bytes only, not the rest of that buffer."""
+    t = t.contiguous()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()
+    return t
+
+
 def apply_steps(t: torch.Tensor, steps: tuple[Step, ...], mesh: DeviceMesh,
                 counter: CommCounter, direction: str) -> torch.Tensor:
-    """Apply `steps` in order; the result is contiguous."""
+    """Apply `steps` in order; the result is contiguous and, when any step ran, a tensor of
+    its own that holds exactly its bytes: a local slice is copied out of what it slices,
+    and so is a collective's output out of a larger buffer (a slice after a reduce-scatter
+    or an all-to-all, whose cuts run first).
+
+    Why: a consumer that saves what an edge hands it, or a `.grad` built from a gradient,
+    then holds only that, and the tensor it was converted from is freed once nothing else
+    holds it: what the cost model charges (`passes/problem/edge_costs.held_bytes`, a
+    converted tensor at its own placement; a gradient at its parameter's), the same on
+    every rank (`R -> P` hands rank 0 the tensor itself, the others zeros)."""
+    source = t
     for step in steps:
         t = apply_step(t, step, mesh, counter, direction)
-    return t.contiguous()
+    t = t.contiguous()
+    if steps and t.numel() and source.numel() \
+            and t.untyped_storage().data_ptr() == source.untyped_storage().data_ptr():
+        return t.clone()
+    return owned(t) if steps or direction == "backward" else t

@@ -35,7 +35,8 @@ Contract: gradients of such parameters reach `.grad` only through `loss.backward
 `torch.autograd.grad`), added to what `.grad` holds (accumulation stays exact), and the
 bytes counted are those the plan charges (one all-reduce of the gradient on the axis; one
 reduce-scatter of the gathered copy's gradient, counted by its input as `axis_ops` does).
-A reduce-scattered `.grad` set here owns its storage (no view into a larger buffer).
+A `.grad` set here holds no more than the gradients: a reduce-scattered one owns its
+storage, all-reduced ones share their bucket only when the bucket holds nothing else.
 """
 
 from __future__ import annotations
@@ -45,7 +46,13 @@ import torch.distributed as dist
 from torch.autograd import Variable
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.runtime.axis_ops import apply_step, apply_steps, axis_name, start_reduce_scatter
+from autopar.runtime.axis_ops import (
+    apply_step,
+    apply_steps,
+    axis_name,
+    owned,
+    start_reduce_scatter,
+)
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.steps import Step
@@ -89,15 +96,6 @@ def scatterable(redistribution: Redistribution) -> bool:
     return (not redistribution.regather and len(forward) == 1 and len(backward) == 1
             and forward[0].kind == "all_gather" and backward[0].kind == "reduce_scatter"
             and forward[0].axis == backward[0].axis)
-
-
-def _owned(t: torch.Tensor) -> torch.Tensor:
-    """`t`, or a copy when it is a view into a larger buffer: a `.grad` kept for the
-    optimizer must not pin the rest of that buffer."""
-    t = t.contiguous()
-    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
-        t = t.clone()
-    return t
 
 
 class GradientReducer:
@@ -220,7 +218,7 @@ class GradientReducer:
         scatters, self._scatters = self._scatters, []
         for parameter, chunk, work, _, rest, mesh, counter in scatters:
             work.wait()
-            chunk = _owned(apply_steps(chunk, rest, mesh, counter, "backward"))
+            chunk = owned(apply_steps(chunk, rest, mesh, counter, "backward"))
             if parameter.grad is None:
                 parameter.grad = chunk
             else:
@@ -228,17 +226,27 @@ class GradientReducer:
         in_flight, self._in_flight = self._in_flight, []
         for bucket, flat, work in in_flight:
             work.wait()
-            offset = 0
-            for parameter, grad in bucket:
-                summed = flat[offset:offset + grad.numel()].view_as(grad)
-                offset += grad.numel()
-                if parameter.grad is None:
-                    # A view into this step's bucket (a new buffer each step, so no later
-                    # step writes into it): copying it out measured 2-3 ms per step on a
-                    # 4 MB bucket, more than the whole gap to DDP.
-                    parameter.grad = summed
-                else:
-                    parameter.grad.add_(summed)
+            _hand_out(bucket, flat)
+
+
+def _hand_out(bucket: list[tuple[torch.Tensor, torch.Tensor]], flat: torch.Tensor) -> None:
+    """Add each of `bucket`'s summed gradients (end to end in `flat`) to its parameter's
+    `.grad`. A `.grad` not yet set becomes a view into `flat` (a new buffer each step, so no
+    later step writes into it): copying it out measured 2-3 ms per step on a 4 MB bucket,
+    more than the whole gap to DDP. That holds no byte more than the gradients only when
+    every slot of the bucket becomes a `.grad`; when some are added into an existing one
+    (a parameter with a gradient already, or twice in the bucket), the others are copied
+    out, so that `flat` is freed."""
+    fresh = [parameter.grad is None for parameter, _ in bucket]
+    share = all(fresh) and len({id(parameter) for parameter, _ in bucket}) == len(bucket)
+    offset = 0
+    for parameter, grad in bucket:
+        summed = flat[offset:offset + grad.numel()].view_as(grad)
+        offset += grad.numel()
+        if parameter.grad is None:
+            parameter.grad = summed if share else summed.clone()
+        else:
+            parameter.grad.add_(summed)
 
 
 class _ReduceLater(torch.autograd.Function):

@@ -31,7 +31,8 @@ still held for the backward (`SavedBytes`):
   (`untyped_storage().nbytes()`: a saved view holds its base).
 - Classification of a held storage, in this order: the storage of one of the rank's
   parameter pieces (a weight or a view of it: `parameters`, already counted in
-  `state_bytes`); the output of one of the program's collectives whose input is a
+  `state_bytes`); the output of one of the program's collectives (their storages are kept
+  alive until the exit, so that no other tensor takes their address) whose input is a
   parameter piece (a gathered copy kept for the backward, ZeRO-2: `gathered`); a buffer or
   constant piece, or a collective's output of one (`buffers`); a user input given to the
   forward, or a collective's output of one (its piece: `inputs`); anything else
@@ -150,6 +151,9 @@ class ForwardProbe:
         self.inputs = tuple(t for t in inputs if isinstance(t, torch.Tensor))
         self.saved: SavedBytes | None = None
         self._made: dict[int, str] = {}  # collective output storage -> class of its input
+        # The storages of those outputs, kept alive until the exit: a freed one's address
+        # could be reused by an activation, which `_made` would then misclassify.
+        self._outputs: list = []
         self._handles: list = []
 
     def __enter__(self) -> ForwardProbe:
@@ -178,6 +182,7 @@ class ForwardProbe:
                 "inputs" if source in self._inputs else self._made.get(source))
         if kind is not None:
             self._made[made] = kind
+            self._outputs.append(output.untyped_storage())
 
     def __exit__(self, *exc) -> None:
         self.pm._scope = self._inner
@@ -187,6 +192,7 @@ class ForwardProbe:
         packed, self._hooks.packed = self._hooks.packed, []
         if exc[0] is None:
             self.saved = self._measure(packed)
+        self._outputs.clear()
 
     def _measure(self, packed: list) -> SavedBytes:
         # Garbage in reference cycles waits for the collector, whose timing depends on

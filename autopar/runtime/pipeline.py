@@ -86,6 +86,8 @@ class PipelinedModule(nn.Module):
         self.coordinate = tuple(device.get_coordinate())
         self.axis_name = record.axis
         self.context, self._inner = context, inner
+        if context is not None and self.splits_backward:
+            context.regather.backward_passes = 2  # one gather across the two passes
         self._group = device.get_group(record.axis)
         self._ranks = record.ranks
         self._counter = context.counter if context is not None else CommCounter()

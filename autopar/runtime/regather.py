@@ -31,19 +31,20 @@ class _Source:
     """How to rebuild one regathered tensor; shared by every handle that points into it."""
 
     def __init__(self, shard: torch.Tensor, steps: tuple[Step, ...], mesh: DeviceMesh,
-                 counter: CommCounter) -> None:
+                 counter: CommCounter, passes: int = 1) -> None:
         self.shard, self.steps, self.mesh, self.counter = shard, steps, mesh, counter
+        self.passes = passes  # backward passes that unpack every handle (`Regather`)
         self.packed = 0  # handles made in the forward
-        self._pending = 0  # handles not yet unpacked in this backward pass
+        self._pending = 0  # handles not yet unpacked in this backward
         self._full: torch.Tensor | None = None
 
     def pack(self) -> None:
         self.packed += 1
-        self._pending += 1
+        self._pending += self.passes
 
     def unpack(self) -> torch.Tensor:
-        # Gather once per backward pass: keep the rebuilt tensor until the last handle of
-        # the pass has been unpacked, then let the saved views alone hold it.
+        # Gather once per backward: keep the rebuilt tensor until the last handle of its
+        # last pass has been unpacked, then let the saved views alone hold it.
         if self._full is None:
             with torch.no_grad():
                 self._full = apply_steps(self.shard, self.steps, self.mesh, self.counter,
@@ -51,7 +52,8 @@ class _Source:
         full = self._full
         self._pending -= 1
         if self._pending <= 0:
-            self._full, self._pending = None, self.packed  # a retained graph may run again
+            # A retained graph may run again.
+            self._full, self._pending = None, self.packed * self.passes
         return full
 
 
@@ -69,7 +71,12 @@ class Regather(torch.autograd.graph.saved_tensors_hooks):
     A plain object owned by the caller; reusable across steps; not thread-safe.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, backward_passes: int = 1) -> None:
+        # A schedule that splits each backward into an input pass and a weight pass runs
+        # the saving ops' backward nodes twice (`backward_passes` 2): the gathered tensor
+        # is kept from the first to the second, so the backward gathers it once, as
+        # `formulas.edge_transfers(..., regather=True)` charges.
+        self.backward_passes = backward_passes
         self._sources: dict[int, tuple[weakref.ref, _Source]] = {}
         super().__init__(self.pack, self.unpack)
 
@@ -79,7 +86,7 @@ class Regather(torch.autograd.graph.saved_tensors_hooks):
         key = gathered.untyped_storage().data_ptr()
         assert key != shard.untyped_storage().data_ptr(), "regathered tensor aliases its shard"
         self._sources[key] = (weakref.ref(gathered), _Source(shard.detach(), steps, mesh,
-                                                             counter))
+                                                             counter, self.backward_passes))
         # Forget the entry when the gathered tensor dies, before its address can be reused.
         weakref.finalize(gathered, self._sources.pop, key, None)
 

@@ -4,6 +4,10 @@ Pick one strategy per node to minimise the sum of the chosen node costs and of t
 of the chosen pairs, such that at every time step the summed memory usage of the nodes live
 at that step stays within `usage_limit`. It is the problem of the IOPDDL contest; the torch
 planner builds the same object from a model. Forbidden choices cost `math.inf`.
+
+Beyond the contest's, a problem may carry usage that depends on the choices of two nodes
+(`EdgeUsage`: a tensor one op makes for another, whose size depends on both ends); the
+solve turns each into a node of its own (`autopar.solver.edge_usage`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,19 @@ def _vector(value: object, what: str) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
+class EdgeUsage:
+    """Usage `usages[ka, kb]` at the time steps `interval[0] <= t < interval[1]` when nodes
+    `nodes = (a, b)` pick strategies ka and kb (a != b). An entry may be negative when it
+    is part of a sum of edge usages of the same ends and interval that is not, on every
+    pair of finite cost (a usage of one end alone taken back by another's): the reductions
+    take what a time step adds for non-negative."""
+
+    nodes: tuple[int, int]
+    usages: np.ndarray
+    interval: tuple[int, int]
+
+
+@dataclass(frozen=True, eq=False)
 class ShardingProblem:
     """Pick one strategy per node to minimise node costs + edge costs s.t. memory.
 
@@ -39,7 +56,8 @@ class ShardingProblem:
     steps `intervals[i][0] <= t < intervals[i][1]` (none when lo >= hi). `edge_costs[e]` has
     shape `(len(node_costs[a]), len(node_costs[b]))` for `edges[e] == (a, b)`; several edges
     may join the same pair and their costs add. `ties` lists groups of nodes that must pick
-    the same strategy index. Inputs are converted to read-only float64 arrays; malformed data
+    the same strategy index. `edge_usages` add usage that depends on two nodes' choices
+    (`EdgeUsage`, finite). Inputs are converted to read-only float64 arrays; malformed data
     raises `ProblemFormatError`.
     """
 
@@ -51,6 +69,7 @@ class ShardingProblem:
     usage_limit: float | None = None
     ties: tuple[tuple[int, ...], ...] = ()
     name: str = ""
+    edge_usages: tuple[EdgeUsage, ...] = ()
 
     def __post_init__(self) -> None:
         costs = tuple(_vector(c, f"cost vector of node {i}")
@@ -81,11 +100,14 @@ class ShardingProblem:
                 raise ProblemFormatError("usage_limit is NaN", expected="a number or None",
                                          got="nan", fix="give a number or None")
         ties = self._ties(costs)
+        edge_usages = tuple(self._edge_usage(e, usage, costs)
+                            for e, usage in enumerate(self.edge_usages))
         for name, value in (("node_costs", costs), ("node_usages", usages),
                             ("intervals", intervals), ("edges", edges),
-                            ("edge_costs", matrices), ("usage_limit", limit), ("ties", ties)):
+                            ("edge_costs", matrices), ("usage_limit", limit), ("ties", ties),
+                            ("edge_usages", edge_usages)):
             object.__setattr__(self, name, value)
-        for array in (*costs, *usages, *matrices):
+        for array in (*costs, *usages, *matrices, *(u.usages for u in edge_usages)):
             array.flags.writeable = False
 
     @staticmethod
@@ -134,6 +156,25 @@ class ShardingProblem:
             matrices.append(m)
         return tuple(edges), tuple(matrices)
 
+    def _edge_usage(self, e: int, usage: object, costs: tuple[np.ndarray, ...]) -> EdgeUsage:
+        try:
+            a, b = (int(x) for x in usage.nodes)  # type: ignore[attr-defined]
+            interval = self._interval(e, usage.interval)  # type: ignore[attr-defined]
+            values = np.asarray(usage.usages, dtype=np.float64)  # type: ignore[attr-defined]
+        except (AttributeError, TypeError, ValueError, ProblemFormatError) as exc:
+            raise ProblemFormatError(f"edge usage {e} is malformed",
+                                     expected="EdgeUsage((a, b), usages, (lo, hi))",
+                                     got=repr(usage)[:80], fix="give an EdgeUsage") from exc
+        if not (0 <= a < len(costs) and 0 <= b < len(costs)) or a == b:
+            raise ProblemFormatError(f"edge usage {e} joins invalid nodes",
+                                     expected=f"two distinct nodes in [0, {len(costs)})",
+                                     got=f"({a}, {b})", fix="fix the node indices")
+        if values.shape != (costs[a].size, costs[b].size) or not np.isfinite(values).all():
+            raise ProblemFormatError(f"usages of edge usage {e} are malformed",
+                                     expected=f"{costs[a].size} x {costs[b].size} finite numbers",
+                                     got=f"shape {values.shape}", fix="one usage per pair")
+        return EdgeUsage((a, b), values, interval)
+
     def _ties(self, costs: tuple[np.ndarray, ...]) -> tuple[tuple[int, ...], ...]:
         ties = []
         for group in self.ties:
@@ -179,10 +220,13 @@ class ShardingProblem:
         return total
 
     def usage_profile(self, choices: Sequence[int]) -> np.ndarray:
-        """Summed usage at every time step from the earliest `lo` to the latest `hi` - 1."""
+        """Summed usage (nodes' and edge usages') at every time step from the earliest `lo`
+        to the latest `hi` - 1."""
         picked = self._check(choices)
         live = [(lo, hi, u[k]) for (lo, hi), u, k in
                 zip(self.intervals, self.node_usages, picked) if lo < hi]
+        live += [(lo, hi, u.usages[picked[u.nodes[0]], picked[u.nodes[1]]])
+                 for u in self.edge_usages for lo, hi in (u.interval,) if lo < hi]
         if not live:
             return np.zeros(0)
         start = min(lo for lo, _, _ in live)

@@ -75,6 +75,22 @@ class ReducedProblem:
             return True
         return bool((self.profile(choices) <= self.limit).all())
 
+    def restrict(self, choices: Sequence[int]) -> np.ndarray | None:
+        """The reduced assignment that keeps the original `choices` of the nodes left, or
+        None when one of them lost its strategy in the reductions (or `choices` does not
+        have one per original node). Its expansion keeps those choices; the nodes the
+        reductions removed take their best responses, which cost and use no more (the
+        reductions are exact)."""
+        if len(choices) != self.num_original:
+            return None
+        picked = np.empty(self.num_nodes, dtype=np.int64)
+        for i, (node, kept) in enumerate(zip(self.original, self.keep)):
+            at = int(np.searchsorted(kept, choices[node]))
+            if at == kept.size or kept[at] != choices[node]:
+                return None
+            picked[i] = at
+        return picked
+
     def expand(self, choices: Sequence[int]) -> tuple[int, ...]:
         """Original strategy index of every original node for a reduced assignment."""
         full = np.full(self.num_original, -1, dtype=np.int64)

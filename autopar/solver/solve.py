@@ -34,6 +34,7 @@ from autopar.solver.budget import (
     estimate_reduce_seconds,
     finish_seconds,
 )
+from autopar.solver.edge_usage import relaxation, with_usage_nodes
 from autopar.solver.exact import Outcome, solve_whole
 from autopar.solver.exhaustive import MAX_ASSIGNMENTS, assignments, enumerate_best
 from autopar.solver.flat import Flat
@@ -58,15 +59,18 @@ def _check_args(time_limit: float, workers: int) -> None:
 
 def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
           workers: int = 2, progress: Callable[[str], None] | None = None,
-          repeatable: bool = False) -> Solution:
+          repeatable: bool = False, initial: tuple[int, ...] | None = None) -> Solution:
     """Best assignment found within `time_limit` seconds, with a proven lower bound.
 
     Returned choices always satisfy `problem.is_feasible`. Status "infeasible" is a proof
     that no assignment fits; "unknown" means none was found in time. `progress` receives
     lines with the clock, objective, bound and gap (`progress.py`); `repeatable` trades
     the rest of the time limit for the same answer on every machine (module docstring).
+    `initial`: an assignment to start from, the first incumbent when it fits.
     """
     _check_args(time_limit, workers)
+    if problem.edge_usages:
+        return _with_edge_usages(problem, time_limit, seed, workers, progress, repeatable)
     start = time.monotonic()
     best = Best()
     report = Progress(progress, best, started=start)
@@ -93,6 +97,7 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
         cost = problem.cost(choices)
         return done(choices, cost, cost, "optimal")
     flat = Flat.build(reduced)
+    best.offer(flat, None if initial is None else reduced.restrict(initial))
     cheap_bound = simple_bound(flat)
     report.proved(cheap_bound)
     # Enumeration runs about 3 million assignments a second: only when that fits.
@@ -112,6 +117,98 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
     cost = problem.cost(choices)
     status = "optimal" if outcome.status == "optimal" else "feasible"
     return done(choices, cost, cost if status == "optimal" else min(bound, cost), status)
+
+
+# Solves of a problem with edge usages (`_with_edge_usages`): the relaxation at the limit,
+# the relaxation at lower limits (`LOWER_LIMITS` solves), and the exact expansion, given
+# these shares of the time limit.
+EDGE_USAGE_SHARES = (0.25, 0.25, 0.5)
+LOWER_LIMITS = 4
+
+
+def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, workers: int,
+                      progress: Callable[[str], None] | None, repeatable: bool) -> Solution:
+    """`solve` of a problem with edge usages (`edge_usage.py`'s docstring): with each of
+    them at its least over its first end (`edge_usage.relaxation`: its optimum is the
+    answer when it fits, and its bound holds); unless that answer fits, the relaxation
+    again under lower limits (`_lower_limits`); then exactly, started from the cheapest
+    answer that fits. Each phase gets its share of the limit (`EDGE_USAGE_SHARES`)."""
+    start, shares = time.monotonic(), [share * time_limit for share in EDGE_USAGE_SHARES]
+    options = dict(seed=seed, workers=workers, progress=progress, repeatable=repeatable)
+    relaxed_problem = with_usage_nodes(relaxation(problem))
+    relaxed = _truncated(solve(relaxed_problem, time_limit=shares[0], **options), problem)
+    fits = _best_fit(problem, [relaxed])
+    if relaxed.status == "infeasible" or (relaxed.status == "optimal" and fits is not None):
+        return dataclasses.replace(relaxed, wall_time=time.monotonic() - start)
+    answers = [relaxed] + _lower_limits(problem, relaxed_problem, relaxed, shares[1],
+                                        options)
+    expanded = with_usage_nodes(problem)
+    exact = solve(expanded, time_limit=shares[2],
+                  initial=_completed(expanded, _best_fit(problem, answers)), **options)
+    best = _best_fit(problem, [*answers, _truncated(exact, problem)])
+    bound = max(relaxed.bound, exact.bound)
+    if best is None:
+        return Solution((), math.inf, bound, exact.status if exact.status == "infeasible"
+                        else "unknown", time.monotonic() - start)
+    status = "optimal" if best.cost <= bound + 1e-9 * abs(best.cost) else "feasible"
+    return dataclasses.replace(best, bound=min(bound, best.cost), status=status,
+                               wall_time=time.monotonic() - start)
+
+
+def _lower_limits(problem: ShardingProblem, relaxed_problem: ShardingProblem,
+                  relaxed: Solution, seconds: float, options: dict) -> list[Solution]:
+    """Answers of `relaxed_problem` under limits below `problem`'s, `LOWER_LIMITS` of them in
+    `seconds`: the first lower by the overshoot of `relaxed` (its true peak over the
+    limit), then, while none fits, lower by twice as much or by the last overshoot if more,
+    and, once one fits or the relaxation cannot meet a limit, bisecting between the highest
+    such limit and the lowest whose answer does not fit."""
+    limit = problem.usage_limit
+    if limit is None or not relaxed.choices:
+        return []
+    floor, ceiling = None, limit  # a limit too low or whose answer fits; one it overshoots
+    drop = problem.peak_usage(relaxed.choices) - limit
+    below, answers = limit - drop, []
+    for _ in range(LOWER_LIMITS):
+        answer = _truncated(solve(dataclasses.replace(relaxed_problem, usage_limit=below),
+                                  time_limit=seconds / LOWER_LIMITS, **options), problem)
+        answers.append(answer)
+        if not answer.choices or problem.is_feasible(answer.choices):
+            floor = below
+            below = (below + ceiling) / 2
+        else:
+            ceiling = below
+            drop = max(2 * drop, problem.peak_usage(answer.choices) - limit)
+            below = (floor + below) / 2 if floor is not None else limit - drop
+    return answers
+
+
+def _truncated(solution: Solution, problem: ShardingProblem) -> Solution:
+    """`solution` of a problem with more nodes, restricted to `problem`'s, costed there."""
+    choices = solution.choices[:problem.num_nodes]
+    return dataclasses.replace(solution, choices=choices,
+                               cost=problem.cost(choices) if choices else math.inf)
+
+
+def _completed(expanded: ShardingProblem, answer: Solution | None) -> tuple[int, ...] | None:
+    """`answer`'s choices, each usage node of `expanded` at the strategy its ends leave it
+    (the one of finite cost), or None without an answer."""
+    if answer is None:
+        return None
+    n = len(answer.choices)
+    allowed = {u: np.ones(expanded.node_costs[u].size, dtype=bool)
+               for u in range(n, expanded.num_nodes)}
+    for (a, b), matrix in zip(expanded.edges, expanded.edge_costs):
+        if b >= n > a:
+            allowed[b] &= np.isfinite(matrix[answer.choices[a]])
+        elif a >= n > b:
+            allowed[a] &= np.isfinite(matrix[:, answer.choices[b]])
+    return tuple(answer.choices) + tuple(int(np.argmax(mask)) for mask in allowed.values())
+
+
+def _best_fit(problem: ShardingProblem, answers: list[Solution]) -> Solution | None:
+    """The cheapest of `answers` that fits `problem` (edge usages included), or None."""
+    fitting = [a for a in answers if a.choices and problem.is_feasible(a.choices)]
+    return min(fitting, key=lambda a: a.cost, default=None)
 
 
 def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float], seed: int,
@@ -219,7 +316,8 @@ def min_peak_usage(problem: ShardingProblem, *, time_limit: float = 10.0) -> flo
     if not first.choices:
         return math.inf
     hi = problem.peak_usage(first.choices)
-    integral = all(np.array_equal(u, np.round(u)) for u in problem.node_usages)
+    integral = all(np.array_equal(u, np.round(u)) for u in (
+        *problem.node_usages, *(e.usages for e in problem.edge_usages)))
     lo = 0.0
     while hi - lo > (0.5 if integral else 1e-9 * max(abs(hi), 1.0)):
         left = time_limit - (time.monotonic() - start)

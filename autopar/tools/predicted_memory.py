@@ -20,17 +20,36 @@ Per parameter node, with `stored = local_bytes(nbytes, output)` (its dtype) and
 so `gathered` is what is left of `memory_bytes` after the first three (0 unless the node is
 kept gathered). Buffers, constants and user inputs are held whole-step at their placement
 (`buffers`, `inputs`: `memory_bytes`). An op on the gradient path keeps its output from its
-op to the end of the forward: `activations` sums their `memory_bytes` (views count 0 there);
+op to the end of the forward: `activations` sums their `memory_bytes` (views count 0 there),
+less `copies`;
 a recomputed op keeps nothing, but the first block of a tie group carries its recomputed
 outputs as the one block the backward rebuilds at a time: those bytes are
 `recompute_reserve`, not held at the end of the forward. An op off the gradient path (a
 mask, a position table) lives until its last use: it counts (`transient`) only when that
 use is the graph's output.
 
-The plan has no graph structure (which ops are on the gradient path) nor parameter shapes,
-so `predicted_memory` reads both from the annotated graph the plan was made from
-(`graph_of(model, inputs)`: capture + annotate, the same as `autopar.plan` and
-`autopar.compile` do).
+`copies` are the tensors edges convert for a consumer that keeps what it reads
+(build_problem's edge usages, `passes/problem/edge_costs.held_bytes`): a tensor
+converted (all-gathered, all-reduced, reduce-scattered, all-to-all'd, or sliced and copied
+out) into the placement its consumer reads and saves. Per such edge (`kept_reads`; not a
+parameter's, whose copies are `gathered`),
+
+    copies += local_bytes(nbytes, read)     when read != output
+
+which the plan counts in the consumer's `memory_bytes` and is taken out of its category
+here: held to the end of the forward whatever the consumer (a recomputed one rebuilds its
+output in the backward, its saved inputs are held as any op's; one off the gradient path,
+a view of an integer tensor the loss keeps, is held as well). An edge that is the only way its
+producer's output is kept charges that output to the producer's `memory_bytes` when it
+does not convert it (so in `activations`), and nothing when it does (the output is freed
+after the conversion). One micro-batch in flight: a plan of one stage. Not at this
+instant, so not here: a context-parallel ring's blocks in flight, charged at its
+attention's step.
+
+The plan has no graph structure (which ops are on the gradient path, which inputs ops save)
+nor parameter shapes, so `predicted_memory` reads them from the annotated graph the plan was
+made from (`graph_of(model, inputs)`: capture + annotate, the same as `autopar.plan` and
+`autopar.compile` do; `find_saved` runs its ops once on fake tensors).
 """
 
 from __future__ import annotations
@@ -41,8 +60,11 @@ import torch
 from torch import fx, nn
 
 from autopar.costs.optimizer_state import ADAMW, OptimizerState
+from autopar.passes.capturing.find_saved import find_saved
 from autopar.passes.capturing.gradient_path import gradient_path
-from autopar.passes.problem.build_problem import stored_parameter_bytes
+from autopar.passes.problem.build_problem import kept_reads, stored_parameter_bytes, tensor_leaves
+from autopar.passes.problem.edge_costs import copy_bytes
+from autopar.passes.strategies.find_strategies import producer_of
 from autopar.values.placement import parse_placements
 from autopar.values.plan import Plan
 from autopar.values.specs import NAMES, ROLE, TENSOR, TensorSpec
@@ -69,7 +91,8 @@ class MemoryBreakdown:
 
     `parameters` are the stored pieces, `gathered` the ZeRO-2 gathered copies kept until
     the backward, `optimizer_states` the optimizer's parameter-shaped states plus master
-    copies; `activations` the outputs of kept ops on the gradient path, `recompute_reserve`
+    copies; `activations` the outputs of kept ops on the gradient path, `copies` the
+    converted tensors their consumers keep (see the module docstring), `recompute_reserve`
     the first tied block's recomputed outputs (charged, not held at this instant),
     `transient` ops off the gradient path still live; `per_parameter` the parameter parts
     by name (graph order)."""
@@ -83,6 +106,7 @@ class MemoryBreakdown:
     activations: float
     recompute_reserve: float
     transient: float
+    copies: float = 0.0
     per_parameter: tuple[ParameterMemory, ...] = ()
 
     @property
@@ -90,8 +114,8 @@ class MemoryBreakdown:
         """The plan's usage profile at the end of the forward (its peak when the peak lies
         there, as it does for training graphs whose kept activations grow to the end)."""
         return (self.parameters + self.gathered + self.gradients + self.optimizer_states
-                + self.buffers + self.inputs + self.activations + self.recompute_reserve
-                + self.transient)
+                + self.buffers + self.inputs + self.activations + self.copies
+                + self.recompute_reserve + self.transient)
 
 
 def graph_of(model: nn.Module, example_inputs: tuple) -> fx.GraphModule:
@@ -123,7 +147,8 @@ def predicted_memory(plan: Plan, graph: fx.GraphModule,
     mesh_shape = plan.mesh.shape
     totals = dict.fromkeys(("parameters", "gathered", "gradients", "optimizer_states",
                             "buffers", "inputs", "activations", "recompute_reserve",
-                            "transient"), 0.0)
+                            "transient", "copies"), 0.0)
+    copies = _copies(plan, graph)
     per_parameter = []
     for node in plan.nodes:
         fx_node = by_name[node.name]
@@ -140,12 +165,34 @@ def predicted_memory(plan: Plan, graph: fx.GraphModule,
         elif node.role == "input":
             totals["inputs"] += node.memory_bytes
         elif node.role == "op":
+            own = node.memory_bytes - copies.get(node.name, 0.0)
+            totals["copies"] += copies.get(node.name, 0.0)
             if on_path[node.name]:
-                totals["recompute_reserve" if node.recompute else "activations"] += \
-                    node.memory_bytes
+                totals["recompute_reserve" if node.recompute else "activations"] += own
             elif _live_at_output(fx_node, planned):
-                totals["transient"] += node.memory_bytes
+                totals["transient"] += own
     return MemoryBreakdown(**totals, per_parameter=tuple(per_parameter))
+
+
+def _copies(plan: Plan, graph: fx.GraphModule) -> dict[str, float]:
+    """Per op, the bytes of the converted tensors it keeps (the module docstring), which
+    its `memory_bytes` counts."""
+    placed = {n.name: n for n in plan.nodes}
+    reads = kept_reads(graph, find_saved(graph), gradient_path(graph))
+    copies: dict[str, float] = {}
+    for node in graph.graph.nodes:
+        consumer = placed.get(node.name)
+        if consumer is None or consumer.role != "op":
+            continue
+        for position, leaf in enumerate(tensor_leaves(node)):
+            producer = placed.get(producer_of(leaf).name)
+            if (node.name, position) not in reads or producer is None \
+                    or producer.role == "parameter":
+                continue
+            copies[node.name] = copies.get(node.name, 0.0) + float(copy_bytes(
+                leaf.meta[TENSOR].nbytes, parse_placements(producer.output),
+                parse_placements(consumer.inputs[position]), plan.mesh.shape))
+    return copies
 
 
 def _parameter(name: str, node: fx.Node, memory_bytes: float, placements,

@@ -32,25 +32,64 @@ RESERVE_SHARE = 0.05
 
 # What `autopar profile` writes (`autopar.tools.profile`): its format and version.
 PROFILE_FORMAT = "autopar-profile"
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: per-kind collectives, kernel rates, optimizer and overlap figures
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    """A collective kind's measured figures on one link level: the bandwidth (bytes/s) and
+    latency (s) that the cost model's formula for that kind fits to its timings."""
+
+    kind: str
+    bandwidth: float
+    latency: float
 
 
 @dataclass(frozen=True)
 class LinkLevel:
-    """One level of the interconnect: `devices` per group (None: unbounded), bytes/s, seconds."""
+    """One level of the interconnect: `devices` per group (None: unbounded), bytes/s, seconds.
+    `collectives` holds measured figures per collective kind (a measured profile's); a kind
+    without one uses `bandwidth` and `latency`."""
 
     name: str
     devices: int | None
     bandwidth: float
     latency: float
+    collectives: tuple[CollectiveFit, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.bandwidth <= 0 or self.latency < 0:
-            raise HardwareError(
-                f"link level {self.name!r} has bandwidth {self.bandwidth}, latency {self.latency}",
-                expected="bandwidth > 0 bytes/s and latency >= 0 s",
-                got=f"bandwidth={self.bandwidth}, latency={self.latency}",
-                fix="correct the profile's links entry")
+        for kind, bandwidth, latency in (("", self.bandwidth, self.latency),
+                                         *((c.kind, c.bandwidth, c.latency)
+                                           for c in self.collectives)):
+            if not bandwidth > 0 or not latency >= 0:
+                of = f" ({kind})" if kind else ""
+                raise HardwareError(
+                    f"link level {self.name!r}{of} has bandwidth {bandwidth}, latency {latency}",
+                    expected="bandwidth > 0 bytes/s and latency >= 0 s",
+                    got=f"bandwidth={bandwidth}, latency={latency}",
+                    fix="correct the profile's links entry, or measure it again")
+
+    def figures(self, kind: str) -> tuple[float, float]:
+        """(bandwidth, latency) that collectives of `kind` achieve on this level."""
+        for fit in self.collectives:
+            if fit.kind == kind:
+                return fit.bandwidth, fit.latency
+        return self.bandwidth, self.latency
+
+    def to_dict(self) -> dict:
+        data = {"name": self.name, "devices": self.devices, "bandwidth": self.bandwidth,
+                "latency": self.latency}
+        if self.collectives:
+            data["collectives"] = {c.kind: {"bandwidth": c.bandwidth, "latency": c.latency}
+                                   for c in self.collectives}
+        return data
+
+    @staticmethod
+    def from_dict(data: dict) -> LinkLevel:
+        fits = tuple(CollectiveFit(kind, float(f["bandwidth"]), float(f["latency"]))
+                     for kind, f in sorted(data.get("collectives", {}).items()))
+        return LinkLevel(data["name"], data["devices"], float(data["bandwidth"]),
+                         float(data["latency"]), fits)
 
 
 @dataclass(frozen=True)
@@ -68,6 +107,19 @@ class HardwareProfile:
     description: str = ""
     mesh_shape: tuple[int, ...] | None = None  # a measured profile's: the mesh it was made on
     usable_memory_bytes: int | None = None  # measured: what a process can really hold
+    # Measured AdamW (fp32, torch's default implementation on the device): seconds per
+    # parameter tensor and per element (`autopar.costs.formulas.optimizer_time`).
+    optimizer_tensor_s: float | None = None
+    optimizer_element_s: float | None = None
+    # How much slower compute runs while a collective runs beside it (0: not at all, the
+    # assumption of datasheet profiles; a measured profile's figure).
+    overlap_slowdown: float = 0.0
+    # Measured FLOP/s of kernels other than matmuls, in float32, by family ("attention",
+    # "convolution"); other dtypes scale by their peak (`flops_per_second`).
+    kernel_flops: tuple[tuple[str, float], ...] = ()
+    # Measured seconds a kernel of a family ("matmul", "attention", "convolution") takes
+    # beyond the launch overhead whatever its size (the intercept of its fit).
+    kernel_overheads: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.links:
@@ -79,11 +131,36 @@ class HardwareProfile:
                                 expected="0 < efficiency <= 1",
                                 got=f"{self.compute_efficiency}, {self.memory_efficiency}",
                                 fix="give efficiencies as fractions of peak")
+        rates = {"memory_bytes": self.memory_bytes, "memory_bandwidth": self.memory_bandwidth,
+                 **{f"peak_flops.{k}": v for k, v in self.peak_flops}}
+        rates.update({f"kernel_flops.{k}": v for k, v in self.kernel_flops})
+        times = {"launch_overhead_s": self.launch_overhead_s,
+                 "optimizer_tensor_s": self.optimizer_tensor_s or 0.0,
+                 "optimizer_element_s": self.optimizer_element_s or 0.0,
+                 "overlap_slowdown": self.overlap_slowdown,
+                 **{f"kernel_overhead_s.{k}": v for k, v in self.kernel_overheads}}
+        bad = [f"{k}={v}" for k, v in rates.items() if not v > 0] + [
+            f"{k}={v}" for k, v in times.items() if not v >= 0]
+        if bad or "float32" not in dict(self.peak_flops):
+            raise HardwareError(f"hardware profile {self.name!r} has figures out of range",
+                                expected="positive rates and sizes (peak_flops with float32), "
+                                         "times and slowdowns >= 0",
+                                got=", ".join(bad) or "no float32 in peak_flops",
+                                fix="correct the profile, or measure it again with autopar "
+                                    "profile")
 
-    def flops_per_second(self, dtype: torch.dtype) -> float:
-        """Peak FLOP/s for `dtype`; dtypes without an entry (integers) use float32's."""
+    def flops_per_second(self, dtype: torch.dtype, family: str = "matmul") -> float:
+        """Peak FLOP/s for `dtype`; dtypes without an entry (integers) use float32's. A
+        kernel `family` the profile measured runs at its own rate, scaled by the dtype's
+        peak over float32's."""
         table = dict(self.peak_flops)
-        return table.get(_DTYPE_NAMES.get(dtype, "float32"), table["float32"])
+        peak = table.get(_DTYPE_NAMES.get(dtype, "float32"), table["float32"])
+        measured = dict(self.kernel_flops).get(family)
+        return peak if measured is None else measured * peak / table["float32"]
+
+    def kernel_overhead(self, family: str) -> float:
+        """Seconds a kernel of `family` takes beyond `launch_overhead_s` (0 unmeasured)."""
+        return dict(self.kernel_overheads).get(family, 0.0)
 
     @property
     def reserve_bytes(self) -> int:
@@ -95,6 +172,26 @@ class HardwareProfile:
         return min(self.memory_bytes // 2,
                    RESERVE_BYTES + int(RESERVE_SHARE * self.memory_bytes))
 
+    def to_dict(self) -> dict:
+        """The profile as `from_dict` reads it (a measured profile's timings aside)."""
+        data = {"name": self.name, "description": self.description,
+                "peak_flops": dict(self.peak_flops), "memory_bytes": self.memory_bytes,
+                "memory_bandwidth": self.memory_bandwidth,
+                "compute_efficiency": self.compute_efficiency,
+                "memory_efficiency": self.memory_efficiency,
+                "launch_overhead_s": self.launch_overhead_s,
+                "links": [link.to_dict() for link in self.links],
+                "overlap_slowdown": self.overlap_slowdown,
+                "kernel_flops": dict(self.kernel_flops),
+                "kernel_overhead_s": dict(self.kernel_overheads)}
+        if self.mesh_shape is not None:
+            data.update(format=PROFILE_FORMAT, version=PROFILE_VERSION,
+                        mesh={"shape": list(self.mesh_shape)})
+        optional = {"usable_memory_bytes": self.usable_memory_bytes,
+                    "optimizer_tensor_s": self.optimizer_tensor_s,
+                    "optimizer_element_s": self.optimizer_element_s}
+        return data | {k: v for k, v in optional.items() if v is not None}
+
     @classmethod
     def from_dict(cls, data: dict, source: str = "<dict>") -> HardwareProfile:
         """The profile `data` describes: a bundled datasheet profile, or one measured by
@@ -102,7 +199,7 @@ class HardwareProfile:
         the `mesh` it was measured on)."""
         _check_version(data, source)
         try:
-            links = tuple(LinkLevel(**link) for link in data["links"])
+            links = tuple(LinkLevel.from_dict(link) for link in data["links"])
             return cls(
                 name=data["name"],
                 peak_flops=tuple(sorted((k, float(v)) for k, v in data["peak_flops"].items())),
@@ -117,6 +214,10 @@ class HardwareProfile:
                 else None,
                 usable_memory_bytes=int(data["usable_memory_bytes"])
                 if "usable_memory_bytes" in data else None,
+                **_optional_floats(data, ("optimizer_tensor_s", "optimizer_element_s",
+                                          "overlap_slowdown")),
+                kernel_flops=_pairs(data.get("kernel_flops", {})),
+                kernel_overheads=_pairs(data.get("kernel_overhead_s", {})),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, HardwareError):
@@ -126,6 +227,14 @@ class HardwareProfile:
                 expected="name, peak_flops (with float32), memory_bytes, memory_bandwidth, links",
                 got=", ".join(sorted(data)) if isinstance(data, dict) else type(data).__name__,
                 fix="compare it with autopar/values/profiles/h100-sxm.json") from exc
+
+
+def _pairs(table: dict) -> tuple[tuple[str, float], ...]:
+    return tuple(sorted((str(k), float(v)) for k, v in table.items()))
+
+
+def _optional_floats(data: dict, keys: tuple[str, ...]) -> dict[str, float]:
+    return {key: float(data[key]) for key in keys if data.get(key) is not None}
 
 
 def _check_version(data: object, source: str) -> None:

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from autopar.errors import MeshError
-from autopar.values.hardware import HardwareProfile, LinkLevel, load_hardware
+from autopar.values.hardware import HardwareProfile, LinkLevel, available_hardware, load_hardware
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,12 @@ class Mesh:
                             expected="e.g. ('dp', 'tp')", got=repr(names),
                             fix="rename the repeated axis")
         hardware = load_hardware(self.hardware)
-        if hardware.mesh_shape is not None and hardware.mesh_shape != shape:
+        if hardware.mesh_shape is not None and not _part_of(shape, hardware.mesh_shape):
             measured = "x".join(map(str, hardware.mesh_shape))
             raise MeshError(f"hardware profile {hardware.name!r} was measured on a mesh of "
                             f"shape {measured}, not this one",
-                            expected=f"a mesh of shape {measured}", got=repr(shape),
+                            expected=f"a mesh of shape {measured}, or of some of its axes",
+                            got=repr(shape),
                             fix=f"use a mesh of shape {measured}, or measure this one: "
                                 f"autopar profile --nproc {math.prod(shape)} --mesh "
                                 f"{'x'.join(map(str, shape))} --out FILE.json")
@@ -104,11 +105,26 @@ class Mesh:
         return f"{'x'.join(map(str, self.shape))} ({axes}) on {self.hardware.name}"
 
     def to_dict(self) -> dict:
+        """The mesh as JSON data: a bundled profile by its name, any other (measured, or
+        read from a file) whole, so that the mesh reads back wherever the plan goes."""
+        hardware = self.hardware
+        bundled = hardware.name in available_hardware() and load_hardware(hardware.name) == hardware
         return {"shape": list(self.shape), "axis_names": list(self.axis_names),
-                "hardware": self.hardware.name,
+                "hardware": hardware.name if bundled else hardware.to_dict(),
                 "links": [link.name for link in self.axis_links]}
 
     @classmethod
     def from_dict(cls, data: dict) -> Mesh:
-        return cls(tuple(data["shape"]), tuple(data["axis_names"]), data["hardware"],
+        hardware = data["hardware"]
+        if isinstance(hardware, dict):
+            hardware = HardwareProfile.from_dict(hardware, source="the plan's mesh")
+        return cls(tuple(data["shape"]), tuple(data["axis_names"]), hardware,
                    tuple(data["links"]))
+
+
+def _part_of(shape: tuple[int, ...], measured: tuple[int, ...]) -> bool:
+    """Whether a mesh of `shape` is the measured mesh or made of some of its axes, in
+    order (a pipeline stage's mesh, one device): its axes of more than one device are a
+    subsequence of the measured mesh's."""
+    remaining = iter(measured)
+    return all(any(size == other for other in remaining) for size in shape if size > 1)

@@ -22,8 +22,9 @@ from autopar.values.mesh import Mesh
 
 # 2: recompute, gathered and hidden_s per node, the optimizer, FLOPs; 3: micro-batches,
 # whole_gradient per node, calls per transfer; 4: the example inputs and graph planned for;
-# 5: pipelines (stage per node, the pipeline's stages and schedule).
-FORMAT_VERSION = 5
+# 5: pipelines (stage per node, the pipeline's stages and schedule); 6: optimizer_s per
+# node (older plans read as 0: their step times left the optimizer out).
+FORMAT_VERSION = 6
 # The hand strategy record of the same step on one device: the scaling reference.
 SINGLE_DEVICE = "single device"
 
@@ -74,11 +75,13 @@ class NodePlan:
     hidden_s: float = 0.0
     whole_gradient: bool = False
     stage: int = 0
+    optimizer_s: float = 0.0  # a parameter's: the optimizer's step of its stored piece
 
     @property
     def time_s(self) -> float:
-        """Compute plus the communication not hidden behind compute."""
-        return self.compute_s + self.comm_s - self.hidden_s
+        """Compute plus the communication not hidden behind compute, plus a parameter's
+        optimizer step."""
+        return self.compute_s + self.comm_s - self.hidden_s + self.optimizer_s
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,7 @@ class HandStrategyRecord:
     fits: bool = False
     note: str = ""
     hidden_comm_s: float = 0.0
+    optimizer_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -217,12 +221,18 @@ class Plan:
         return self.comm_s - self.hidden_comm_s
 
     @property
+    def optimizer_s(self) -> float:
+        """The optimizer's step: every parameter piece's, one after the other."""
+        return sum(n.optimizer_s for n in self.nodes)
+
+    @property
     def step_time_s(self) -> float:
-        """Predicted time of one training step (forward + backward), seconds: compute plus
-        the communication not hidden behind it; for a pipeline, its schedule's step."""
+        """Predicted time of one training step (forward, backward and the optimizer's
+        step), seconds: compute plus the communication not hidden behind it plus the
+        optimizer; for a pipeline, its schedule's step."""
         if self.pipeline is not None:
             return self.pipeline.step_time_s
-        return self.compute_s + self.exposed_comm_s
+        return self.compute_s + self.exposed_comm_s + self.optimizer_s
 
     @property
     def mfu(self) -> float | None:

@@ -7,7 +7,9 @@ map from problem indices back to graph nodes and tensors.
 - Node cost of a strategy: forward plus backward compute of one rank (roofline), the work
   divided over the axes where the strategy splits it (`formulas.compute_divisor`). Ops off the
   gradient path (masks, position tables) pay no backward. A context-parallel attention
-  adds the part of its ring's transfers that its compute does not hide (`op_time`).
+  adds the part of its ring's transfers that its compute does not hide (`op_time`). A
+  parameter's node cost is the optimizer's step of its stored piece, once per step
+  (`parameter_step_time`): storing it sharded (ZeRO) divides that work too.
 - Edge cost: the forward collectives that turn the producer's placement into the one the
   consumer's strategy wants, plus the backward collectives derived in `autopar.costs.formulas`. A
   parameter's gradient reduction that the runtime overlaps with the rest of the backward
@@ -26,6 +28,20 @@ map from problem indices back to graph nodes and tensors.
   the whole step, kept activations from their op to the end of the forward, others until
   their last use. A recomputed op keeps no output, except in the first block of tied
   blocks: there its outputs stand for the one block the backward recomputes at a time.
+- Memory per edge (`edge_costs.held_bytes`, an `EdgeUsage` of the problem over [consumer,
+  end of the forward)): a consumer that keeps what it reads (`kept_reads`) through a
+  collective keeps the collective's copy, at its read placement. An output kept through
+  one edge only (`EdgeRef.owns`: its op does not save it, one consumer or chain of views
+  does) is charged on that edge, not on its op: held when the edge does not convert it,
+  freed after the collective when it does.
+- In flight at one time step, a context-parallel attention's ring blocks, at its step:
+
+      ring blocks = 2 kv_bytes            (`autopar.costs.ring.Ring.kv_bytes`: the block
+                                           computed on and the next one arriving, besides
+                                           the rank's own keys and values)
+
+  The collectives' output buffers that no consumer keeps are not charged, as no other
+  transient is (outputs nothing keeps, the backward's buffers).
 - Micro-batches: with M of them the graph is one micro-batch's, and a step runs it M
   times: compute and collectives count M times, except those run once per step
   (`once_per_step`: gradient all-reduces of replicated parameters, deferred to the last
@@ -42,10 +58,13 @@ map from problem indices back to graph nodes and tensors.
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 from dataclasses import dataclass
 
 import numpy as np
 import torch.fx as fx
+from torch.utils import _pytree as pytree
 
 from autopar.costs import formulas
 from autopar.costs.optimizer_state import ADAMW, OptimizerState
@@ -61,9 +80,18 @@ from autopar.passes.problem.edge_costs import Background, EdgeCache, EdgeRef
 from autopar.passes.strategies.find_strategies import STORED_ROLES, Strategy, StrategyTable, op_spec
 from autopar.passes.strategies.offer_recompute import recompute_region
 from autopar.rules.attention import RING_TARGETS
-from autopar.solver.problem import ShardingProblem
+from autopar.solver.problem import EdgeUsage, ShardingProblem
 from autopar.values.mesh import Mesh
-from autopar.values.specs import BLOCK, BYTES, FLOPS, FOLD, ROLE, TensorSpec, module_of
+from autopar.values.specs import (
+    BLOCK,
+    BYTES,
+    FLOPS,
+    FOLD,
+    ROLE,
+    TENSOR,
+    TensorSpec,
+    module_of,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,6 +111,10 @@ class ProblemBuild:
     # else once).
     repeats: tuple[int, ...]
     held_repeats: tuple[int, ...]
+    # Memory: the first nodes of the tie groups (indices: a recomputed one keeps its
+    # outputs), and the micro-batches whose activations are held at once.
+    first_of_tie: frozenset[int] = frozenset()
+    in_flight: int = 1
 
 
 def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
@@ -108,6 +140,61 @@ def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
                    consumer_saves=entry is None or position in entry.inputs)
 
 
+def tensor_leaves(node: fx.Node) -> list[fx.Node]:
+    """`node`'s tensor arguments in graph order: the positions of its edges and of
+    `find_saved`'s saved inputs."""
+    return [leaf for leaf in pytree.tree_leaves((node.args, node.kwargs))
+            if isinstance(leaf, fx.Node) and isinstance(leaf.meta.get(TENSOR), TensorSpec)]
+
+
+def _views_to_storage(node: fx.Node) -> list[fx.Node]:
+    """The view ops (moving no bytes) between `node` and the op that wrote its storage, as
+    `find_saved.storage_base` walks them (through getitems; a view of several inputs
+    views input k of as many, else its one input)."""
+    views, index = [], 0
+    while node.op == "call_function":
+        if node.target is operator.getitem:
+            node, index = node.args[0], node.args[1]
+            continue
+        if node.meta.get(BYTES, 0) != 0:
+            break
+        views.append(node)
+        sources = [n for n in node.all_input_nodes if isinstance(n.meta.get(TENSOR),
+                                                                 TensorSpec)]
+        outputs = node.meta.get(TENSOR)
+        count = len(outputs) if isinstance(outputs, tuple) else 1
+        if len(sources) == 1:
+            node, index = sources[0], 0
+        elif len(sources) == count and index < count:
+            node, index = sources[index], 0
+        else:
+            break
+    return views
+
+
+def kept_reads(gm: fx.GraphModule, saved: dict[str, Saved],
+               on_path: dict[str, bool]) -> frozenset[tuple[str, int]]:
+    """The edges, as (consumer, tensor input position), whose consumer keeps for the
+    backward the tensor the edge hands it: an op on the gradient path that saves that input
+    (`saved`; all of them for an op `find_saved` does not know), or a view whose output
+    such an op keeps, directly or through further views and getitems (the edges
+    `kept_outputs` follows to mark an output kept)."""
+    kept_views: dict[str, fx.Node] = {}
+    reads: set[tuple[str, int]] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not on_path[node.name]:
+            continue
+        leaves = tensor_leaves(node)
+        entry = saved.get(node.name)
+        for position in (entry.inputs if entry is not None else range(len(leaves))):
+            if position < len(leaves):
+                reads.add((node.name, position))
+                kept_views.update((v.name, v) for v in _views_to_storage(leaves[position]))
+    for name, view in kept_views.items():
+        reads.update((name, position) for position in range(len(tensor_leaves(view))))
+    return frozenset(reads)
+
+
 def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bool,
                     size=lambda value: value):
     """Seconds one rank computes `node` under `strategy` (forward, backward, recompute):
@@ -123,7 +210,8 @@ def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differenti
     return formulas.training_compute_time(flops / divisor, nbytes / divisor,
                                           tensor_outputs(node)[0].dtype, mesh.hardware,
                                           differentiable=differentiable,
-                                          recompute=strategy.recompute)
+                                          recompute=strategy.recompute,
+                                          family=formulas.kernel_family(node.target))
 
 
 def op_ring(node: fx.Node, strategy: Strategy, mesh: Mesh, size=lambda value: value
@@ -160,6 +248,14 @@ def stored_parameter_bytes(spec: TensorSpec, placements, mesh_shape: tuple[int, 
     return stored, elements * optimizer.element_bytes(spec.dtype)
 
 
+def parameter_step_time(spec: TensorSpec, placements, mesh: Mesh, optimizer: OptimizerState):
+    """Seconds of the optimizer's step for a parameter stored as `placements`: on one
+    rank, its stored piece (`formulas.optimizer_time`)."""
+    elements = formulas.local_bytes(spec.numel, placements, mesh.shape)
+    return formulas.optimizer_time(elements, spec.dtype.itemsize,
+                                   optimizer.element_bytes(spec.dtype), mesh.hardware)
+
+
 def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer: OptimizerState,
                     saving_uses: int, uses: int) -> float:
     """Bytes one rank holds for a parameter: its stored piece, gradient, master copy and
@@ -194,6 +290,7 @@ class _Builder:
         self.kept = kept_outputs(gm, saved)
         self.fold = gm.meta.get(FOLD)
         self.repeats = [self.fold.repeats(name) if self.fold else 1 for name in self.order]
+        self.owned: dict[str, frozenset[int]] = {}  # op -> outputs an edge charges (`owns`)
         self.saving_uses: dict[str, int] = {}  # parameter -> uses that save it
         self.uses: dict[str, int] = {}  # parameter -> uses
         self.edge_cache = edge_cache if edge_cache is not None else EdgeCache(mesh)
@@ -203,12 +300,14 @@ class _Builder:
     def node_costs(self, node: fx.Node, strategies: tuple[Strategy, ...]) -> np.ndarray:
         """`node_cost` of each of `strategies`, computed once for the nodes that have them
         and are alike in all it reads (the nodes of repeated blocks)."""
-        if node.op != "call_function":
-            reads: tuple = ("no op",)
+        if node.meta.get(ROLE) == "parameter":
+            reads: tuple = ("parameter", tensor_outputs(node)[0])
+        elif node.op != "call_function":
+            reads = ("no op",)
         else:
             flops, nbytes = (_number(node.meta.get(key, 0), self.hints) for key in (FLOPS, BYTES))
             reads = ("op", flops, nbytes, tensor_outputs(node)[0].dtype if flops or nbytes
-                     else None, self.on_path[node.name])
+                     else None, self.on_path[node.name], formulas.kernel_family(node.target))
         return self._array((id(strategies), "cost", reads),
                            lambda: [self.node_cost(node, s) for s in strategies])
 
@@ -220,7 +319,8 @@ class _Builder:
         reads = (node.meta.get(ROLE), node.op, tensor_outputs(node),
                  self.saving_uses.get(name, 0), self.uses.get(name, 0),
                  _number(node.meta.get(BYTES, 0), self.hints) == 0, self.saved.get(name),
-                 self.kept.get(name), self.on_path.get(name), first_of_tie)
+                 self.kept.get(name), self.owned.get(name), self.on_path.get(name),
+                 first_of_tie)
         return self._array((id(strategies), "usage", reads), lambda: [
             self.node_usage(node, s, first_of_tie=first_of_tie) for s in strategies])
 
@@ -231,6 +331,11 @@ class _Builder:
         return found
 
     def node_cost(self, node: fx.Node, strategy: Strategy) -> float:
+        """Seconds of a step: an op's compute over every micro-batch; a parameter's
+        optimizer step, once (`parameter_step_time`)."""
+        if node.meta.get(ROLE) == "parameter":
+            return float(parameter_step_time(tensor_outputs(node)[0], strategy.output,
+                                             self.mesh, self.optimizer))
         return self.microbatches * float(op_time(
             node, strategy, self.mesh, differentiable=self.on_path[node.name],
             size=lambda value: _number(value, self.hints)))
@@ -259,7 +364,7 @@ class _Builder:
         entry = self.saved.get(node.name)
         if entry is None:  # unknown to find_saved: its output is kept
             return 0.0 if strategy.recompute and not first_of_tie else float(held)
-        kept = self.kept[node.name]
+        kept = self.kept[node.name] - self.owned.get(node.name, frozenset())
         outputs = 0 if strategy.recompute and not first_of_tie else sum(
             formulas.local_bytes(spec.nbytes, strategy.output, self.mesh.shape)
             for k, spec in enumerate(tensor_outputs(node)) if k in kept)
@@ -285,6 +390,105 @@ class _Builder:
                 yield user.name
             else:  # getitem and other pass-through nodes
                 yield from self._decision_users(user)
+
+    def with_memory_flags(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeRef, ...]:
+        """`edges` with `keeps` and `owns` set (`edge_costs.held_bytes`), once each
+        parameter's uses are counted; `owned` filled: an output of an op on the gradient
+        path that the op does not save itself, which exactly one edge keeps, is charged on
+        that edge."""
+        for ref in edges:
+            self.saving_uses[ref.producer] = self.saving_uses.get(ref.producer, 0) + ref.saved
+            self.uses[ref.producer] = self.uses.get(ref.producer, 0) + 1
+        reads = kept_reads(self.gm, self.saved, self.on_path)
+        keeps = [not ref.producer_is_parameter and (ref.consumer, ref.position) in reads
+                 for ref in edges]
+        hops: dict[tuple[str, int], list[int]] = {}
+        for e, ref in enumerate(edges):
+            if keeps[e]:
+                leaf = tensor_leaves(self.by_name[ref.consumer])[ref.position]
+                output = leaf.args[1] if leaf.target is operator.getitem else 0
+                hops.setdefault((ref.producer, output), []).append(e)
+        owners = {found[0]: out for out, found in hops.items()
+                  if len(found) == 1 and self._may_own(*out)}
+        owned: dict[str, set[int]] = {}
+        for name, output in owners.values():
+            owned.setdefault(name, set()).add(output)
+        self.owned = {name: frozenset(outputs) for name, outputs in owned.items()}
+        return tuple(dataclasses.replace(ref, keeps=keep, owns=e in owners)
+                     for e, (ref, keep) in enumerate(zip(edges, keeps)))
+
+    def _may_own(self, name: str, output: int) -> bool:
+        """Whether output `output` of `name` is an op's, on the gradient path, which the op
+        writes (not a view) and does not save itself."""
+        node, entry = self.by_name[name], self.saved.get(name)
+        return (node.op == "call_function" and self.on_path[name] and entry is not None
+                and node.meta.get(BYTES, 0) != 0 and output not in entry.outputs)
+
+    def edge_usages(self, edges: tuple[EdgeRef, ...], first_of_tie: set[int]
+                    ) -> tuple[EdgeUsage, ...]:
+        """The problem's `EdgeUsage`s (0 where a pair is forbidden, none where all are 0):
+        per edge that keeps what it hands on, what it holds for the backward
+        (`EdgeCache.held`) over [consumer, end of the forward), counted for the nodes the
+        consumer stands for and the micro-batches in flight; and a ring's blocks in flight
+        at its attention's step (`ring_usages`)."""
+        end, usages = len(self.order), []
+        shared: dict[tuple, tuple] = {}  # edges of tied blocks share their arrays
+        for ref in edges:
+            if not ref.keeps:
+                continue
+            p, c = self.index[ref.producer], self.index[ref.consumer]
+            cost, factor = self.edge_matrix(ref), self.repeats[c] * self.in_flight
+            parts = self._held_parts(ref, cost, p in first_of_tie)
+            key = (*map(id, parts), id(cost), factor)
+            found = shared.get(key)
+            if found is None:
+                found = shared[key] = tuple(part * factor for part in parts)
+            usages.extend(EdgeUsage((p, c), part, (c, end)) for part in found if part.any())
+        return tuple(usages) + self.ring_usages(edges)
+
+    def _held_parts(self, ref: EdgeRef, cost: np.ndarray, first_of_tie: bool) -> tuple:
+        """What edge `ref` holds (`EdgeCache.held`, 0 where `cost` forbids the pair), as
+        matrices that add up to it: for an edge that owns its producer's output, the part
+        of its consumer alone and that of its producer alone (`EdgeCache.owned_parts`), an
+        exact usage of one node each (the producer's is negative: what a recomputed output
+        does not hold), and the rest, which depends on both (a recomputed consumer's
+        conversion); else the whole. On every pair `cost` allows, the parts sum to the
+        held bytes, at least 0 (`autopar.solver.EdgeUsage`)."""
+        src, dst = self.table.strategies[ref.producer], self.table.strategies[ref.consumer]
+        held = self.edge_cache.held(ref, src, dst, first_of_tie=first_of_tie)
+        finite = np.isfinite(cost)
+        if ref.owns:
+            reads, outputs = self.edge_cache.owned_parts(ref, src, dst,
+                                                         first_of_tie=first_of_tie)
+            rest = np.where(finite, held - reads[None, :] - outputs[:, None], 0.0)
+            if (rest >= 0).all():
+                return (np.broadcast_to(reads, held.shape),
+                        np.broadcast_to(outputs[:, None], held.shape), rest)
+        return (np.where(finite, held, 0.0),)
+
+    def ring_usages(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeUsage, ...]:
+        """The key and value blocks a context-parallel attention's ring holds in flight in
+        its forward, besides its own (`autopar.costs.ring`): two of `Ring.kv_bytes`, at its
+        step. The usage depends on the attention's strategy only; an `EdgeUsage` with the
+        producer of its first input carries it, constant along that side."""
+        first_input = {}
+        for ref in edges:
+            first_input.setdefault(ref.consumer, ref.producer)
+        usages = []
+        for name in self.order:
+            node = self.by_name[name]
+            if node.op != "call_function" or node.target not in RING_TARGETS \
+                    or name not in first_input:
+                continue
+            rings = [op_ring(node, s, self.mesh, size=lambda v: _number(v, self.hints))
+                     for s in self.table.strategies[name]]
+            blocks = np.array([0.0 if r is None else 2 * float(r.kv_bytes) for r in rings])
+            if blocks.any():
+                p, c = self.index[first_input[name]], self.index[name]
+                usages.append(EdgeUsage((p, c), np.broadcast_to(
+                    blocks, (len(self.table.strategies[first_input[name]]), blocks.size)),
+                    (c, c + 1)))
+        return tuple(usages)
 
     def edge_matrix(self, ref: EdgeRef) -> np.ndarray:
         table = self.edge_cache.seconds(ref, self.table.strategies[ref.producer],
@@ -351,9 +555,7 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
         edge_ref(builder.by_name, builder.on_path, table.inputs[node.name], node.name, position,
                  builder.saved)
         for node in nodes for position in range(len(table.inputs[node.name])))
-    for ref in edges:
-        builder.saving_uses[ref.producer] = builder.saving_uses.get(ref.producer, 0) + ref.saved
-        builder.uses[ref.producer] = builder.uses.get(ref.producer, 0) + 1
+    edges = builder.with_memory_flags(edges)
     # A folded graph's representative block stands for tied blocks: it is tied too.
     ties = builder.ties(strategies) if fold_layers or builder.fold else ()
     first_of_tie = {group[0] for group in ties}
@@ -373,9 +575,11 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
         usage_limit=memory_budget,
         ties=ties,
         name=type(gm).__name__,
+        edge_usages=builder.edge_usages(edges, first_of_tie),
     )
     return ProblemBuild(problem, tuple(builder.order), edges, strategies, builder.on_path, mesh,
-                        optimizer, microbatches, tuple(repeats), held_repeats)
+                        optimizer, microbatches, tuple(repeats), held_repeats,
+                        frozenset(first_of_tie), in_flight)
 
 
 def _times(values: np.ndarray, repeats: int) -> np.ndarray:

@@ -9,6 +9,33 @@ collectives for a producer strategy and a consumer strategy are `strategy_edge_t
 `Background` fractions of their time. `EdgeCache` computes an edge's seconds for every
 pair of strategies once per distinct signature and keeps them across the overlap rounds of
 `autopar.planning.graph.plan_table`, which change only the charges (`EdgeSecondsTable.charged`).
+
+Memory an edge holds (`held_bytes`, per device). A consumer that keeps what it reads for
+its backward (`EdgeRef.keeps`: it saves that input, or it is a view whose output some op
+saves) keeps the tensor the edge hands it. When the edge converts (the read placement is
+not the output's), that is a new tensor at the read placement, a collective's output or a
+local slice copied out (`autopar.runtime.axis_ops.apply_steps` makes it own exactly its
+bytes), held from the consumer to the end of the forward:
+
+    copy = local_bytes(nbytes, read)     when read != output
+
+Otherwise the consumer keeps the producer's output itself. A recomputed consumer keeps
+both: its backward saves the copy as any op does (recomputation rebuilds its output, not
+its inputs), and its recipe keeps the tensor before the conversion, to convert it again in
+the backward. The producer charges its output as a node (`build_problem`), except when this
+edge is the only way anything keeps it (`EdgeRef.owns`): then the output is freed after the
+conversion when there is one (and no recipe keeps it), and the edge holds it otherwise:
+
+    own  = local_bytes(nbytes, output)   `owns`, no copy or a recomputed consumer, and the
+                                         producer keeps its output (not recomputed, or the
+                                         first block of a tie group)
+
+An edge that owns its producer's output and whose consumer is not recomputed then holds
+local_bytes(nbytes, read) whatever the producer chose: a usage of its consumer alone.
+
+So an edge's usage depends on both ends' strategies: it enters the problem as a
+`autopar.solver.EdgeUsage` over [consumer, end of the forward). `EdgeCache.held` computes an
+edge's matrix once per distinct pair of (output, recompute) and (read, recompute) keys.
 """
 
 from __future__ import annotations
@@ -39,6 +66,11 @@ class EdgeRef:
     producer_is_parameter: bool
     consumer_is_view: bool  # the consumer moves no bytes: its value is the input's storage
     consumer_saves: bool  # the consumer keeps this input for its backward (`find_saved`)
+    # Memory (`held_bytes`): the consumer keeps what this edge hands it (it saves it, or is
+    # a view of it that some op saves), the producer not a parameter; and the producer's
+    # output is kept by nothing else (not by the producer, not through another edge).
+    keeps: bool = False
+    owns: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,6 +120,29 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
             dst.recompute or not _gather_and_scatter(transfers)):
         return None
     return transfers
+
+
+def copy_bytes(nbytes, output, read, mesh_shape: tuple[int, ...]):
+    """Bytes of the new tensor an edge's forward hands its consumer, converting a tensor of
+    `nbytes` from `output` to `read` placements: its local bytes at `read` when they differ
+    (a collective's output or a slice copied out), else 0 (the output itself)."""
+    return 0 if tuple(output) == tuple(read) else formulas.local_bytes(nbytes, read,
+                                                                        mesh_shape)
+
+
+def held_bytes(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes, mesh_shape: tuple[int, ...],
+               *, producer_keeps: bool) -> tuple:
+    """(copy, own): the bytes one rank holds for the backward through edge `ref` when its
+    producer chose `src` and its consumer `dst` (module docstring), for a tensor of
+    `nbytes`. `producer_keeps`: whether the producer's node keeps its output under `src`
+    (False when recomputed, except in the first block of a tie group)."""
+    if not ref.keeps:
+        return 0, 0
+    read = dst.inputs[ref.position]
+    copy = copy_bytes(nbytes, src.output, read, mesh_shape)
+    own = formulas.local_bytes(nbytes, src.output, mesh_shape) \
+        if ref.owns and (not copy or dst.recompute) and producer_keeps else 0
+    return copy, own
 
 
 def _reads_gathered(src: Strategy, read, nbytes, mesh_shape: tuple[int, ...]) -> bool:
@@ -270,6 +325,8 @@ class EdgeCache:
         self._consumers: dict[tuple[int, int], tuple] = {}
         self._values: dict[tuple, tuple] = {}
         self._tables: dict[tuple, tuple] = {}
+        self._held: dict[tuple, tuple] = {}
+        self._local: dict[tuple, float] = {}  # (placements id, nbytes) -> local bytes
 
     def seconds(self, ref: EdgeRef, src: tuple[Strategy, ...], dst: tuple[Strategy, ...],
                 microbatches: int) -> EdgeSecondsTable:
@@ -303,6 +360,64 @@ class EdgeCache:
                                  index.astype(np.int32))
         self._tables[key] = (src, dst, table)
         return table
+
+    def held(self, ref: EdgeRef, src: tuple[Strategy, ...], dst: tuple[Strategy, ...], *,
+             first_of_tie: bool) -> np.ndarray:
+        """`held_bytes` of edge `ref`, copy plus own, for every pair of its producer's
+        strategies `src` and its consumer's `dst` (a Ks x Kd array, shared: do not write
+        it); the producer keeps its output unless recomputed outside the first block of a
+        tie group (`first_of_tie`)."""
+        nbytes = ref.tensor.nbytes
+        key = (id(src), id(dst), ref.position, nbytes, ref.keeps, ref.owns, first_of_tie)
+        found = self._held.get(key)
+        if found is not None:
+            return found[2]
+        producers, consumers = self._producers_of(src), self._consumers_of(dst, ref.position)
+        values = np.zeros((len(producers.first), len(consumers.first)))
+        if ref.keeps:
+            out, _, _, src_recompute, _ = producers.keys.T
+            read, _, dst_recompute = consumers.keys.T
+            copy = out[:, None] != read[None, :]
+            values = np.where(copy, self._bytes(read, nbytes)[None, :], 0.0)
+            if ref.owns:
+                own = ((~copy | (dst_recompute == 1)[None, :])
+                       & ((src_recompute == 0) | first_of_tie)[:, None])
+                values += np.where(own, self._bytes(out, nbytes)[:, None], 0.0)
+        matrix = values[np.ix_(producers.of, consumers.of)]
+        self._held[key] = (src, dst, matrix)
+        return matrix
+
+    def owned_parts(self, ref: EdgeRef, src: tuple[Strategy, ...], dst: tuple[Strategy, ...],
+                    *, first_of_tie: bool) -> tuple[np.ndarray, np.ndarray]:
+        """For an edge that `owns` its producer's output, the parts of `held` that depend
+        on one end alone: per consumer strategy, the local bytes of its read; per producer
+        strategy, minus the local bytes of its output when it is recomputed (outside the
+        first block of a tie group), where the consumer must read the output as it is
+        and keeps a handle. Their sum is `held` except for a recomputed consumer that
+        reads through a conversion (its recipe keeps the output too)."""
+        nbytes = ref.tensor.nbytes
+        key = (id(src), id(dst), ref.position, nbytes, "parts", first_of_tie)
+        found = self._held.get(key)
+        if found is not None:
+            return found[2]
+        producers, consumers = self._producers_of(src), self._consumers_of(dst, ref.position)
+        out, src_recompute = producers.keys.T[0], producers.keys.T[3]
+        reads = self._bytes(consumers.keys.T[0], nbytes)[consumers.of]
+        dropped = (src_recompute == 1) & (not first_of_tie)
+        outputs = -np.where(dropped, self._bytes(out, nbytes), 0.0)[producers.of]
+        self._held[key] = (src, dst, (reads, outputs))
+        return reads, outputs
+
+    def _bytes(self, ids: np.ndarray, nbytes) -> np.ndarray:
+        """The local bytes of a tensor of `nbytes` at each of the placements `ids`."""
+        values = []
+        for i in ids.tolist():
+            found = self._local.get((i, nbytes))
+            if found is None:
+                found = self._local[(i, nbytes)] = float(formulas.local_bytes(
+                    nbytes, self._placements[i], self.mesh.shape))
+            values.append(found)
+        return np.array(values, dtype=float)
 
     def _id(self, placements) -> int:
         found = self._ids.get(placements)

@@ -2,7 +2,9 @@
 
 Reads `autopar_role`, `autopar_flops`, `autopar_bytes`, `autopar_tensor` and the
 `ProblemBuild`. For every decision node it records the chosen placements, the compute and
-the inbound collectives (forward and backward) with their bytes, its memory, and the formula
+the inbound collectives (forward and backward) with their bytes, its memory (with what its
+edges hold: the copies of its inputs it keeps, its output when an edge it alone is kept
+through holds it, `edge_costs.held_bytes`), and the formula
 of its cost over the graph's symbolic sizes, re-derived with the same cost functions the
 problem was built with so the plan can be re-evaluated at other sizes. A folded graph's
 plan (`passes/problem/fold_depth.py`) is the unfolded graph's: each node of the representative
@@ -18,11 +20,19 @@ import sympy
 import torch.fx as fx
 
 from autopar.costs import formulas
-from autopar.passes.problem.build_problem import ProblemBuild, op_compute_time, op_ring, op_time
+from autopar.passes.capturing.gradient_path import tensor_outputs
+from autopar.passes.problem.build_problem import (
+    ProblemBuild,
+    op_compute_time,
+    op_ring,
+    op_time,
+    parameter_step_time,
+)
 from autopar.passes.problem.edge_costs import (
     Background,
     background_gathers,
     background_reductions,
+    held_bytes,
     hidden_seconds,
     step_repeats,
     step_seconds,
@@ -42,6 +52,9 @@ def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound,
     total = count * sympy.sympify(op_time(
         node, strategy, mesh, differentiable=build.requires_grad[node.name],
         size=sympy.sympify))
+    if node.meta.get(ROLE) == "parameter":
+        total += parameter_step_time(tensor_outputs(node)[0], strategy.output, mesh,
+                                     build.optimizer)
     for ref, src, dst in inbound:
         transfers = strategy_edge_transfers(ref, src, dst, ref.tensor.sym_nbytes, mesh.shape)
         total += sum(step_seconds(ref, src, transfers, count, mesh))
@@ -92,6 +105,25 @@ def _edges(build: ProblemBuild, chosen) -> dict[str, list]:
     return edges
 
 
+def _held(build: ProblemBuild, chosen) -> dict[str, float]:
+    """Per node, the bytes the edges hold for it under the `chosen` strategies
+    (`edge_costs.held_bytes`, the problem's edge usages): the copies a consumer keeps and
+    the output an owning edge holds for its producer, once per micro-batch in flight, for
+    one node of the unfolded graph."""
+    held = dict.fromkeys(build.nodes, 0.0)
+    index = {name: i for i, name in enumerate(build.nodes)}
+    for ref in build.edges:
+        if not ref.keeps:
+            continue
+        src = chosen[ref.producer]
+        copy, own = held_bytes(ref, src, chosen[ref.consumer], ref.tensor.nbytes,
+                               build.mesh.shape, producer_keeps=not src.recompute
+                               or index[ref.producer] in build.first_of_tie)
+        held[ref.consumer] += build.in_flight * float(copy)
+        held[ref.producer] += build.in_flight * float(own)
+    return held
+
+
 def _hidden(build: ProblemBuild, by_name, chosen, edges, sizes: dict[str, int]) -> Background:
     """The fractions of the background collectives hidden behind compute: min(1, C / G),
     with G their time in one micro-batch and C the compute they overlap there: the
@@ -99,7 +131,9 @@ def _hidden(build: ProblemBuild, by_name, chosen, edges, sizes: dict[str, int]) 
     micro-batches G is the last one's, the busiest: the reductions deferred to it and its
     own. (The reductions of the last gradients the backward makes have little compute
     left to hide behind, the first gather none before it; C counts all of it, an
-    optimistic bound.)"""
+    optimistic bound.) Compute beside communication runs slower by the profile's
+    `overlap_slowdown` s, which takes back s of the time hidden: the fractions are
+    scaled by 1 - s."""
     mesh = build.mesh
     repeats = dict(zip(build.nodes, build.repeats))
     reductions = gathers = 0.0
@@ -115,8 +149,9 @@ def _hidden(build: ProblemBuild, by_name, chosen, edges, sizes: dict[str, int]) 
             ahead, behind = _compute_split(by_name[name], build, chosen[name], sizes)
             forward += repeats[name] * ahead
             backward += repeats[name] * behind
-    return Background(min(1.0, backward / reductions) if reductions else 0.0,
-                      min(1.0, forward / gathers) if gathers else 0.0)
+    kept = max(0.0, 1.0 - mesh.hardware.overlap_slowdown)
+    return Background(kept * min(1.0, backward / reductions) if reductions else 0.0,
+                      kept * min(1.0, forward / gathers) if gathers else 0.0)
 
 
 def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
@@ -130,10 +165,13 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
     edges = _edges(build, chosen)
     hidden = _hidden(build, by_name, chosen, edges, sizes)
     fold: Fold | None = gm.meta.get(FOLD)
+    held = _held(build, chosen)
     nodes = []
     for i, name in enumerate(build.nodes):
         plan = _node_plan(i, name, by_name[name], chosen[name], build, solution, edges[name],
                           hidden, sizes)
+        if held[name]:
+            plan = dataclasses.replace(plan, memory_bytes=plan.memory_bytes + held[name])
         nodes.extend(_unfolded(plan, fold) if fold else (plan,))
     if fold:
         nodes.sort(key=lambda n: fold.order[n.name])
@@ -162,6 +200,9 @@ def _node_plan(i: int, name: str, node: fx.Node, strategy, build: ProblemBuild,
     problem, mesh = build.problem, build.mesh
     comm, overlapped, records = _inbound(build, inbound, hidden)
     compute = float(problem.node_costs[i][solution.choices[i]]) / build.repeats[i]
+    # A parameter's node cost is its optimizer step (`build_problem.node_cost`).
+    step = compute if node.meta.get(ROLE) == "parameter" else 0.0
+    compute -= step
     ring = op_ring(node, strategy, mesh, lambda value: _at(value, sizes))
     if ring is not None:  # the ring's exposed time is communication, not compute
         differentiable = build.requires_grad[name]
@@ -179,11 +220,11 @@ def _node_plan(i: int, name: str, node: fx.Node, strategy, build: ProblemBuild,
         role=node.meta.get(ROLE, node.op), module=module_of(node),
         inputs=tuple(format_placements(p) for p in strategy.inputs),
         output=format_placements(strategy.output),
-        compute_s=compute, comm_s=comm,
+        compute_s=compute, comm_s=comm, optimizer_s=step,
         memory_bytes=float(problem.node_usages[i][solution.choices[i]]) / build.held_repeats[i],
         transfers=tuple(records),
         formula=str(_symbolic_cost(node, build, strategy, [e[:3] for e in inbound], hidden))
-        if sizes else repr(compute + comm - overlapped),
+        if sizes else repr(compute + comm - overlapped + step),
         # A view's flag only mirrors its base's (build_problem): views run no op.
         recompute=strategy.recompute and node.meta.get(BYTES, 0) != 0,
         gathered=format_placements(strategy.gathered) if strategy.gathered else "",

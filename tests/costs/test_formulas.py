@@ -1,11 +1,14 @@
 """The cost model: collective formulas, roofline, and the derived backward table."""
 
+import dataclasses
+
 import pytest
 import sympy
 import torch
 
 import autopar
 from autopar.costs import formulas
+from autopar.values.hardware import CollectiveFit, LinkLevel
 from autopar.values.placement import Partial, Replicate, Shard
 
 R, P, S0, S1 = Replicate(), Partial(), Shard(0), Shard(1)
@@ -52,12 +55,39 @@ def test_slices_happen_before_gathers():
 
 def test_collective_formulas():
     bw, lat = 1e9, 1e-5
-    assert formulas.collective_time("all_reduce", 8e6, 4, bw, lat) == pytest.approx(
+    link = LinkLevel("net", None, bw, lat)
+    assert formulas.collective_time("all_reduce", 8e6, 4, link) == pytest.approx(
         2 * 3 / 4 * 8e6 / bw + 2 * 3 * lat)
     for kind in ("all_gather", "reduce_scatter", "all_to_all"):
-        assert formulas.collective_time(kind, 8e6, 4, bw, lat) == pytest.approx(
+        assert formulas.collective_time(kind, 8e6, 4, link) == pytest.approx(
             3 / 4 * 8e6 / bw + 3 * lat)
-    assert formulas.collective_time("all_reduce", 8e6, 1, bw, lat) == 0
+    assert formulas.collective_time("all_reduce", 8e6, 1, link) == 0
+    assert formulas.collective_time("send", 8e6, 2, link) == pytest.approx(8e6 / bw + lat)
+
+
+def test_a_measured_kind_uses_its_own_figures():
+    """A link with measured all-gather figures prices all-gathers by them, the other
+    kinds by the level's own bandwidth and latency."""
+    link = LinkLevel("net", None, 1e9, 1e-5, (CollectiveFit("all_gather", 2e9, 4e-5),))
+    assert formulas.collective_time("all_gather", 8e6, 4, link) == pytest.approx(
+        3 / 4 * 8e6 / 2e9 + 3 * 4e-5)
+    assert formulas.collective_time("reduce_scatter", 8e6, 4, link) == pytest.approx(
+        3 / 4 * 8e6 / 1e9 + 3 * 1e-5)
+
+
+def test_optimizer_time():
+    """Datasheet: a memory-bound pass over 28 bytes per fp32 AdamW element; measured: the
+    profile's per-tensor and per-element seconds, scaled by the bytes moved."""
+    h100 = autopar.load_hardware("h100-sxm")
+    bandwidth = h100.memory_bandwidth * h100.memory_efficiency
+    assert formulas.optimizer_time(1e9, 4, 8, h100) == pytest.approx(
+        h100.launch_overhead_s + 28e9 / bandwidth)
+    measured = dataclasses.replace(h100, optimizer_tensor_s=1e-5, optimizer_element_s=2e-9)
+    assert formulas.optimizer_time(1e6, 4, 8, measured) == pytest.approx(1e-5 + 2e-3)
+    # bf16 parameters with fp32 master copy and states: 3 x 2 + 2 x 12 = 30 bytes.
+    assert formulas.optimizer_time(1e6, 2, 12, measured) == pytest.approx(
+        1e-5 + 2e-3 * 30 / 28)
+    assert formulas.optimizer_time(0, 4, 8, measured) == 0
 
 
 def test_roofline_picks_the_binding_resource():
@@ -80,7 +110,7 @@ def test_costs_are_symbolic_over_symbolic_sizes():
     (transfer,) = formulas.redistribute(4 * batch, (P,), (R,), (8,))
     t = transfer.time(autopar.Mesh((8,), ("tp",), hardware="h100-sxm"))
     assert float(t.subs(batch, 1024)) == pytest.approx(
-        formulas.collective_time("all_reduce", 4096, 8, 4.5e11, 1e-6))
+        formulas.collective_time("all_reduce", 4096, 8, LinkLevel("nvlink", 8, 4.5e11, 1e-6)))
 
 
 def test_compute_divisor():

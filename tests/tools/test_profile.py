@@ -25,16 +25,27 @@ def measured(tmp_path_factory) -> Path:
 
 def test_a_measured_profile_is_what_a_mesh_of_its_shape_plans_with(measured: Path) -> None:
     data = json.loads(measured.read_text())
-    assert data["format"] == "autopar-profile" and data["version"] == 1
+    assert data["format"] == "autopar-profile" and data["version"] == 2
     assert data["mesh"] == {"shape": [2], "axis_names": ["dp"]}
     assert set(data["peak_flops"]) == {"float32", "bfloat16"}
     assert all(v > 0 for v in data["peak_flops"].values())
     assert data["memory_bandwidth"] > 0 and 0 < data["launch_overhead_s"] < 1
     (link,) = data["links"]
     assert link["name"] == "dp" and link["devices"] is None and link["bandwidth"] > 0
-    assert set(data["measured"]["spread"]) >= {"copy", "launch", "adamw"}
+    assert set(link["collectives"]) == {"all_reduce", "all_gather", "reduce_scatter",
+                                        "all_to_all", "send"}
+    assert all(f["bandwidth"] > 0 and f["latency"] >= 0 for f in link["collectives"].values())
+    assert data["optimizer_element_s"] > 0 and data["optimizer_tensor_s"] >= 0
+    assert data["overlap_slowdown"] >= 0
+    assert set(data["kernel_flops"]) == {"attention", "convolution"}
+    assert set(data["kernel_overhead_s"]) == {"matmul", "attention", "convolution"}
+    assert data["usable_memory_bytes"] <= data["memory_bytes"]
+    assert {"copy", "launch", "autograd_op", "attention/32", "adamw/256",
+            "links/dp/all_gather/4096"} <= set(data["measured"]["spread"])
     mesh = autopar.Mesh((2,), ("dp",), hardware=str(measured))
     assert mesh.hardware.mesh_shape == (2,) and mesh.axis_links[0].name == "dp"
+    gather = link["collectives"]["all_gather"]
+    assert mesh.axis_links[0].figures("all_gather") == (gather["bandwidth"], gather["latency"])
     model, inputs = mlp.build(device="meta")
     plan = autopar.plan(model, mesh, inputs, time_limit=5)
     assert plan.step_time_s > 0 and plan.mesh.hardware.name == "measured-2"
@@ -60,7 +71,7 @@ def _broken(measured: Path, tmp_path: Path, change) -> Path:
 @pytest.mark.parametrize("change, match", [
     (lambda d: d.pop("memory_bandwidth"), "malformed"),
     (lambda d: d["links"][0].update(bandwidth=-1.0), "bandwidth -1.0"),
-    (lambda d: d.update(version=2), "version 2"),
+    (lambda d: d.update(version=3), "version 3"),
     (lambda d: d.update(format="other"), "format 'other'"),
 ], ids=["missing-field", "negative-bandwidth", "newer-version", "other-format"])
 def test_a_broken_profile_is_refused_when_the_mesh_is_made(measured: Path, tmp_path: Path,
@@ -87,5 +98,22 @@ def test_the_command_writes_a_profile(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["profile", "--nproc", "2", "--mesh", "2", "--axis-names",
                                        "tp", "--out", str(out), "--quick"])
     assert result.exit_code == 0, result.output
-    assert "axis tp    all-reduce fit" in result.output and "profile written to" in result.output
+    assert "axis tp    all_reduce" in result.output and "profile written to" in result.output
     assert autopar.load_hardware(out).links[0].name == "tp"
+
+
+def test_the_command_compares_with_a_profile_measured_before(measured: Path,
+                                                            tmp_path: Path) -> None:
+    """`--compare` prints how far each fitted figure moved: a profile whose matmul rate
+    is doubled shows -50% there."""
+    data = json.loads(measured.read_text())
+    data["peak_flops"]["float32"] *= 2
+    before = tmp_path / "before.json"
+    before.write_text(json.dumps(data))
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(main, ["profile", "--nproc", "2", "--mesh", "2", "--out",
+                                       str(out), "--quick", "--compare", str(before)])
+    assert result.exit_code == 0, result.output
+    line = next(t for t in result.output.splitlines() if "peak_flops.float32" in t)
+    assert float(line.split()[-1].rstrip("%")) < -30
+    assert "figures within 10%" in result.output

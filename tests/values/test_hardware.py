@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import autopar
 from autopar.values.hardware import RESERVE_BYTES, RESERVE_SHARE, load_hardware
@@ -32,3 +33,22 @@ def test_plans_leave_the_reserve_free_by_default_and_say_so() -> None:
     given = autopar.plan(model, mesh, inputs, time_limit=5, memory_budget=80 * GIB)
     assert given.memory_limit_bytes == 80 * GIB
     assert "80.00 GiB device less 0 B reserved" in autopar.summary(given)
+
+
+def test_a_plan_on_a_profile_read_from_a_file_reads_back_without_the_file(tmp_path) -> None:
+    """A mesh on a profile that is not bundled carries the whole profile in its data, so a
+    plan sent to other ranks or saved reads back where the file is not."""
+    import json
+
+    data = json.loads((Path(autopar.__file__).parent / "values/profiles/cpu.json").read_text())
+    data.update(name="my-cluster", optimizer_element_s=2e-9, optimizer_tensor_s=1e-5,
+                overlap_slowdown=0.5, kernel_flops={"attention": 3e10})
+    data["links"][0]["collectives"] = {"all_gather": {"bandwidth": 1e9, "latency": 1e-4}}
+    path = tmp_path / "my-cluster.json"
+    path.write_text(json.dumps(data))
+    mesh = autopar.Mesh((2,), ("dp",), hardware=str(path))
+    path.unlink()
+    again = autopar.Mesh.from_dict(json.loads(json.dumps(mesh.to_dict())))
+    assert again.hardware == mesh.hardware and again == mesh
+    bundled = autopar.Mesh((2,), ("dp",), hardware="h100-sxm")
+    assert bundled.to_dict()["hardware"] == "h100-sxm"

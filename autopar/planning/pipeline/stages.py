@@ -174,11 +174,11 @@ def costed(stages: tuple[Stage, ...], blocks: tuple[str, ...], stage_plans: list
         plans.append(plan)
     transfers = tuple(TransferRecord(
         "all_reduce", axis_name, float(nbytes), True, name,
-        float(formulas.collective_time("all_reduce", nbytes, ranks, link.bandwidth, link.latency)))
+        float(formulas.collective_time("all_reduce", nbytes, ranks, link)))
         for name, nbytes in sorted(shared_bytes.items()))
     transfers += (TransferRecord("broadcast", axis_name, float(LOSS_BYTES), False, "loss",
                                  float(formulas.collective_time("broadcast", LOSS_BYTES, ranks,
-                                                                link.bandwidth, link.latency))),)
+                                                                link))),)
     times = [r.time_s for r in records]
     total = (step_time(times, microbatches, ranks, schedule) + max(r.once_s for r in records)
              + sum(t.seconds for t in transfers))
@@ -229,7 +229,7 @@ def _with_sends(plan: Plan, stage: Stage, microbatches: int, axis: str, link) ->
                   for name, spec, placed in specs]
         return tuple(TransferRecord(
             "send", axis, float(nbytes * microbatches), backward, name,
-            float(microbatches * formulas.send_time(nbytes, link.bandwidth, link.latency)),
+            float(microbatches * formulas.send_time(nbytes, link)),
             microbatches)
             for name, nbytes in pieces)
 
@@ -257,11 +257,12 @@ def _sent_spec(module: fx.GraphModule, name: str) -> TensorSpec:
 
 
 def _split_time(plan: Plan, microbatches: int) -> tuple[float, float]:
-    """(forward plus backward of one micro-batch, the exposed once-per-step part) of a
-    stage's plan of `microbatches` micro-batches."""
+    """(forward plus backward of one micro-batch, the once-per-step part: the exposed
+    time of what it reduces once and its optimizer step) of a stage's plan of
+    `microbatches` micro-batches."""
     once = sum(t.seconds for n in plan.nodes for t in n.transfers
                if microbatches > 1 and t.calls == 1)
-    exposed_once = max(0.0, once - plan.hidden_comm_s)
+    exposed_once = max(0.0, once - plan.hidden_comm_s) + plan.optimizer_s
     return (plan.step_time_s - exposed_once) / microbatches, exposed_once
 
 

@@ -1,12 +1,13 @@
 """Self-contained HTML reports and graphviz drawings of plans.
 
-- `write_report(plan, path)`: one HTML file, no network needed to view it (`page.py`).
-- `render_html(plan)`: the same page as a string.
+- `write_report(plan, path, measured=None)`: one HTML file, no network needed to view it
+  (`page.py`); with a measurement (`autopar.measure`), predicted against measured.
+- `render_html(plan, measured=None)`: the same page as a string.
 - `to_dot(plan)`: graphviz DOT text, nodes clustered by layer (`dot.py`).
 
 One module per part of the page: `overview`, `graph` (the layered node drawing), `memory`,
-`cost`, `comm`, `hand`; `bars` draws the charts they share; `page.html`, `style.css` and
-`script.js` are inlined into every page.
+`cost`, `measured` (given a measurement), `comm`, `hand`; `bars` draws the charts they
+share; `page.html`, `style.css` and `script.js` are inlined into every page.
 """
 
 from autopar.errors import ReportError

@@ -12,13 +12,17 @@ from autopar.values.plan import HandStrategyRecord, Plan
 
 PLAN_NAME = "autopar plan"
 _MEMORY, _NOFIT = "#2e86de", "#c0392b"
+OTHER = "#b2babb"
 
 
 def _time_bar(name: str, step: float, compute: float | None, comm: float | None,
               fits: bool) -> Bar:
     if compute is not None and comm is not None:
+        # What is left of the step is the optimizer's step (and, for a pipeline, its bubble).
+        rest = max(0.0, step - compute - comm)
         segments = (Segment(compute, COMPUTE, f"compute {ms(compute)}"),
-                    Segment(comm, COMM, f"comm {ms(comm)}"))
+                    Segment(comm, COMM, f"comm {ms(comm)}"),
+                    Segment(rest, OTHER, f"optimizer and idle {ms(rest)}"))
     else:
         segments = (Segment(step, COMPUTE, f"step {ms(step)}"),)
     text = ms(step) + ("" if fits else " · does not fit in memory")
@@ -41,7 +45,8 @@ def _charts(plan: Plan, records: list[HandStrategyRecord]) -> str:
                    css="" if h.fits else "nofit")
                for h in usable if h.peak_memory_bytes is not None]
     limit = (Marker(plan.memory_limit_bytes, f"limit {size(plan.memory_limit_bytes)}"),)
-    legend = swatch(COMPUTE, "compute") + swatch(COMM, "communication")
+    legend = (swatch(COMPUTE, "compute") + swatch(COMM, "communication")
+              + swatch(OTHER, "optimizer and idle"))
     return (f'<h3>Step time</h3><div class="legend">{legend}<span class="swatch nofit-key">'
             f'<i></i>does not fit in memory</span></div>'
             f'{bar_chart(times, css_id="hand-time-chart")}'

@@ -13,6 +13,7 @@ def overview_section(plan: Plan) -> str:
         ("compute", ms(plan.compute_s)),
         ("communication", f"{ms(plan.exposed_comm_s)} exposed, "
                           f"{ms(plan.hidden_comm_s)} hidden"),
+        ("optimizer step", ms(plan.optimizer_s)),
         ("peak memory", f"{size(plan.peak_memory_bytes)} of {size(plan.memory_limit_bytes)}"),
         ("solver", f"{solver.status}, gap {solver.gap:.2%}, {solver.wall_time_s:.2f} s"),
         ("decisions", f"{solver.decisions} ({solver.tied} tied)"),
@@ -22,5 +23,5 @@ def overview_section(plan: Plan) -> str:
     warnings = "".join(f"<li>{esc(w)}</li>" for w in plan.warnings)
     return (f'<section id="overview"><h1>Plan for {esc(plan.model)}</h1>'
             f'<div class="dim">{esc(plan.mesh.describe())} · one training step '
-            f'(forward + backward), per device</div><div class="stats">{cells}</div>'
+            f'(forward, backward, optimizer), per device</div><div class="stats">{cells}</div>'
             f'{f"<ul class=warnings>{warnings}</ul>" if warnings else ""}</section>')

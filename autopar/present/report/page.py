@@ -5,6 +5,7 @@ no network and no other file when viewed."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -14,11 +15,13 @@ from autopar.present.report.cost import cost_section
 from autopar.present.report.graph import graph_section
 from autopar.present.report.hand import hand_section
 from autopar.present.report.layers import group_layers
+from autopar.present.report.measured import measured_section
 from autopar.present.report.memory import memory_section
 from autopar.present.report.overview import overview_section
 from autopar.present.report.palette import placement_colour, split_axes
 from autopar.present.report.pipeline import pipeline_section
 from autopar.present.report.units import esc
+from autopar.values.measurement import Measurement
 from autopar.values.plan import Plan
 
 
@@ -47,11 +50,14 @@ def _data(plan: Plan) -> str:
     return json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")
 
 
-def render_html(plan: Plan) -> str:
+def render_html(plan: Plan, *, measured: Measurement | Sequence[Measurement] | None = None
+                ) -> str:
     """The whole report page as a string (see `write_report`)."""
-    body = "".join(section(plan) for section in (
-        overview_section, pipeline_section, graph_section, memory_section, cost_section,
-        comm_section, hand_section))
+    sections = [overview_section, pipeline_section, graph_section, memory_section,
+                cost_section, comm_section, hand_section]
+    if measured is not None:
+        sections.insert(5, lambda plan: measured_section(plan, measured))
+    body = "".join(section(plan) for section in sections)
     page = _asset("page.html")
     # Substituted last-to-first so that no inserted text is scanned for the later markers.
     for marker, value in (("{{data}}", _data(plan)), ("{{script}}", _asset("script.js")),
@@ -61,15 +67,19 @@ def render_html(plan: Plan) -> str:
     return page
 
 
-def write_report(plan: Plan, path: str | Path) -> Path:
+def write_report(plan: Plan, path: str | Path, *,
+                 measured: Measurement | Sequence[Measurement] | None = None) -> Path:
     """Write the plan's report to `path` as one self-contained HTML file (inline CSS, script
     and SVG; nothing fetched when viewed) and return the path. The page shows the graph by
     layer coloured by placement with per-node details on hover and click, memory per device
-    against capacity, communication by collective, axis and layer, cost per layer, and the
-    plan against the hand strategies when the plan carries them."""
+    against capacity, communication by collective, axis and layer, cost per layer, the
+    plan against the hand strategies when the plan carries them, and with `measured`
+    (`autopar.measure`'s result: one rank's, or a list of ranks') the predicted step, op
+    groups and peak memory against the measured ones."""
     target = Path(path)
+    page = render_html(plan, measured=measured)  # bad measurements fail before any write
     try:
-        target.write_text(render_html(plan), encoding="utf-8")
+        target.write_text(page, encoding="utf-8")
     except OSError as exc:
         raise ReportError(f"cannot write the report to {target}: {exc.strerror or exc}",
                           expected="a writable file path, e.g. plan.html", got=str(target),

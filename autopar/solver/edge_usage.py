@@ -1,0 +1,167 @@
+"""Usage that depends on two nodes' choices, as nodes of their own.
+
+The reductions, the Lagrangian, CP-SAT and the local searches all price memory per node: a
+node's usage is a vector over its strategies. An `EdgeUsage` (a, b) with usage U[ka, kb]
+becomes a node u of the same problem, exactly:
+
+- one side's strategies are grouped by their column of U (b's, or a's rows when that makes
+  fewer): the strategies of a group g see the same usage for every choice of the other side;
+- u has one strategy per group g and value v that g's column takes, (g, v), using v over the
+  EdgeUsage's interval, at cost 0;
+- an edge u - b costs 0 where b's strategy is in group g, else inf (omitted when one group
+  covers all of b: U depends on a alone), and an edge a - u costs 0 where U[ka, g] = v,
+  else inf (omitted when U depends on b alone).
+
+Each pair (ka, kb) of finite cost then leaves u exactly one strategy, of usage U[ka, kb]:
+the expanded problem's assignments are the original's, with the same costs and profiles.
+u has as many strategies as the groups' distinct values (about 2 per group for a tensor
+that is copied or not). Nodes u with equal usages whose ends are each the same node or
+tied together are tied too, so that tied blocks stay one decision.
+
+Edge usages that cannot make any assignment overflow (`binding`) are dropped first.
+
+The nodes u tie the choices of their two ends with infinite costs, which the searches'
+moves of one node at a time do not cross: alone, they rarely find an assignment that fits
+where memory binds. So `autopar.solver.solve` first solves the problem where each edge
+usage that depends on both ends is, per strategy of its second end, its least over the
+first end's (`relaxation`: a leaf node u, which the reductions fold into that end as a
+usage term of its own): a relaxation, whose optimum is the answer when it fits with the
+true usages, and whose bound holds. Otherwise it solves that relaxation under lower limits
+too, and then the exact expansion, started from the cheapest answer that fits. Edge usages
+of one end alone (which callers emit where they can: `build_problem` splits what an edge
+that owns its producer's output holds so) are exact in the relaxation already.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from autopar.solver.problem import EdgeUsage, ShardingProblem
+
+
+def _grouped(usages: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For U (Ka x Kb) grouped by columns: (each column's group, the group of each node
+    strategy (g, v) in order, its value v)."""
+    columns, group_of = np.unique(usages.T, axis=0, return_inverse=True)
+    groups, values = [], []
+    for g, column in enumerate(columns):
+        distinct = np.unique(column)
+        groups.extend([g] * distinct.size)
+        values.extend(distinct.tolist())
+    return group_of.ravel(), np.array(groups, dtype=np.int64), np.array(values, dtype=float)
+
+
+def _node_of(usage: EdgeUsage) -> tuple[tuple[tuple[int, int, np.ndarray], ...], np.ndarray]:
+    """The node an edge usage becomes: its edges (other end; which end is first: 0 the
+    other, 1 the node; the cost matrix, 0 where consistent, inf elsewhere) and its usage
+    per strategy (see the module docstring)."""
+    a, b = usage.nodes
+    by_columns, by_rows = _grouped(usage.usages), _grouped(usage.usages.T)
+    if by_rows[1].size < by_columns[1].size:  # group a's strategies instead
+        (group_of, groups, values), (grouped, other) = by_rows, (a, b)
+        matrix = usage.usages
+    else:
+        (group_of, groups, values), (grouped, other) = by_columns, (b, a)
+        matrix = usage.usages.T
+    # matrix[k_grouped, k_other]: the usage of each grouped strategy against the other side.
+    first = np.array([np.flatnonzero(group_of == g)[0] for g in range(groups.max() + 1)])
+    consistent = matrix[first[groups]].T == values[None, :]  # [k_other, node strategy]
+    # An edge of zeros only says nothing (U depends on the grouped side alone): left out.
+    edges = [] if consistent.all() else [(other, 0, np.where(consistent, 0.0, math.inf))]
+    if groups.max() > 0:
+        same = group_of[None, :] == groups[:, None]  # [node strategy, k_grouped]
+        edges.append((grouped, 1, np.where(same, 0.0, math.inf)))
+    return tuple(edges), values
+
+
+def binding(problem: ShardingProblem) -> tuple[EdgeUsage, ...]:
+    """The edge usages that can matter: those live at some time step where the most any
+    assignment could use (every node's and edge usage's largest value) exceeds the limit.
+    Dropping the others changes no assignment's feasibility: at their steps, every
+    assignment fits."""
+    if problem.usage_limit is None or not problem.edge_usages:
+        return ()
+    terms = [(lo, hi, float(u.max())) for (lo, hi), u in
+             zip(problem.intervals, problem.node_usages) if lo < hi]
+    terms += [(u.interval[0], u.interval[1], float(u.usages.max()))
+              for u in problem.edge_usages if u.interval[0] < u.interval[1]]
+    cuts = np.unique([t for lo, hi, _ in terms for t in (lo, hi)])
+    diff = np.zeros(cuts.size)
+    for lo, hi, most in terms:
+        diff[np.searchsorted(cuts, lo)] += most
+        diff[np.searchsorted(cuts, hi)] -= most
+    over = np.cumsum(diff) > problem.usage_limit  # on segment [cuts[s], cuts[s + 1])
+    tight = np.concatenate([[0], np.cumsum(over)])
+    return tuple(u for u in problem.edge_usages if u.interval[0] < u.interval[1]
+                 and tight[np.searchsorted(cuts, u.interval[1])]
+                 > tight[np.searchsorted(cuts, u.interval[0])])
+
+
+def with_usage_nodes(problem: ShardingProblem) -> ShardingProblem:
+    """`problem` with each of its edge usages that can matter (`binding`) as a node of its
+    own (module docstring), appended after its nodes, in order; without the others."""
+    problem = dataclasses.replace(problem, edge_usages=binding(problem))
+    if not problem.edge_usages:
+        return problem
+    n = problem.num_nodes
+    costs, usages, intervals = list(problem.node_costs), list(problem.node_usages), \
+        list(problem.intervals)
+    edges, matrices = list(problem.edges), list(problem.edge_costs)
+    for u in problem.edge_usages:
+        node_edges, values = _node_of(u)
+        index = len(costs)
+        costs.append(np.zeros(values.size))
+        usages.append(values)
+        intervals.append(u.interval)
+        for other, order, matrix in node_edges:
+            edges.append((other, index) if order == 0 else (index, other))
+            matrices.append(matrix)
+    ties = problem.ties + _usage_ties(problem, n)
+    return ShardingProblem(tuple(costs), tuple(usages), tuple(intervals), tuple(edges),
+                           tuple(matrices), problem.usage_limit, ties, problem.name)
+
+
+def _usage_ties(problem: ShardingProblem, first: int) -> tuple[tuple[int, ...], ...]:
+    """Tie groups of the usage nodes (numbered from `first` in edge-usage order): those of
+    equal usages whose first ends pick alike (the same node, or tied) and so do their
+    second ends, so that they pick alike too."""
+    group_of: dict[int, int] = {}
+    for g, group in enumerate(problem.ties):
+        group_of.update(dict.fromkeys(group, g))
+
+    def side(node: int) -> tuple[str, int]:
+        return ("tied", group_of[node]) if node in group_of else ("node", node)
+
+    alike: dict[tuple, list[int]] = {}
+    for e, u in enumerate(problem.edge_usages):
+        key = (side(u.nodes[0]), side(u.nodes[1]), u.usages.shape, u.usages.tobytes())
+        alike.setdefault(key, []).append(first + e)
+    return tuple(tuple(nodes) for nodes in alike.values() if len(nodes) > 1)
+
+
+
+def relaxation(problem: ShardingProblem) -> ShardingProblem:
+    """`problem` with each edge usage (a, b) that depends on both ends replaced by one of
+    b alone: per strategy of b, the least usage over the strategies of a it may be paired
+    with (a finite cost on every edge joining them; all when none does). No assignment uses
+    more than its true usage there: a relaxation. `with_usage_nodes` turns each edge usage
+    into a leaf node that the reductions fold into its end."""
+    allowed: dict[tuple[int, int], np.ndarray] = {}
+    for (a, b), matrix in zip(problem.edges, problem.edge_costs):
+        pair = (a, b) if (a, b) in allowed or (b, a) not in allowed else (b, a)
+        finite = np.isfinite(matrix) if pair == (a, b) else np.isfinite(matrix).T
+        allowed[pair] = allowed.get(pair, True) & finite
+    usages = []
+    for u in problem.edge_usages:
+        a, b = u.nodes
+        if (u.usages == u.usages[:1]).all() or (u.usages == u.usages[:, :1]).all():
+            usages.append(u)  # a usage of one end alone already
+            continue
+        mask = allowed.get((a, b), allowed[(b, a)].T if (b, a) in allowed else True)
+        least = np.where(np.broadcast_to(mask, u.usages.shape), u.usages, math.inf).min(axis=0)
+        least = np.where(np.isfinite(least), least, 0.0)  # b strategies no a strategy allows
+        usages.append(EdgeUsage(u.nodes, np.broadcast_to(least, u.usages.shape), u.interval))
+    return dataclasses.replace(problem, edge_usages=tuple(usages))

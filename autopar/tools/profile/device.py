@@ -1,0 +1,162 @@
+"""What one device computes, measured on one rank while every other rank measures too.
+
+Each figure is a `Timing` of a kernel whose work is known from its size, so that the
+profile can turn it into a rate:
+
+- `matmul/<dtype>`: square matmuls, n x n by n x n (2 n^3 FLOPs), per size n;
+- `elementwise`: an out-of-place add of two fp32 tensors (12 bytes per element moved),
+  per element count; `copy`: one copy of `COPY_BYTES`, read and written;
+- `attention/<s>`: fp32 attention over sequences of s (`ATTENTION_SHAPE` the rest);
+  `convolution/<side>`: an fp32 3x3 convolution of images side x side (`CONVOLUTION_SHAPE`);
+- `launch`: one op on one element (the dispatch floor); `autograd_op`: an op of a chain
+  recorded by autograd, its forward and backward, per op (what an op costs the way
+  training runs it);
+- `adamw/<e>`: torch's AdamW step over `ADAMW_TENSORS` tensors of e elements, per tensor;
+- `allocator_overhead`: what the allocator holds for many tensors of mixed sizes over
+  their bytes, less one (the resident memory of a CPU process; reserved over allocated
+  bytes on CUDA).
+
+On CUDA every timing waits for the device (`torch.cuda.synchronize`) before it starts and
+before it ends.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from autopar.tools.profile.timing import Timing, timed
+
+COPY_BYTES = 32 * 2**20
+ADAMW_TENSORS = 8
+AUTOGRAD_CHAIN = 32
+# (batch, heads, head dim) of the attention kernel, non-causal.
+ATTENTION_SHAPE = (4, 4, 64)
+# (batch, channels in = out, kernel) of the convolution.
+CONVOLUTION_SHAPE = (8, 32, 3)
+MATMUL_DTYPES = (torch.float32, torch.bfloat16)
+LOW_PRECISION_LARGEST = 256
+
+
+def attention_flops(seq: int) -> float:
+    """QK^T and the weighted sum of V: 2 matmuls of 2 b h s^2 d FLOPs."""
+    batch, heads, dim = ATTENTION_SHAPE
+    return 4 * batch * heads * seq * seq * dim
+
+
+def convolution_flops(side: int) -> float:
+    batch, channels, kernel = CONVOLUTION_SHAPE
+    return 2 * batch * channels * side * side * channels * kernel * kernel
+
+
+class _Kernels:
+    """The timed kernels of one device."""
+
+    def __init__(self, device: str, repeats: int, align) -> None:
+        self.device, self.repeats, self.align = torch.device(device), repeats, align
+        self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+
+    def randn(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(*shape, dtype=dtype, device=self.device)
+
+    def time(self, run, *, inner: int = 1) -> Timing:
+        return timed(run, self.repeats, inner=inner, sync=self.sync, align=self.align)
+
+    def matmul(self, n: int, dtype: torch.dtype) -> Timing:
+        a, b = self.randn(n, n, dtype=dtype), self.randn(n, n, dtype=dtype)
+        return self.time(lambda: torch.mm(a, b))
+
+    def elementwise(self, elements: int) -> Timing:
+        a, b = self.randn(elements), self.randn(elements)
+        return self.time(lambda: torch.add(a, b), inner=max(1, 2**16 // elements))
+
+    def copy(self) -> Timing:
+        source, target = self.randn(COPY_BYTES // 4), self.randn(COPY_BYTES // 4)
+        return self.time(lambda: target.copy_(source))
+
+    def attention(self, seq: int) -> Timing:
+        batch, heads, dim = ATTENTION_SHAPE
+        q, k, v = (self.randn(batch, heads, seq, dim) for _ in range(3))
+        return self.time(lambda: F.scaled_dot_product_attention(q, k, v))
+
+    def convolution(self, side: int) -> Timing:
+        batch, channels, kernel = CONVOLUTION_SHAPE
+        x, w = self.randn(batch, channels, side, side), self.randn(channels, channels, kernel,
+                                                                   kernel)
+        return self.time(lambda: F.conv2d(x, w, padding=kernel // 2))
+
+    def launch(self) -> Timing:
+        one = torch.zeros(1, device=self.device)
+        return self.time(lambda: one.add_(1), inner=100)
+
+    def autograd_op(self) -> Timing:
+        """Forward and backward of a chain of tiny ops, per op and direction."""
+        leaf = torch.ones(16, device=self.device, requires_grad=True)
+
+        def chain() -> None:
+            x = leaf
+            for _ in range(AUTOGRAD_CHAIN):
+                x = x * 1.0001
+            x.sum().backward()
+
+        timing = self.time(chain)
+        return timing.per(2 * AUTOGRAD_CHAIN)
+
+    def adamw(self, elements: int) -> Timing:
+        weights = [torch.nn.Parameter(self.randn(elements)) for _ in range(ADAMW_TENSORS)]
+        for weight in weights:
+            weight.grad = self.randn(elements)
+        timing = self.time(torch.optim.AdamW(weights).step)
+        return timing.per(ADAMW_TENSORS)
+
+
+def _resident_bytes() -> int:
+    statm = Path("/proc/self/statm")
+    if not statm.exists():
+        return 0
+    return int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def allocator_overhead(seed: int, device: str = "cpu") -> float:
+    """What the allocator holds for 400 tensors of 1 KiB to 1 MiB (log-uniform, touched)
+    over their own bytes, less one: resident bytes on CPU (0 where they can't be read),
+    reserved bytes on CUDA."""
+    generator = torch.Generator().manual_seed(seed)
+    sizes = [int(2 ** (10 + 10 * float(u))) // 4 for u in torch.rand(400, generator=generator)]
+    requested = sum(n * 4 for n in sizes)
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved()
+        held = [torch.ones(n, device=device) for n in sizes]
+        grown = torch.cuda.memory_reserved() - before
+        del held
+        return max(0.0, grown / requested - 1)
+    before = _resident_bytes()
+    held = [torch.ones(n) for n in sizes]
+    grown = _resident_bytes() - before
+    del held
+    return max(0.0, grown / requested - 1) if before else 0.0
+
+
+def device_figures(settings, seed: int, device: str = "cpu", align=lambda: None) -> dict:
+    """This rank's compute timings on `device` (see the module docstring), by figure;
+    `align` (a barrier of the ranks) starts each timing on every rank at once."""
+    kernels = _Kernels(device, settings.repeats, align)
+    # Low-precision matmuls can be much slower than float32 on a CPU without units for
+    # them: their curve stops at LOW_PRECISION_LARGEST.
+    figures: dict = {f"matmul/{dtype}": {n: kernels.matmul(n, dtype)
+                                         for n in settings.matmul_sizes
+                                         if dtype == torch.float32 or n <= LOW_PRECISION_LARGEST}
+                     for dtype in MATMUL_DTYPES}
+    figures["elementwise"] = {n: kernels.elementwise(n) for n in settings.elementwise_sizes}
+    figures["copy"] = kernels.copy()
+    figures["attention"] = {n: kernels.attention(n) for n in settings.attention_sizes}
+    figures["convolution"] = {n: kernels.convolution(n) for n in settings.convolution_sizes}
+    figures["launch"] = kernels.launch()
+    figures["autograd_op"] = kernels.autograd_op()
+    figures["adamw"] = {n: kernels.adamw(n) for n in settings.optimizer_sizes}
+    figures["allocator_overhead"] = allocator_overhead(seed, device)
+    return figures

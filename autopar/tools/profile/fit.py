@@ -1,0 +1,61 @@
+"""Fits of measured times to the cost model's formulas (`autopar.costs.formulas`).
+
+Every formula is affine in the size, t = a + b x, so each fit is a least squares line;
+it weighs each point by 1 / t^2 (relative residuals), so that small sizes, where the
+intercept (latency, overhead) dominates, count as much as large ones:
+
+    collective over n devices, B bytes    t = s alpha + s/n B / beta   (s = the kind's steps:
+                                          2(n-1) all-reduce, n-1 all-gather, reduce-scatter,
+                                          all-to-all; 1 and n = 1 for a send)
+    kernel of F FLOPs or bytes            t = overhead + F / rate
+    optimizer step of k tensors, e elements each   t / k = t_tensor + e t_element
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from autopar.errors import HardwareError
+
+
+def line(points: Mapping[float, float]) -> tuple[float, float]:
+    """(intercept, slope) of t = a + b x through `points` {x: t}, by least squares on
+    relative residuals; a negative intercept (noise at small sizes) reads as 0, with the
+    slope refitted through the origin."""
+    weights = {x: 1 / t**2 for x, t in points.items()}
+    total = sum(weights.values())
+    mean_x = sum(w * x for x, w in weights.items()) / total
+    mean_t = sum(w * points[x] for x, w in weights.items()) / total
+    spread = sum(w * (x - mean_x) ** 2 for x, w in weights.items())
+    slope = sum(w * (x - mean_x) * (points[x] - mean_t) for x, w in weights.items()) / spread
+    intercept = mean_t - slope * mean_x
+    if intercept < 0:
+        intercept = 0.0
+        slope = sum(w * x * points[x] for x, w in weights.items()) / sum(
+            w * x * x for x, w in weights.items())
+    if slope <= 0:
+        raise HardwareError("measured times do not grow with the size",
+                            expected="times that grow with the bytes or FLOPs",
+                            got=", ".join(f"{x:g}: {t:.3g} s" for x, t in points.items()),
+                            fix="profile again on a machine less loaded, or with more repeats")
+    return intercept, slope
+
+
+def collective_steps(kind: str, n: int) -> tuple[int, int]:
+    """(latency steps s, bandwidth divisor d) of the formula t = s alpha + s/d B / beta."""
+    if kind == "send":
+        return 1, 1
+    return (2 * (n - 1) if kind == "all_reduce" else n - 1), n
+
+
+def collective_fit(kind: str, n: int, timings: Mapping[int, float]) -> tuple[float, float]:
+    """(latency alpha, bandwidth beta) of `kind` over `n` devices from its times per message
+    size in bytes (the per-rank buffer B of `autopar.costs.formulas`)."""
+    steps, divisor = collective_steps(kind, n)
+    intercept, slope = line(timings)
+    return intercept / steps, steps / divisor / slope
+
+
+def alpha_beta(ranks: int, timings: Mapping[int, float]) -> tuple[float, float]:
+    """(latency, bandwidth) of a link from all-reduce times over `ranks` devices."""
+    return collective_fit("all_reduce", ranks, timings)

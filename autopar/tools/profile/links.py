@@ -1,0 +1,124 @@
+"""What the links of a mesh move, measured on every rank at once: each collective kind
+over each mesh axis's process groups, per message size, and how much a collective running
+beside compute slows that compute.
+
+The collectives are the calls the runtime makes (`autopar.runtime.axis_ops`: torch.
+distributed's blocking all-reduce, all-gather and reduce-scatter into one tensor,
+all-to-all of one tensor; a send and receive between pairs of ranks, as pipeline stages
+and attention rings exchange). The message size is the per-rank buffer B of
+`autopar.costs.formulas`: the gathered output of an all-gather, the input of a reduce-
+scatter. Every timing starts after a barrier over the group and a short burst of compute
+(`_timed_collective`); the ranks' k-th timings are combined as the slowest's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from autopar.runtime.axis_ops import all_gather_single, reduce_scatter_single
+from autopar.tools.profile.timing import Timing, timed
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send")
+# Untimed calls before a collective's timings: its first calls set up buffers and pairs.
+WARM_UP = 3
+# A message this large or larger is timed fewer times (each takes a good part of a second);
+# one below SMALL_BYTES more times: its mean is a latency with a long tail (a peer woken
+# late by the scheduler), which takes many samples to settle.
+LARGE_BYTES = 64 * 2**20
+SMALL_BYTES = 2**20
+SMALL_REPEATS = 8
+OVERLAP_MATMUL = 384
+BURST_MATMUL = 192
+OVERLAP_BYTES = 8 * 2**20
+
+
+def _call(kind: str, nbytes: int, group, n: int, position: int):
+    """A zero-argument call of one `kind` collective of `nbytes` over `group`."""
+    elements = max(n, nbytes // 4 // n * n)
+    if kind == "all_reduce":
+        buffer = torch.zeros(elements)
+        return lambda: dist.all_reduce(buffer, group=group)
+    if kind == "all_gather":
+        out, piece = torch.empty(elements), torch.zeros(elements // n)
+        return lambda: all_gather_single(out, piece, group=group)
+    if kind == "reduce_scatter":
+        whole, out = torch.zeros(elements), torch.empty(elements // n)
+        return lambda: reduce_scatter_single(out, whole, group=group)
+    if kind == "all_to_all":
+        send, recv = torch.zeros(elements), torch.empty(elements)
+        return lambda: dist.all_to_all_single(recv, send, group=group)
+    peer = dist.get_global_rank(group, position ^ 1)
+    sent, received = torch.zeros(elements), torch.empty(elements)
+
+    def exchange() -> None:
+        ops = [dist.P2POp(dist.isend, sent, peer, group), dist.P2POp(dist.irecv, received,
+                                                                      peer, group)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    return exchange
+
+
+def _timed_collective(call, group, repeats: int) -> Timing:
+    """`call` timed after a barrier and a short burst of compute on every rank: in a
+    training step a collective follows compute, not an idle wait, and its time includes
+    waiting for a peer that is still computing."""
+    seconds = []
+    burst = torch.randn(BURST_MATMUL, BURST_MATMUL)
+    for index in range(repeats + WARM_UP):
+        dist.barrier(group=group)
+        torch.mm(burst, burst)
+        start = time.perf_counter()
+        call()
+        if index >= WARM_UP:
+            seconds.append(time.perf_counter() - start)
+    return Timing.of(seconds)
+
+
+def axis_figures(mesh, name: str, n: int, settings) -> dict[str, dict[int, Timing]]:
+    """Timings of every kind over mesh axis `name` of `n` devices, per message size. Sends
+    pair group ranks 2k and 2k+1 (an odd last rank of the group sits out, so a group of
+    odd size has no send figures)."""
+    group = mesh.get_group(name)
+    position = dist.get_group_rank(group, dist.get_rank())
+    figures: dict[str, dict[int, Timing]] = {}
+    for kind in KINDS:
+        if kind == "send" and n % 2:
+            continue
+        figures[kind] = {}
+        for nbytes in settings.message_bytes:
+            repeats = (SMALL_REPEATS * settings.repeats if nbytes < SMALL_BYTES
+                       else settings.repeats if nbytes < LARGE_BYTES
+                       else max(3, settings.repeats // 3))
+            call = _call(kind, nbytes, group, n, position)
+            figures[kind][nbytes] = _timed_collective(call, group, repeats)
+    return figures
+
+
+def overlap_figures(repeats: int) -> tuple[Timing, Timing]:
+    """(matmuls alone, the same matmuls while all-reduces over every rank run beside
+    them): the second over the first, less one, is how much communication slows compute."""
+    a = torch.randn(OVERLAP_MATMUL, OVERLAP_MATMUL)
+    buffers = [torch.zeros(OVERLAP_BYTES // 4) for _ in range(4)]
+
+    def compute() -> None:
+        for _ in range(8):
+            torch.mm(a, a)
+
+    def beside() -> None:
+        works = [dist.all_reduce(b, async_op=True) for b in buffers]
+        start = time.perf_counter()
+        compute()
+        elapsed = time.perf_counter() - start
+        for work in works:
+            work.wait()
+        seconds.append(elapsed)
+
+    alone = timed(compute, repeats)
+    seconds: list[float] = []
+    for _ in range(repeats + 1):
+        dist.barrier()
+        beside()
+    return alone, Timing.of(seconds[1:])

@@ -1,0 +1,217 @@
+"""Memory per edge: the copies collectives make that consumers keep, in the problem the
+solver bounds and in `predicted_memory`.
+
+- `held_bytes` follows its table (edge_costs' docstring) case by case;
+- `EdgeCache.held` equals `held_bytes` pair by pair, as the edge seconds do, and the
+  problem's edge usages add up to it;
+- an `EdgeUsage` solved as nodes of its own (`autopar.solver.edge_usage`) gives the
+  brute-force optimum, with ties, and the expanded problem's profiles are the original's;
+- a context-parallel attention's ring holds two blocks of keys and values at its step;
+- a plan made under a budget that binds charges copies, fits the budget with them, and
+  `predicted_memory` splits its end of the forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import autopar
+from autopar import Mesh
+from autopar.passes.capturing.annotate import annotate, size_hints
+from autopar.passes.capturing.capture import capture
+from autopar.passes.capturing.find_saved import find_saved
+from autopar.passes.problem import build_problem as bp
+from autopar.passes.problem import edge_costs
+from autopar.passes.strategies.find_strategies import Strategy, find_strategies
+from autopar.passes.strategies.offer_recompute import offer_recompute
+from autopar.solver import EdgeUsage, ShardingProblem, solve
+from autopar.solver.edge_usage import binding, with_usage_nodes
+from autopar.tools.predicted_memory import graph_of, predicted_memory
+from autopar.values.placement import Replicate, Shard
+from autopar.values.specs import TensorSpec
+from examples import gpt
+
+R, S0 = Replicate(), Shard(0)
+MESH = (2, 2)
+SPEC = TensorSpec((8, 4), torch.float32)  # 128 bytes
+
+
+def _ref(**flags) -> edge_costs.EdgeRef:
+    fields = dict(requires_grad=True, saved=False, same_block=True, producer_is_parameter=False,
+                  consumer_is_view=False, consumer_saves=True, keeps=True, owns=True)
+    fields.update(flags)
+    return edge_costs.EdgeRef("p", "c", 0, SPEC, **fields)
+
+
+def _held(ref, output, read, *, recompute=False, producer_keeps=True):
+    src = Strategy(inputs=(), output=output)
+    dst = Strategy(inputs=(read,), output=read, recompute=recompute)
+    return edge_costs.held_bytes(ref, src, dst, SPEC.nbytes, MESH, producer_keeps=producer_keeps)
+
+
+def test_held_bytes_case_by_case():
+    # A conversion hands the consumer a new tensor (an all-gather's output, a slice copied
+    # out): its copy is held, the output freed.
+    assert _held(_ref(), (S0, R), (R, R)) == (128, 0)
+    assert _held(_ref(), (R, S0), (R, R)) == (128, 0)
+    assert _held(_ref(), (R, R), (S0, R)) == (64, 0)
+    # None: the output is held, charged on the edge that owns it, else on its op.
+    assert _held(_ref(), (R, R), (R, R)) == (0, 128)
+    assert _held(_ref(owns=False), (R, R), (R, R)) == (0, 0)
+    assert _held(_ref(owns=False), (S0, R), (R, R)) == (128, 0)
+    # A recomputed consumer saves the copy and its recipe keeps the output.
+    assert _held(_ref(), (S0, R), (R, R), recompute=True) == (128, 64)
+    # A recomputed producer keeps no output (outside the first block of its tie group).
+    assert _held(_ref(), (R, R), (R, R), producer_keeps=False) == (0, 0)
+    # A consumer that keeps nothing holds nothing.
+    assert _held(_ref(keeps=False), (S0, R), (R, R)) == (0, 0)
+
+
+@pytest.fixture(scope="module")
+def gpt_graph():
+    model, inputs = gpt.build(device="meta", layers=2)
+    return annotate(capture(model, inputs))
+
+
+def test_edge_cache_held_equals_held_bytes_pair_by_pair(gpt_graph):
+    mesh = Mesh(MESH, ("a", "b"), hardware="h100-sxm")
+    table = offer_recompute(gpt_graph, find_strategies(gpt_graph, mesh))
+    build = bp.build_problem(gpt_graph, table, mesh, memory_budget=None,
+                             hints=size_hints(gpt_graph), saved=find_saved(gpt_graph))
+    cache = edge_costs.EdgeCache(mesh)
+    kept = [ref for ref in build.edges if ref.keeps]
+    assert any(ref.owns for ref in kept) and any(not ref.owns for ref in kept)
+    checked = set()
+    for ref in kept:
+        src, dst = table.strategies[ref.producer], table.strategies[ref.consumer]
+        key = (id(src), id(dst), dataclasses.replace(ref, producer="", consumer=""))
+        if key in checked:
+            continue
+        checked.add(key)
+        for first_of_tie in (False, True):
+            matrix = cache.held(ref, src, dst, first_of_tie=first_of_tie)
+            for k, s in enumerate(src):
+                keeps = not s.recompute or first_of_tie
+                for m, d in enumerate(dst):
+                    copy, own = edge_costs.held_bytes(ref, s, d, ref.tensor.nbytes, mesh.shape,
+                                                      producer_keeps=keeps)
+                    assert matrix[k, m] == copy + own, (ref, s, d)
+    # The problem's edge usages (an edge's split into a part of each end and the rest)
+    # add up to what the edges hold, on every pair of strategies the edges allow.
+    index = {name: i for i, name in enumerate(build.nodes)}
+    expected, held, allowed = {}, {}, {}
+    for ref, matrix in zip(build.edges, build.problem.edge_costs):
+        pair = (index[ref.producer], index[ref.consumer])
+        allowed[pair] = allowed.get(pair, True) & np.isfinite(matrix)
+        if ref.keeps:
+            values = cache.held(ref, table.strategies[ref.producer],
+                                table.strategies[ref.consumer],
+                                first_of_tie=pair[0] in build.first_of_tie)
+            expected[pair] = expected.get(pair, 0) + values
+    for usage in build.problem.edge_usages:
+        if usage.interval[1] == len(build.nodes):  # not a ring's, at one step
+            held[usage.nodes] = held.get(usage.nodes, 0) + usage.usages
+    assert held.keys() <= expected.keys()
+    for pair, values in expected.items():
+        assert np.array_equal(np.where(allowed[pair], held.get(pair, 0), 0),
+                              np.where(allowed[pair], values, 0)), pair
+
+
+def test_a_ring_holds_two_blocks_of_keys_and_values_at_its_step(gpt_graph):
+    mesh = Mesh(MESH, ("a", "b"), hardware="h100-sxm")
+    table = find_strategies(gpt_graph, mesh)
+    build = bp.build_problem(gpt_graph, table, mesh, memory_budget=None,
+                             hints=size_hints(gpt_graph), saved=find_saved(gpt_graph))
+    rings = [u for u in build.problem.edge_usages if u.interval[1] - u.interval[0] == 1]
+    assert len(rings) == 2  # one per attention
+    for usage in rings:
+        name = build.nodes[usage.nodes[1]]
+        attention = next(n for n in gpt_graph.graph.nodes if n.name == name)
+        assert usage.interval[0] == usage.nodes[1]
+        for k, strategy in enumerate(table.strategies[name]):
+            ring = bp.op_ring(attention, strategy, mesh)
+            expected = 0.0 if ring is None else 2.0 * ring.kv_bytes
+            assert (usage.usages[:, k] == expected).all()
+        assert usage.usages.max() > 0
+
+
+def _random_problem(rng, limit_fraction: float | None, tied: bool) -> ShardingProblem:
+    sizes = [2, 3, 2, 3] if tied else [int(k) for k in rng.integers(1, 4, 4)]
+    costs = [rng.uniform(0, 5, k) for k in sizes]
+    if tied:  # nodes 0, 1 and 2, 3: two blocks of two, alike
+        costs[2], costs[3] = costs[0].copy(), costs[1].copy()
+    usages = [rng.integers(0, 5, k).astype(float) for k in sizes]
+    edges = [(0, 1), (1, 2), (2, 3), (0, 2)]
+    matrices = [np.where(rng.random((sizes[a], sizes[b])) < 0.15, math.inf,
+                         rng.uniform(0, 3, (sizes[a], sizes[b]))) for a, b in edges]
+    held = rng.integers(0, 4, (sizes[0], sizes[1])).astype(float)
+    edge_usages = (EdgeUsage((0, 1), held, (1, 4)),
+                   EdgeUsage((2, 3), held if tied else rng.integers(0, 4, (sizes[2], sizes[3]))
+                             .astype(float), (3, 4)),
+                   EdgeUsage((3, 0), rng.integers(0, 3, (sizes[3], sizes[0])).astype(float),
+                             (0, 4)))
+    free = ShardingProblem(tuple(costs), tuple(usages), tuple((i, 4) for i in range(4)),
+                           tuple(edges), tuple(matrices), None, ((0, 2), (1, 3)) if tied else (),
+                           "random", edge_usages)
+    if limit_fraction is None:
+        return free
+    peak = max(free.peak_usage(c) for c in itertools.product(*map(range, sizes)))
+    return dataclasses.replace(free, usage_limit=limit_fraction * peak)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_edge_usages_solve_to_the_brute_force_optimum(tied):
+    rng = np.random.default_rng(1)
+    for _ in range(15):
+        for fraction in (None, 0.9, 0.7):
+            problem = _random_problem(rng, fraction, tied)
+            fits = [c for c in itertools.product(*(range(c.size) for c in problem.node_costs))
+                    if problem.is_feasible(c)]
+            best = min((problem.cost(c) for c in fits), default=math.inf)
+            solution = solve(problem, time_limit=2.0)
+            if not fits:
+                assert not solution.choices
+                continue
+            assert problem.is_feasible(solution.choices)
+            assert solution.cost == pytest.approx(best, rel=1e-12)
+
+
+def test_usage_nodes_keep_every_assignment_and_its_profile():
+    rng = np.random.default_rng(2)
+    problem = _random_problem(rng, 0.5, tied=True)
+    expanded = with_usage_nodes(problem)
+    assert binding(problem) == problem.edge_usages  # all can overflow: all are nodes
+    assert expanded.num_nodes == problem.num_nodes + len(problem.edge_usages)
+    assert len(expanded.ties) == len(problem.ties) + 1  # those of the two tied blocks
+    n = problem.num_nodes
+    for choices in itertools.product(*(range(c.size) for c in problem.node_costs)):
+        completions = [extra for extra in itertools.product(
+            *(range(c.size) for c in expanded.node_costs[n:]))
+            if math.isfinite(expanded.cost(choices + extra))]
+        if not math.isfinite(problem.cost(choices)):
+            assert not completions
+            continue
+        assert len(completions) == 1  # the usage nodes follow their ends
+        full = choices + completions[0]
+        assert expanded.cost(full) == pytest.approx(problem.cost(choices), rel=1e-12)
+        assert np.array_equal(expanded.usage_profile(full), problem.usage_profile(choices))
+
+
+def test_a_binding_budget_charges_copies_and_predicted_memory_splits_the_peak():
+    model, inputs = gpt.build()
+    mesh = autopar.Mesh(MESH, ("dp", "tp"), hardware="cpu")
+    budget = 0.3 * 2610252.0  # test_memory_fidelity's GPT case
+    plan = autopar.plan(model, mesh, inputs, memory_budget=budget, time_limit=2.0,
+                        microbatches=1)
+    assert plan.peak_memory_bytes <= budget
+    predicted = predicted_memory(plan, graph_of(model, inputs))
+    assert predicted.copies > 0
+    # The breakdown splits the end of the forward; the peak lies a step before it, where
+    # the loss's divisor (ops off the gradient path: 72 bytes) is still live.
+    assert 0 <= plan.peak_memory_bytes - predicted.total <= 72

@@ -1,0 +1,49 @@
+"""`autopar.plan(..., strategy=NAME)`: the plan of one standard hand strategy instead of the
+solver's free choice, and names that are not one refused before planning."""
+
+from __future__ import annotations
+
+import pytest
+
+import autopar
+from examples import gpt
+
+
+@pytest.fixture(scope="module")
+def model_and_inputs():
+    return gpt.build(batch=8, seq=64, hidden=64, heads=4, layers=2, device="meta")
+
+
+def test_a_named_strategy_is_the_plan(model_and_inputs) -> None:
+    """ZeRO-3 stores every weight split and gathers it at use; Megatron keeps the batch
+    whole and splits the weight matrices; each plan carries its own record only."""
+    model, inputs = model_and_inputs
+    mesh = autopar.Mesh((2,), ("dp",), hardware="a100-sxm")
+    zero = autopar.plan(model, mesh, inputs, strategy="fully sharded (ZeRO-3)", time_limit=5)
+    weights = [n for n in zero.nodes if n.role == "parameter" and n.name.endswith("weight")]
+    assert weights and all("S(" in n.output for n in weights)
+    assert ("all_gather", "dp", "backward") in zero.comm_bytes()  # gathered again
+    assert [r.name for r in zero.hand_strategies] == ["fully sharded (ZeRO-3)"]
+    assert zero.step_time_s == pytest.approx(zero.hand_strategies[0].step_time_s)
+    megatron = autopar.plan(model, mesh, inputs, strategy="Megatron tensor parallel",
+                            time_limit=5)
+    assert megatron.model == zero.model == "GPT"
+    linears = [n for n in megatron.nodes if n.op == "aten.linear.default"]
+    assert any("S(" in n.inputs[1] for n in linears)  # weights split
+    assert all(not n.inputs[0].startswith("S(0)") for n in linears)  # the batch is not
+
+
+def test_a_strategy_that_does_not_fit_is_refused(model_and_inputs) -> None:
+    model, inputs = model_and_inputs
+    mesh = autopar.Mesh((2,), ("dp",), hardware="a100-sxm")
+    with pytest.raises(autopar.InfeasiblePlanError, match="data parallel"):
+        autopar.plan(model, mesh, inputs, strategy="data parallel", memory_budget=1e5,
+                     time_limit=5)
+
+
+@pytest.mark.parametrize("name", ["zero-3", "data x tensor parallel"])
+def test_an_unknown_or_inapplicable_strategy_is_refused(model_and_inputs, name) -> None:
+    model, inputs = model_and_inputs
+    with pytest.raises(autopar.ShardingError, match="no standard hand strategy") as error:
+        autopar.plan(model, autopar.Mesh((2,), ("dp",)), inputs, strategy=name)
+    assert "'data parallel'" in str(error.value)
