@@ -127,7 +127,14 @@ def storage_base(node: fx.Node) -> tuple[fx.Node, int]:
     through views (ops that move no bytes) and `getitem`s the op that wrote it. Views with
     several outputs (split, broadcast_tensors) view their one input, or input k of as
     many."""
-    index = 0
+    _, base, index = storage_path(node)
+    return base, index
+
+
+def storage_path(node: fx.Node) -> tuple[list[fx.Node], fx.Node, int]:
+    """`storage_base(node)` with the view ops met on the way there, in order (the
+    `getitem`s not among them; the last may be a view of several inputs it can't follow)."""
+    views, index = [], 0
     while node.op == "call_function":
         if node.target is operator.getitem:
             node, index = node.args[0], node.args[1]
@@ -138,13 +145,14 @@ def storage_base(node: fx.Node) -> tuple[fx.Node, int]:
                                                                  TensorSpec)]
         outputs = node.meta.get(TENSOR)
         count = len(outputs) if isinstance(outputs, tuple) else 1
+        views.append(node)
         if len(sources) == 1:
             node, index = sources[0], 0
         elif len(sources) == count and index < count:
             node, index = sources[index], 0
         else:
             break
-    return node, index
+    return views, node, index
 
 
 def kept_outputs(gm: fx.GraphModule, saved: dict[str, Saved]) -> dict[str, frozenset[int]]:

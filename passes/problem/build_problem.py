@@ -69,7 +69,7 @@ from torch.utils import _pytree as pytree
 from autopar.costs import formulas
 from autopar.costs.optimizer_state import ADAMW, OptimizerState
 from autopar.costs.ring import Ring, ring_of
-from autopar.passes.capturing.find_saved import Saved, find_saved, kept_outputs
+from autopar.passes.capturing.find_saved import Saved, find_saved, kept_outputs, storage_path
 from autopar.passes.capturing.gradient_path import (
     gradient_path,
     is_differentiable,
@@ -148,28 +148,9 @@ def tensor_leaves(node: fx.Node) -> list[fx.Node]:
 
 
 def _views_to_storage(node: fx.Node) -> list[fx.Node]:
-    """The view ops (moving no bytes) between `node` and the op that wrote its storage, as
-    `find_saved.storage_base` walks them (through getitems; a view of several inputs
-    views input k of as many, else its one input)."""
-    views, index = [], 0
-    while node.op == "call_function":
-        if node.target is operator.getitem:
-            node, index = node.args[0], node.args[1]
-            continue
-        if node.meta.get(BYTES, 0) != 0:
-            break
-        views.append(node)
-        sources = [n for n in node.all_input_nodes if isinstance(n.meta.get(TENSOR),
-                                                                 TensorSpec)]
-        outputs = node.meta.get(TENSOR)
-        count = len(outputs) if isinstance(outputs, tuple) else 1
-        if len(sources) == 1:
-            node, index = sources[0], 0
-        elif len(sources) == count and index < count:
-            node, index = sources[index], 0
-        else:
-            break
-    return views
+    """The view ops (moving no bytes) between `node` and the op that wrote its storage
+    (`find_saved.storage_path`)."""
+    return storage_path(node)[0]
 
 
 def kept_reads(gm: fx.GraphModule, saved: dict[str, Saved],
