@@ -56,6 +56,13 @@ from autopar.values.plan import Plan
 from autopar.values.specs import BOUNDARY, ROLE, TENSOR
 
 
+def _gather_once_per_backward(context: RankContext | None, splits_backward: bool) -> None:
+    """Under a schedule that splits each backward into an input and a weight pass, keep a
+    regathered parameter from the first pass to the second (`Regather.backward_passes`)."""
+    if context is not None and splits_backward:
+        context.regather.backward_passes = 2
+
+
 class PipelinedModule(nn.Module):
     """This rank's stages of a pipelined plan (see the module docstring). Build it with
     `autopar.compile`. Like `ParallelModule`: `plan`, `coordinate`, `counter`, `slots`,
@@ -86,8 +93,7 @@ class PipelinedModule(nn.Module):
         self.coordinate = tuple(device.get_coordinate())
         self.axis_name = record.axis
         self.context, self._inner = context, inner
-        if context is not None and self.splits_backward:
-            context.regather.backward_passes = 2  # one gather across the two passes
+        _gather_once_per_backward(context, self.splits_backward)
         self._group = device.get_group(record.axis)
         self._ranks = record.ranks
         self._counter = context.counter if context is not None else CommCounter()
