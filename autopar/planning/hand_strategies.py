@@ -382,12 +382,7 @@ def plan_by_hand(gm: fx.GraphModule, mesh: Mesh, name: str, **options) -> Plan:
     tables = strategy_tables(gm, mesh, **_picked(options, (
         "fold_layers", "recompute", "microbatches", "progress")))
     budget = default_budget(mesh, options.get("memory_budget"))
-    hand = evaluate_hand_strategies(
-        tables.gm, mesh, memory_budget=budget, table=tables.found,
-        strategies=asked_hand_strategies((name,), mesh),
-        optimizer=optimizer_state(options.get("optimizer"),
-                                  master_weights=options.get("master_weights")),
-        **_picked(options, ("time_limit", "fold_layers", "seed", "microbatches", "progress")))
+    hand = _evaluated(tables, mesh, (name,), options)
     record = hand.records[0]
     if hand.fastest_fitting is None:
         peak = record.peak_memory_bytes
@@ -416,12 +411,7 @@ def plan_compared(gm: fx.GraphModule, mesh: Mesh, *,
     tables = strategy_tables(gm, mesh, **_picked(options, (
         "fold_layers", "constraints", "recompute", "microbatches", "progress")))
     result = plan_graph(gm, mesh, tables=tables, **options)
-    hand = evaluate_hand_strategies(
-        tables.gm, mesh, memory_budget=default_budget(mesh, options.get("memory_budget")),
-        table=tables.found, strategies=asked_hand_strategies(hand_strategies, mesh),
-        optimizer=optimizer_state(options.get("optimizer"),
-                                  master_weights=options.get("master_weights")),
-        **_picked(options, ("time_limit", "fold_layers", "seed", "microbatches", "progress")))
+    hand = _evaluated(tables, mesh, hand_strategies, options)
     # Each hand strategy is a restriction of the same search; the overlap of gradient
     # reductions is estimated round by round (plan_table), so a restricted search can
     # land on a faster plan than the whole one did: keep the fastest of them.
@@ -430,6 +420,18 @@ def plan_compared(gm: fx.GraphModule, mesh: Mesh, *,
             and fastest.step_time_s < result.step_time_s:
         result = dataclasses.replace(fastest, model=result.model, warnings=result.warnings)
     return dataclasses.replace(result, hand_strategies=hand.records)
+
+
+def _evaluated(tables, mesh: Mesh, asked: bool | tuple[str, ...],
+               options: dict) -> HandStrategyResults:
+    """`evaluate_hand_strategies` of the hand strategies `asked` for, over `tables` (of
+    `strategy_tables`), with the planning call's `options`."""
+    return evaluate_hand_strategies(
+        tables.gm, mesh, memory_budget=default_budget(mesh, options.get("memory_budget")),
+        table=tables.found, strategies=asked_hand_strategies(asked, mesh),
+        optimizer=optimizer_state(options.get("optimizer"),
+                                  master_weights=options.get("master_weights")),
+        **_picked(options, ("time_limit", "fold_layers", "seed", "microbatches", "progress")))
 
 
 def _picked(options: dict, names: tuple[str, ...]) -> dict:
