@@ -111,10 +111,12 @@ def main(argv: list[str] | None = None) -> None:
         if nproc is not None:
             raise SystemExit("--nproc is for runs without torchrun; torchrun sets the ranks")
         rank = autopar.runtime.init_from_env()
-        try:
-            train(rank, run, example)
-        finally:
-            dist.destroy_process_group()
+        train(rank, run, example)
+        # Every rank done with its collectives before any tears its connections down; a rank
+        # that raised leaves the group to the process's exit (destroying it while the others
+        # still wait in a collective would hang them).
+        dist.barrier()
+        dist.destroy_process_group()
         return
     size = math.prod(run.mesh)
     nproc = size if nproc is None else nproc

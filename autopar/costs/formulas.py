@@ -12,6 +12,10 @@ all-gather, the input of a reduce-scatter):
     send             B / beta + alpha          (point to point: a pipeline stage's boundary)
     broadcast        B / beta + alpha          (of a scalar: a pipeline's loss, pipelined)
 
+Gradients all-reduced in buckets (`GRADIENT_BUCKET_BYTES`, packed as DDP packs them) share
+one call's latency: a gradient of B bytes in a bucket of K pays its bandwidth term and
+min(1, B / K) of the latency term (`bucketed_time`).
+
 Redistribution between two shardings is a list of `Transfer`s, one per mesh axis whose
 placement changes, and its backward is derived, never guessed: the gradient arriving at a
 consumer's input has the input's placement, except that a replicated input of a consumer
@@ -39,6 +43,10 @@ from autopar.values.placement import Partial, Placement, Placements, Replicate, 
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send",
                "broadcast")
+
+# Gradients packed into one all-reduce, at most (about DDP's first bucket): the runtime's
+# buckets (`autopar.runtime.grad_reduce`) and the cost of their latency (`bucketed_time`).
+GRADIENT_BUCKET_BYTES = 1 << 20
 
 # Backward compute of a differentiable op is about twice its forward (two matmuls per matmul).
 BACKWARD_FLOPS_FACTOR = 2
@@ -114,6 +122,17 @@ def collective_time(kind: str, nbytes, n: int, link: LinkLevel):
     return steps * nbytes / (n * bandwidth) + steps * latency
 
 
+def bucketed_time(kind: str, nbytes, n: int, link: LinkLevel, bucket_bytes: int):
+    """`collective_time` of a buffer of `nbytes` sent as part of a bucket of `bucket_bytes`
+    (one collective for all the buffers packed into it): its bandwidth term, and the share
+    min(1, nbytes / bucket_bytes) of the one latency term the bucket pays. A size kept
+    symbolic pays the whole latency."""
+    whole = collective_time(kind, nbytes, n, link)
+    if isinstance(nbytes, sympy.Basic) or bucket_bytes <= 0 or nbytes >= bucket_bytes:
+        return whole
+    return whole - (1 - nbytes / bucket_bytes) * collective_time(kind, 0, n, link)
+
+
 def optimizer_traffic(itemsize: int, state_bytes: float) -> float:
     """Bytes an optimizer step moves per parameter element: the parameter read and
     written, its gradient read, its master copy and states (`state_bytes` per element)
@@ -152,9 +171,11 @@ class Transfer:
     nbytes: object
     backward: bool
 
-    def time(self, mesh: Mesh):
-        return collective_time(self.kind, self.nbytes, mesh.shape[self.axis],
-                               mesh.axis_links[self.axis])
+    def time(self, mesh: Mesh, bucket_bytes: int = 0):
+        """Its `collective_time` on `mesh`; as part of a bucket when `bucket_bytes` > 0
+        (`bucketed_time`)."""
+        return bucketed_time(self.kind, self.nbytes, mesh.shape[self.axis],
+                             mesh.axis_links[self.axis], bucket_bytes)
 
 
 def _local_bytes(nbytes, placements: Placements, mesh_shape: tuple[int, ...]):

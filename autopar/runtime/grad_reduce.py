@@ -46,6 +46,7 @@ import torch.distributed as dist
 from torch.autograd import Variable
 from torch.distributed.device_mesh import DeviceMesh
 
+from autopar.costs.formulas import GRADIENT_BUCKET_BYTES
 from autopar.runtime.axis_ops import (
     apply_step,
     apply_steps,
@@ -56,9 +57,6 @@ from autopar.runtime.axis_ops import (
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.steps import Step
-
-# Gradients packed into one all-reduce, at most (about DDP's first bucket).
-BUCKET_BYTES = 1 << 20
 
 # Ops whose backward computes each tensor operand's gradient as a new tensor (a matmul,
 # convolution, embedding or normalization kernel, or a product), never as the incoming
@@ -106,7 +104,7 @@ class GradientReducer:
     ends: per-call cost, not bandwidth, dominates small all-reduces. Gradients of
     kept-gathered parameters (`scatter`) each start their reduce-scatter at once."""
 
-    def __init__(self, bucket_bytes: int = BUCKET_BYTES) -> None:
+    def __init__(self, bucket_bytes: int = GRADIENT_BUCKET_BYTES) -> None:
         self.bucket_bytes = bucket_bytes
         self._buckets: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._meshes: dict[tuple[int, int], DeviceMesh] = {}

@@ -13,7 +13,8 @@ map from problem indices back to graph nodes and tensors.
 - Edge cost: the forward collectives that turn the producer's placement into the one the
   consumer's strategy wants, plus the backward collectives derived in `autopar.costs.formulas`. A
   parameter's gradient reduction that the runtime overlaps with the rest of the backward
-  (`background_reductions`), and a parameter's gather it starts one use ahead
+  (`background_reductions`; packed into buckets, each gradient paying its share of a
+  bucket's latency, `EdgeRef.bucket_bytes`), and a parameter's gather it starts one use ahead
   (`background_gathers`), count at the `Background` fractions of their time (the caller's
   estimate of the part left exposed; see `autopar.planning.graph.plan_table`). The edges' costs are
   `passes/problem/edge_costs.py`'s: an edge's matrix is computed once per distinct signature of its
@@ -398,6 +399,18 @@ class _Builder:
         return tuple(dataclasses.replace(ref, keeps=keep, owns=e in owners)
                      for e, (ref, keep) in enumerate(zip(edges, keeps)))
 
+    def with_buckets(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeRef, ...]:
+        """`edges` with `bucket_bytes` set on those of parameters: the runtime's bucket, or
+        all the parameters' gradients where they fill less (one bucket holds them all)."""
+        gradients = sum(self.repeats[i] * _number(self.by_name[name].meta[TENSOR].nbytes,
+                                                  self.hints)
+                        for i, name in enumerate(self.order)
+                        if self.by_name[name].meta.get(ROLE) == "parameter"
+                        and self.on_path[name])
+        bucket = int(min(formulas.GRADIENT_BUCKET_BYTES, gradients))
+        return tuple(dataclasses.replace(e, bucket_bytes=bucket) if e.producer_is_parameter
+                     else e for e in edges)
+
     def _may_own(self, name: str, output: int) -> bool:
         """Whether output `output` of `name` is an op's, on the gradient path, which the op
         writes (not a view) and does not save itself."""
@@ -536,7 +549,7 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
         edge_ref(builder.by_name, builder.on_path, table.inputs[node.name], node.name, position,
                  builder.saved)
         for node in nodes for position in range(len(table.inputs[node.name])))
-    edges = builder.with_memory_flags(edges)
+    edges = builder.with_buckets(builder.with_memory_flags(edges))
     # A folded graph's representative block stands for tied blocks: it is tied too.
     ties = builder.ties(strategies) if fold_layers or builder.fold else ()
     first_of_tie = {group[0] for group in ties}

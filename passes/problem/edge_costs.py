@@ -71,6 +71,9 @@ class EdgeRef:
     # output is kept by nothing else (not by the producer, not through another edge).
     keeps: bool = False
     owns: bool = False
+    # Time: the bytes of the bucket a replicated parameter's gradient all-reduce is packed
+    # into (`formulas.bucketed_time`; 0: alone).
+    bucket_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -213,11 +216,20 @@ def step_repeats(ref: EdgeRef, src: Strategy, transfers: tuple[formulas.Transfer
     return tuple(1 if id(t) in once else microbatches for t in transfers)
 
 
+def transfer_seconds(ref: EdgeRef, transfers: tuple[formulas.Transfer, ...], mesh: Mesh
+                     ) -> list:
+    """Each of an edge's transfers' time, run once: a replicated parameter's gradient
+    all-reduce as its part of a bucket (`EdgeRef.bucket_bytes`), as the runtime packs it."""
+    bucket = (ref.bucket_bytes if ref.producer_is_parameter and _replicated_reduction(transfers)
+              else 0)
+    return [t.time(mesh, bucket) for t in transfers]
+
+
 def step_seconds(ref: EdgeRef, src: Strategy, transfers: tuple[formulas.Transfer, ...],
                  microbatches: int, mesh: Mesh) -> list:
-    """Each of an edge's transfers' time over one step (`step_repeats`)."""
-    return [n * t.time(mesh)
-            for t, n in zip(transfers, step_repeats(ref, src, transfers, microbatches))]
+    """Each of an edge's transfers' time over one step (`transfer_seconds`, `step_repeats`)."""
+    return [n * seconds for seconds, n in zip(transfer_seconds(ref, transfers, mesh),
+                                              step_repeats(ref, src, transfers, microbatches))]
 
 
 def background_seconds(ref: EdgeRef, src: Strategy, transfers: tuple[formulas.Transfer, ...],
@@ -335,7 +347,7 @@ class EdgeCache:
         nbytes = ref.tensor.nbytes
         context = (nbytes, ref.requires_grad, ref.saved, ref.same_block,
                    ref.producer_is_parameter, ref.consumer_is_view, ref.consumer_saves,
-                   microbatches)
+                   ref.bucket_bytes, microbatches)
         # Strategy tuples are shared between identical ops, so repeated blocks hit this.
         key = (id(src), id(dst), ref.position, context)
         found = self._tables.get(key)

@@ -30,13 +30,13 @@ from autopar.passes.problem.build_problem import (
 )
 from autopar.passes.problem.edge_costs import (
     Background,
-    background_gathers,
-    background_reductions,
+    background_seconds,
     held_bytes,
     hidden_seconds,
     step_repeats,
     step_seconds,
     strategy_edge_transfers,
+    transfer_seconds,
 )
 from autopar.solver import Solution
 from autopar.values.placement import format_placements
@@ -139,10 +139,10 @@ def _hidden(build: ProblemBuild, by_name, chosen, edges, sizes: dict[str, int]) 
     reductions = gathers = 0.0
     for name, per_node in edges.items():
         for ref, src, _, transfers in per_node:
-            reductions += repeats[name] * sum(
-                float(t.time(mesh)) for t in background_reductions(ref, src, transfers))
-            gathers += repeats[name] * sum(
-                float(t.time(mesh)) for t in background_gathers(ref, src, transfers))
+            edge = background_seconds(ref, src, transfers,
+                                      transfer_seconds(ref, transfers, mesh))
+            reductions += repeats[name] * float(edge[0])
+            gathers += repeats[name] * float(edge[1])
     forward = backward = 0.0
     if reductions or gathers:
         for name in build.nodes:

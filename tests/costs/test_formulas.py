@@ -65,6 +65,22 @@ def test_collective_formulas():
     assert formulas.collective_time("send", 8e6, 2, link) == pytest.approx(8e6 / bw + lat)
 
 
+def test_gradients_in_one_bucket_share_its_latency():
+    """Gradients packed into one bucket pay their bandwidth terms and, together, the
+    bucket's one latency; a gradient of a bucket's size or more pays all of it."""
+    link = LinkLevel("net", None, 1e9, 1e-3)
+    bucket = 1 << 20
+    parts = [bucket // 4, bucket // 4, bucket // 2]
+    shared = sum(formulas.bucketed_time("all_reduce", b, 2, link, bucket) for b in parts)
+    assert shared == pytest.approx(formulas.collective_time("all_reduce", bucket, 2, link))
+    assert shared < sum(formulas.collective_time("all_reduce", b, 2, link) for b in parts) / 2
+    for alone in (bucket, 4 * bucket):
+        assert formulas.bucketed_time("all_reduce", alone, 2, link, bucket) == \
+            formulas.collective_time("all_reduce", alone, 2, link)
+    assert formulas.bucketed_time("all_reduce", 1000, 2, link, 0) == \
+        formulas.collective_time("all_reduce", 1000, 2, link)
+
+
 def test_a_measured_kind_uses_its_own_figures():
     """A link with measured all-gather figures prices all-gathers by them, the other
     kinds by the level's own bandwidth and latency."""

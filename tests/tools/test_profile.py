@@ -104,10 +104,11 @@ def test_the_command_writes_a_profile(tmp_path: Path) -> None:
 
 def test_the_command_compares_with_a_profile_measured_before(measured: Path,
                                                             tmp_path: Path) -> None:
-    """`--compare` prints how far each fitted figure moved: a profile whose matmul rate
-    is doubled shows -50% there."""
+    """`--compare` prints how far each fitted figure moved: against a profile whose matmul
+    rate is a hundred times the measured one, the new rate shows about -99%. (A factor that
+    large: a shared machine's matmul rate moves by 2x between runs.)"""
     data = json.loads(measured.read_text())
-    data["peak_flops"]["float32"] *= 2
+    data["peak_flops"]["float32"] *= 100
     before = tmp_path / "before.json"
     before.write_text(json.dumps(data))
     out = tmp_path / "p.json"
@@ -115,5 +116,5 @@ def test_the_command_compares_with_a_profile_measured_before(measured: Path,
                                        str(out), "--quick", "--compare", str(before)])
     assert result.exit_code == 0, result.output
     line = next(t for t in result.output.splitlines() if "peak_flops.float32" in t)
-    assert float(line.split()[-1].rstrip("%")) < -30
+    assert float(line.split()[-1].rstrip("%")) < -90
     assert "figures within 10%" in result.output
