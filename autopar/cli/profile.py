@@ -92,7 +92,10 @@ def fitted_figures(data: dict) -> dict[str, float]:
             figures[key] = data[key]
     for link in data["links"]:
         for kind, fit in link.get("collectives", {}).items():
-            figures.update({f"{link['name']}.{kind}.{k}": v for k, v in fit.items()})
+            name = f"{link['name']}.{kind}"
+            figures.update({f"{name}.{k}": fit[k] for k in ("bandwidth", "latency")})
+            figures.update({f"{name}.{int(size)}B": seconds
+                            for size, seconds in fit.get("points", ())})
     return figures
 
 

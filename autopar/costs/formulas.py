@@ -12,6 +12,10 @@ all-gather, the input of a reduce-scatter):
     send             B / beta + alpha          (point to point: a pipeline stage's boundary)
     broadcast        B / beta + alpha          (of a scalar: a pipeline's loss, pipelined)
 
+A measured profile's link also holds the timings its figures were fitted to; a size known
+as a number is priced by them instead (`CollectiveFit.time`: linear between the measured
+sizes), which follows a curve the straight line of the formula does not.
+
 Gradients all-reduced in buckets (`GRADIENT_BUCKET_BYTES`, packed as DDP packs them) share
 one call's latency: a gradient of B bytes in a bucket of K pays its bandwidth term and
 min(1, B / K) of the latency term (`bucketed_time`).
@@ -103,8 +107,19 @@ def training_compute_time(flops, nbytes, dtype: torch.dtype, hardware: HardwareP
 def send_time(nbytes, link: LinkLevel):
     """B / beta + alpha: one point-to-point send of `nbytes` over `link` (a pipeline stage's
     boundary, a step of an attention ring), at the figures the link has for sends."""
+    measured = _measured(link, "send", nbytes, 2)
+    if measured is not None:
+        return measured
     bandwidth, latency = link.figures("send")
     return nbytes / bandwidth + latency
+
+
+def _measured(link: LinkLevel, kind: str, nbytes, n: int) -> float | None:
+    """The link's measured time of the collective (`LinkLevel.measured_time`), for sizes
+    known as numbers; None where it has none (the formula's figures then price it)."""
+    if isinstance(nbytes, sympy.Basic):
+        return None
+    return link.measured_time(kind, nbytes, n)
 
 
 def collective_time(kind: str, nbytes, n: int, link: LinkLevel):
@@ -115,6 +130,9 @@ def collective_time(kind: str, nbytes, n: int, link: LinkLevel):
         return 0
     if kind == "send":
         return send_time(nbytes, link)
+    measured = _measured(link, kind, nbytes, n)
+    if measured is not None:
+        return measured
     bandwidth, latency = link.figures(kind)
     if kind == "broadcast":
         return nbytes / bandwidth + latency

@@ -8,6 +8,7 @@ devices one level connects (null: unbounded, the outermost level).
 
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -38,11 +39,29 @@ PROFILE_VERSION = 2  # 2: per-kind collectives, kernel rates, optimizer and over
 @dataclass(frozen=True)
 class CollectiveFit:
     """A collective kind's measured figures on one link level: the bandwidth (bytes/s) and
-    latency (s) that the cost model's formula for that kind fits to its timings."""
+    latency (s) that the cost model's formula for that kind fits to its timings, and the
+    timings themselves: `points`, (per-rank buffer bytes, seconds) by increasing bytes,
+    over groups of `ranks` devices (None: any, as for sends)."""
 
     kind: str
     bandwidth: float
     latency: float
+    points: tuple[tuple[float, float], ...] = ()
+    ranks: int | None = None
+
+    def time(self, nbytes: float, n: int) -> float | None:
+        """Seconds of one collective of `nbytes` over `n` devices as measured: on the line
+        through the two points around it (beyond the last, through the last two), the
+        first point's time below them. None where no point was measured on groups of
+        `n`."""
+        if not self.points or (self.ranks is not None and n != self.ranks):
+            return None
+        sizes = [size for size, _ in self.points]
+        at = min(bisect.bisect_left(sizes, nbytes), len(sizes) - 1)
+        if at == 0:
+            return self.points[0][1]
+        (x0, t0), (x1, t1) = self.points[at - 1], self.points[at]
+        return t0 + (t1 - t0) * (nbytes - x0) / (x1 - x0)
 
 
 @dataclass(frozen=True)
@@ -68,6 +87,22 @@ class LinkLevel:
                     expected="bandwidth > 0 bytes/s and latency >= 0 s",
                     got=f"bandwidth={bandwidth}, latency={latency}",
                     fix="correct the profile's links entry, or measure it again")
+        for fit in self.collectives:
+            sizes = [size for size, _ in fit.points]
+            if sizes != sorted(set(sizes)) or any(not t >= 0 for _, t in fit.points):
+                raise HardwareError(
+                    f"link level {self.name!r} ({fit.kind}) has unordered or negative "
+                    "timings", expected="points [bytes, seconds] by increasing bytes, "
+                    "seconds >= 0", got=str(fit.points),
+                    fix="correct the profile's links entry, or measure it again")
+
+    def measured_time(self, kind: str, nbytes: float, n: int) -> float | None:
+        """Seconds of one collective of `kind` moving `nbytes` over `n` devices of this
+        level, from the timings measured for it (`CollectiveFit.time`); None unmeasured."""
+        for fit in self.collectives:
+            if fit.kind == kind:
+                return fit.time(nbytes, n)
+        return None
 
     def figures(self, kind: str) -> tuple[float, float]:
         """(bandwidth, latency) that collectives of `kind` achieve on this level."""
@@ -80,16 +115,24 @@ class LinkLevel:
         data = {"name": self.name, "devices": self.devices, "bandwidth": self.bandwidth,
                 "latency": self.latency}
         if self.collectives:
-            data["collectives"] = {c.kind: {"bandwidth": c.bandwidth, "latency": c.latency}
-                                   for c in self.collectives}
+            data["collectives"] = {c.kind: _fit_dict(c) for c in self.collectives}
         return data
 
     @staticmethod
     def from_dict(data: dict) -> LinkLevel:
-        fits = tuple(CollectiveFit(kind, float(f["bandwidth"]), float(f["latency"]))
+        fits = tuple(CollectiveFit(kind, float(f["bandwidth"]), float(f["latency"]),
+                                   tuple((float(b), float(t)) for b, t in f.get("points", ())),
+                                   f.get("ranks"))
                      for kind, f in sorted(data.get("collectives", {}).items()))
         return LinkLevel(data["name"], data["devices"], float(data["bandwidth"]),
                          float(data["latency"]), fits)
+
+
+def _fit_dict(fit: CollectiveFit) -> dict:
+    data = {"bandwidth": fit.bandwidth, "latency": fit.latency}
+    if fit.points:
+        data.update(points=[list(point) for point in fit.points], ranks=fit.ranks)
+    return data
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ fit of a link, and bad profiles refused before any rank starts."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,7 +13,10 @@ from click.testing import CliRunner
 
 import autopar
 from autopar.cli import main
+from autopar.costs import formulas
 from autopar.tools.profile import Settings, alpha_beta, profile, write_profile
+from autopar.tools.profile.fit import monotone
+from autopar.values.hardware import CollectiveFit, LinkLevel
 from examples import mlp
 
 
@@ -46,6 +50,12 @@ def test_a_measured_profile_is_what_a_mesh_of_its_shape_plans_with(measured: Pat
     assert mesh.hardware.mesh_shape == (2,) and mesh.axis_links[0].name == "dp"
     gather = link["collectives"]["all_gather"]
     assert mesh.axis_links[0].figures("all_gather") == (gather["bandwidth"], gather["latency"])
+    # Its timings price the sizes it measured, and read between them.
+    (small, t0), (large, t1) = gather["points"][:2]
+    assert gather["ranks"] == 2 and t0 <= t1
+    assert formulas.collective_time("all_gather", small, 2, mesh.axis_links[0]) == t0
+    assert t0 <= formulas.collective_time("all_gather", (small + large) / 2, 2,
+                                          mesh.axis_links[0]) <= t1
     model, inputs = mlp.build(device="meta")
     plan = autopar.plan(model, mesh, inputs, time_limit=5)
     assert plan.step_time_s > 0 and plan.mesh.hardware.name == "measured-2"
@@ -58,6 +68,32 @@ def test_the_fit_of_a_link_recovers_its_latency_and_bandwidth() -> None:
     assert latency == pytest.approx(alpha) and bandwidth == pytest.approx(beta)
     with pytest.raises(autopar.HardwareError, match="do not grow"):
         alpha_beta(n, {2**12: 2e-3, 2**20: 1e-3})
+
+
+def test_timings_that_fall_with_the_size_are_pooled_into_their_mean() -> None:
+    assert monotone({1: 3.0, 2: 1.0, 4: 5.0}) == [(1, 2.0), (2, 2.0), (4, 5.0)]
+    assert monotone({4: 3.0, 1: 1.0, 2: 2.0}) == [(1, 1.0), (2, 2.0), (4, 3.0)]
+    assert monotone({1: 4.0, 2: 3.0, 3: 2.0}) == [(1, 3.0), (2, 3.0), (3, 3.0)]
+
+
+def test_a_link_prices_its_measured_sizes_by_their_timings() -> None:
+    """Between two measured sizes the time is read off the line through them (beyond the
+    last, through the last two); below the first, the first's; on a group of another
+    size, or unmeasured, the fitted formula."""
+    fit = CollectiveFit("all_reduce", 1e9, 1e-4, ((1e3, 1e-3), (1e6, 3e-3)), ranks=2)
+    link = LinkLevel("net", None, 1e9, 1e-4, (fit,))
+    assert formulas.collective_time("all_reduce", 1e3, 2, link) == 1e-3
+    assert formulas.collective_time("all_reduce", 10, 2, link) == 1e-3
+    assert formulas.collective_time("all_reduce", 500_500, 2, link) == pytest.approx(2e-3)
+    assert formulas.collective_time("all_reduce", 1_999_000, 2, link) == pytest.approx(5e-3)
+    assert formulas.collective_time("all_reduce", 1e3, 4, link) == pytest.approx(
+        6 * 1e-4 + 1.5 * 1e3 / 1e9)
+    assert formulas.collective_time("all_gather", 1e3, 2, link) == pytest.approx(
+        1e-4 + 0.5 * 1e3 / 1e9)
+    assert LinkLevel.from_dict(link.to_dict()) == link
+    with pytest.raises(autopar.HardwareError, match="unordered or negative"):
+        LinkLevel("net", None, 1e9, 1e-4, (dataclasses.replace(
+            fit, points=((1e6, 3e-3), (1e3, 1e-3))),))
 
 
 def _broken(measured: Path, tmp_path: Path, change) -> Path:

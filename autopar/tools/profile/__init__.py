@@ -16,7 +16,8 @@ model's formulas (`fit.py`):
 - `overlap_slowdown`: matmuls beside all-reduces over matmuls alone, less one;
 - per mesh axis, one link level (innermost first, each spanning its axis and those inside
   it, the outermost unbounded) with the all-reduce fit as its bandwidth and latency and
-  every kind's own fit under `collectives`;
+  every kind's own fit under `collectives`, with its timings (`points`, made
+  non-decreasing, on groups of `ranks`), which price the sizes between them;
 - `memory_bytes`: the host's memory over the ranks; `usable_memory_bytes`: what the host
   has available over the ranks, less the allocator's measured overhead (the default
   budget of plans, `reserve_bytes`).
@@ -49,7 +50,7 @@ from autopar.tools.profile.device import (
     convolution_flops,
     device_figures,
 )
-from autopar.tools.profile.fit import alpha_beta, collective_fit, line
+from autopar.tools.profile.fit import alpha_beta, collective_fit, line, monotone
 from autopar.tools.profile.links import KINDS, axis_figures, overlap_figures
 from autopar.tools.profile.timing import Timing, combined
 from autopar.values.hardware import PROFILE_FORMAT, PROFILE_VERSION, HardwareProfile
@@ -67,7 +68,7 @@ class Settings:
     optimizer_sizes: tuple[int, ...] = (2**8, 2**14, 2**18)
     attention_sizes: tuple[int, ...] = (32, 128, 512)
     convolution_sizes: tuple[int, ...] = (8, 16, 32, 64)
-    message_bytes: tuple[int, ...] = (2**10, 2**14, 2**18, 2**22, 2**25, 2**27)
+    message_bytes: tuple[int, ...] = (2**10, 2**14, 2**16, 2**18, 2**20, 2**22, 2**25, 2**27)
     repeats: int = 9
 
     @staticmethod
@@ -244,9 +245,11 @@ def _link_levels(shape: tuple[int, ...], names: tuple[str, ...], figures: _Figur
             continue
         fits = {}
         for kind in figures.ranks[0]["links"][name]:
-            latency, bandwidth = collective_fit(kind, size,
-                                                figures.curve(("links", name, kind)))
-            fits[kind] = {"bandwidth": bandwidth, "latency": latency}
+            curve = figures.curve(("links", name, kind))
+            latency, bandwidth = collective_fit(kind, size, curve)
+            fits[kind] = {"bandwidth": bandwidth, "latency": latency,
+                          "points": [list(point) for point in monotone(curve)],
+                          "ranks": None if kind == "send" else size}
         levels.append({"name": name, "devices": spanned, **fits["all_reduce"],
                        "collectives": fits})
     if not levels:  # a mesh of one device: no link measured; a nominal one

@@ -9,6 +9,9 @@ intercept (latency, overhead) dominates, count as much as large ones:
                                           all-to-all; 1 and n = 1 for a send)
     kernel of F FLOPs or bytes            t = overhead + F / rate
     optimizer step of k tensors, e elements each   t / k = t_tensor + e t_element
+
+A collective's timings are also kept as they are, made non-decreasing in the size
+(`monotone`): the cost model reads between them (`CollectiveFit.time`).
 """
 
 from __future__ import annotations
@@ -59,3 +62,18 @@ def collective_fit(kind: str, n: int, timings: Mapping[int, float]) -> tuple[flo
 def alpha_beta(ranks: int, timings: Mapping[int, float]) -> tuple[float, float]:
     """(latency, bandwidth) of a link from all-reduce times over `ranks` devices."""
     return collective_fit("all_reduce", ranks, timings)
+
+
+def monotone(points: Mapping[float, float]) -> list[tuple[float, float]]:
+    """`points` {x: t} by increasing x with t made non-decreasing: the least-squares
+    non-decreasing fit (adjacent points that fall are pooled into their mean), so that
+    noise at small sizes never makes a larger message cheaper than a smaller one."""
+    pools: list[list[float]] = []  # [sum of t, count] of each run of pooled points
+    for _, t in sorted(points.items()):
+        pools.append([t, 1])
+        while len(pools) > 1 and pools[-2][0] / pools[-2][1] > pools[-1][0] / pools[-1][1]:
+            total, count = pools.pop()
+            pools[-1][0] += total
+            pools[-1][1] += count
+    values = [total / count for total, count in pools for _ in range(count)]
+    return list(zip(sorted(points), values))
