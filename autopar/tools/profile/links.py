@@ -2,10 +2,11 @@
 over each mesh axis's process groups, per message size, and how much a collective running
 beside compute slows that compute.
 
-The collectives are the calls the runtime makes (`autopar.runtime.axis_ops`: torch.
-distributed's blocking all-reduce, all-gather and reduce-scatter into one tensor,
-all-to-all of one tensor; a send and receive between pairs of ranks, as pipeline stages
-and attention rings exchange). The message size is the per-rank buffer B of
+The collectives are the runtime's own steps (`autopar.runtime.axis_ops.apply_step`: torch.
+distributed's blocking all-reduce of a copy, all-gather and reduce-scatter into one
+tensor, all-to-all of the stacked pieces, with the runtime's copies and bookkeeping), and
+a send and receive between pairs of ranks, as pipeline stages and attention rings
+exchange. The message size is the per-rank buffer B of
 `autopar.costs.formulas`: the gathered output of an all-gather, the input of a reduce-
 scatter. Every timing starts after a barrier over the group and a short burst of compute
 (`_timed_collective`); the ranks' k-th timings are combined as the slowest's.
@@ -18,8 +19,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from autopar.runtime.axis_ops import all_gather_single, reduce_scatter_single
+from autopar.runtime.axis_ops import apply_step
+from autopar.runtime.counter import CommCounter
+from autopar.runtime.steps import Step
 from autopar.tools.profile.timing import Timing, timed
+from autopar.values.placement import Partial, Replicate, Shard
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send")
 # Untimed calls before a collective's timings: its first calls set up buffers and pairs.
@@ -35,21 +39,28 @@ BURST_MATMUL = 192
 OVERLAP_BYTES = 8 * 2**20
 
 
-def _call(kind: str, nbytes: int, group, n: int, position: int):
-    """A zero-argument call of one `kind` collective of `nbytes` over `group`."""
+# The placements the runtime converts for each kind (`autopar.runtime.axis_ops.apply_step`,
+# its copies included: the all-reduce's copy of a shared input, the all-to-all's pieces).
+_STEPS = {"all_reduce": (Partial(), Replicate()), "all_gather": (Shard(0), Replicate()),
+          "reduce_scatter": (Partial(), Shard(0)), "all_to_all": (Shard(0), Shard(1))}
+
+
+def _call(kind: str, nbytes: int, mesh, name: str, n: int, position: int):
+    """A zero-argument call of one `kind` collective of `nbytes` over mesh axis `name`, as
+    the runtime converts a tensor (a send and receive between a pair of ranks for
+    "send")."""
+    group = mesh.get_group(name)
     elements = max(n, nbytes // 4 // n * n)
-    if kind == "all_reduce":
-        buffer = torch.zeros(elements)
-        return lambda: dist.all_reduce(buffer, group=group)
-    if kind == "all_gather":
-        out, piece = torch.empty(elements), torch.zeros(elements // n)
-        return lambda: all_gather_single(out, piece, group=group)
-    if kind == "reduce_scatter":
-        whole, out = torch.zeros(elements), torch.empty(elements // n)
-        return lambda: reduce_scatter_single(out, whole, group=group)
-    if kind == "all_to_all":
-        send, recv = torch.zeros(elements), torch.empty(elements)
-        return lambda: dist.all_to_all_single(recv, send, group=group)
+    if kind == "send":
+        return _exchange(elements, group, position)
+    local = {"all_gather": (elements // n,),
+             "all_to_all": (n, max(n, elements // n // n * n))}.get(kind, (elements,))
+    step = Step(mesh.mesh_dim_names.index(name), *_STEPS[kind])
+    tensor, counter = torch.zeros(local), CommCounter()
+    return lambda: apply_step(tensor, step, mesh, counter, "forward")
+
+
+def _exchange(elements: int, group, position: int):
     peer = dist.get_global_rank(group, position ^ 1)
     sent, received = torch.zeros(elements), torch.empty(elements)
 
@@ -92,7 +103,7 @@ def axis_figures(mesh, name: str, n: int, settings) -> dict[str, dict[int, Timin
             repeats = (SMALL_REPEATS * settings.repeats if nbytes < SMALL_BYTES
                        else settings.repeats if nbytes < LARGE_BYTES
                        else max(3, settings.repeats // 3))
-            call = _call(kind, nbytes, group, n, position)
+            call = _call(kind, nbytes, mesh, name, n, position)
             figures[kind][nbytes] = _timed_collective(call, group, repeats)
     return figures
 
