@@ -63,7 +63,7 @@ from autopar.costs.optimizer_state import ADAMW, OptimizerState
 from autopar.passes.capturing.find_saved import find_saved
 from autopar.passes.capturing.gradient_path import gradient_path
 from autopar.passes.problem.build_problem import kept_reads, stored_parameter_bytes, tensor_leaves
-from autopar.passes.problem.edge_costs import copy_bytes
+from autopar.passes.problem.edge_costs import copy_bytes, sliced_view
 from autopar.passes.strategies.find_strategies import producer_of
 from autopar.values.placement import parse_placements
 from autopar.values.plan import Plan
@@ -178,7 +178,8 @@ def _copies(plan: Plan, graph: fx.GraphModule) -> dict[str, float]:
     """Per op, the bytes of the converted tensors it keeps (the module docstring), which
     its `memory_bytes` counts."""
     placed = {n.name: n for n in plan.nodes}
-    reads = kept_reads(graph, find_saved(graph), gradient_path(graph))
+    on_path = gradient_path(graph)
+    reads = kept_reads(graph, find_saved(graph), on_path)
     copies: dict[str, float] = {}
     for node in graph.graph.nodes:
         consumer = placed.get(node.name)
@@ -189,9 +190,12 @@ def _copies(plan: Plan, graph: fx.GraphModule) -> dict[str, float]:
             if (node.name, position) not in reads or producer is None \
                     or producer.role == "parameter":
                 continue
+            output = parse_placements(producer.output)
+            read = parse_placements(consumer.inputs[position])
+            if not on_path[producer.name] and sliced_view(output, read):
+                continue  # a view of the producer's output
             copies[node.name] = copies.get(node.name, 0.0) + float(copy_bytes(
-                leaf.meta[TENSOR].nbytes, parse_placements(producer.output),
-                parse_placements(consumer.inputs[position]), plan.mesh.shape))
+                leaf.meta[TENSOR].nbytes, output, read, plan.mesh.shape))
     return copies
 
 

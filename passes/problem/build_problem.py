@@ -31,7 +31,9 @@ map from problem indices back to graph nodes and tensors.
   blocks: there its outputs stand for the one block the backward recomputes at a time.
 - Memory per edge (`edge_costs.held_bytes`, an `EdgeUsage` of the problem over [consumer,
   end of the forward)): a consumer that keeps what it reads (`kept_reads`) through a
-  collective keeps the collective's copy, at its read placement. An output kept through
+  collective keeps the collective's copy, at its read placement (a tensor off the
+  gradient path cut along dim 0 over one axis is handed on as a view: no copy,
+  `edge_costs.sliced_view`). An output kept through
   one edge only (`EdgeRef.owns`: its op does not save it, one consumer or chain of views
   does) is charged on that edge, not on its op: held when the edge does not convert it,
   freed after the collective when it does.
@@ -138,7 +140,8 @@ def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
                    recompute_region(by_name[producer]) == recompute_region(node),
                    by_name[producer].meta.get(ROLE) == "parameter",
                    consumer_is_view=node.op == "call_function" and node.meta.get(BYTES, 0) == 0,
-                   consumer_saves=entry is None or position in entry.inputs)
+                   consumer_saves=entry is None or position in entry.inputs,
+                   producer_off_path=not on_path[producer])
 
 
 def tensor_leaves(node: fx.Node) -> list[fx.Node]:

@@ -71,6 +71,10 @@ class EdgeRef:
     # output is kept by nothing else (not by the producer, not through another edge).
     keeps: bool = False
     owns: bool = False
+    # The producer's output needs no gradient (a user input, a mask): the runtime cuts it
+    # by a lone local slice as a view (`Collective`), so a piece along dim 0 is no copy
+    # (`sliced_view`).
+    producer_off_path: bool = False
     # Time: the bytes of the bucket a replicated parameter's gradient all-reduce is packed
     # into (`formulas.bucketed_time`; 0: alone).
     bucket_bytes: int = 0
@@ -125,6 +129,14 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
     return transfers
 
 
+def sliced_view(output, read) -> bool:
+    """Whether converting `output` placements to `read` cuts on one mesh axis along dim 0
+    alone, whose pieces are contiguous: the runtime hands such a piece of a tensor off the
+    gradient path as a view, no copy (`Collective`'s input slices)."""
+    changed = [(o, r) for o, r in zip(output, read) if o != r]
+    return changed == [(Replicate(), Shard(0))]
+
+
 def copy_bytes(nbytes, output, read, mesh_shape: tuple[int, ...]):
     """Bytes of the new tensor an edge's forward hands its consumer, converting a tensor of
     `nbytes` from `output` to `read` placements: its local bytes at `read` when they differ
@@ -142,7 +154,8 @@ def held_bytes(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes, mesh_shape: t
     if not ref.keeps:
         return 0, 0
     read = dst.inputs[ref.position]
-    copy = copy_bytes(nbytes, src.output, read, mesh_shape)
+    copy = 0 if ref.producer_off_path and sliced_view(src.output, read) else copy_bytes(
+        nbytes, src.output, read, mesh_shape)
     own = formulas.local_bytes(nbytes, src.output, mesh_shape) \
         if ref.owns and (not copy or dst.recompute) and producer_keeps else 0
     return copy, own
@@ -380,7 +393,8 @@ class EdgeCache:
         it); the producer keeps its output unless recomputed outside the first block of a
         tie group (`first_of_tie`)."""
         nbytes = ref.tensor.nbytes
-        key = (id(src), id(dst), ref.position, nbytes, ref.keeps, ref.owns, first_of_tie)
+        key = (id(src), id(dst), ref.position, nbytes, ref.keeps, ref.owns, first_of_tie,
+               ref.producer_off_path)
         found = self._held.get(key)
         if found is not None:
             return found[2]
@@ -390,6 +404,8 @@ class EdgeCache:
             out, _, _, src_recompute, _ = producers.keys.T
             read, _, dst_recompute = consumers.keys.T
             copy = out[:, None] != read[None, :]
+            if ref.producer_off_path:
+                copy &= ~self._sliced_views(out, read)
             values = np.where(copy, self._bytes(read, nbytes)[None, :], 0.0)
             if ref.owns:
                 own = ((~copy | (dst_recompute == 1)[None, :])
@@ -444,6 +460,14 @@ class EdgeCache:
             self._plans = grown
         self._axes[new] = [self._atom(p) for p in placements]
         return new
+
+    def _sliced_views(self, out: np.ndarray, read: np.ndarray) -> np.ndarray:
+        """Per (output id, read id), whether they differ on one axis only, Replicate to
+        Shard(0) (`sliced_view`)."""
+        stored, reads = self._axes[out][:, None], self._axes[read][None]
+        differ = stored != reads
+        sliced = (stored == self._atom(Replicate())) & (reads == self._atom(Shard(0)))
+        return (differ.sum(axis=2) == 1) & np.all(~differ | sliced, axis=2)
 
     def _atom(self, placement) -> int:
         found = self._atoms.get(placement)

@@ -88,17 +88,7 @@ def test_gradient_storages_are_the_gradients(measured, example):
         assert result.state.gradient_storages == results[0].predicted.gradients, rank
 
 
-# ResNet's plan now cuts its replicated input images along the batch for the first
-# convolution: the runtime hands it a view of the input (a contiguous piece, `Collective`'s
-# input slice), the cost model charges a copy (12,288 bytes of 81,860 predicted, 69,580
-# held). Not strict: which plan a 2 s solve returns depends on the machine's speed.
-_INPUT_SLICE_COPY = pytest.mark.xfail(
-    reason="a lone slice of an input along dim 0 is a view at run time, charged as a copy",
-    strict=False)
-
-
-@pytest.mark.parametrize("example", ["mlp", "gpt",
-                                     pytest.param("resnet", marks=_INPUT_SLICE_COPY)])
+@pytest.mark.parametrize("example", ["mlp", "gpt", "resnet"])
 def test_activation_bytes_within_ten_percent(measured, example):
     results = _case(measured, example)
     # What autograd holds of activations includes the collectives' copies consumers keep.

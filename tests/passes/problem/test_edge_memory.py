@@ -71,6 +71,14 @@ def test_held_bytes_case_by_case():
     assert _held(_ref(), (R, R), (R, R), producer_keeps=False) == (0, 0)
     # A consumer that keeps nothing holds nothing.
     assert _held(_ref(keeps=False), (S0, R), (R, R)) == (0, 0)
+    # A tensor off the gradient path cut along dim 0 over one axis is handed on as a view
+    # (the runtime's input slices): no copy, the output kept through it; a cut along
+    # another dim, or over two axes, is copied out.
+    off_path = _ref(producer_off_path=True, requires_grad=False)
+    assert _held(off_path, (R, R), (S0, R)) == (0, 128)
+    assert _held(off_path, (R, R), (Shard(1), R)) == (64, 0)
+    assert _held(off_path, (R, R), (S0, S0)) == (32, 0)
+    assert _held(_ref(), (R, R), (S0, R)) == (64, 0)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +95,7 @@ def test_edge_cache_held_equals_held_bytes_pair_by_pair(gpt_graph):
     cache = edge_costs.EdgeCache(mesh)
     kept = [ref for ref in build.edges if ref.keeps]
     assert any(ref.owns for ref in kept) and any(not ref.owns for ref in kept)
+    assert any(ref.producer_off_path for ref in kept)  # token indices, masks
     checked = set()
     for ref in kept:
         src, dst = table.strategies[ref.producer], table.strategies[ref.consumer]
