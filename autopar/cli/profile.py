@@ -65,6 +65,8 @@ def _describe(data: dict) -> str:
               for family, flops in data.get("kernel_flops", {}).items()]
     lines.append(f"memory    elementwise {data['memory_bandwidth'] / 1e9:5.2f} GB/s   "
                  f"{noise('elementwise')}")
+    lines += [f"memory    {family} {rate / 1e9:10.2f} GB/s   {noise('matvec')}"
+              for family, rate in data.get("kernel_bandwidth", {}).items()]
     lines.append(f"op overhead (autograd) {data['launch_overhead_s'] * 1e6:6.1f} us   "
                  f"{noise('autograd_op')}")
     lines.append(f"AdamW step  {data['optimizer_tensor_s'] * 1e6:6.1f} us per tensor + "
@@ -84,7 +86,7 @@ def _describe(data: dict) -> str:
 def fitted_figures(data: dict) -> dict[str, float]:
     """Every figure of a profile fitted from its timings, by a dotted name."""
     figures = {f"peak_flops.{k}": v for k, v in data["peak_flops"].items()}
-    for table in ("kernel_flops", "kernel_overhead_s"):
+    for table in ("kernel_flops", "kernel_overhead_s", "kernel_bandwidth"):
         figures.update({f"{table}.{k}": v for k, v in data.get(table, {}).items()})
     for key in ("memory_bandwidth", "launch_overhead_s", "optimizer_tensor_s",
                 "optimizer_element_s", "overlap_slowdown"):

@@ -81,12 +81,12 @@ def compute_time(flops, nbytes, dtype: torch.dtype, hardware: HardwareProfile,
                  family: str = "other"):
     """Roofline time of one kernel moving `nbytes` and doing `flops`, with the launch floor
     and its `family`'s measured overhead (`kernel_family`); its FLOPs at that family's
-    rate:
+    rate, its bytes at that family's bandwidth (`HardwareProfile.bytes_per_second`):
 
         max(F / (peak x efficiency), B / (bandwidth x efficiency)) + launch + overhead
     """
     peak = hardware.flops_per_second(dtype, family) * hardware.compute_efficiency
-    bandwidth = hardware.memory_bandwidth * hardware.memory_efficiency
+    bandwidth = hardware.bytes_per_second(family)
     return (_max(flops / peak, nbytes / bandwidth) + hardware.launch_overhead_s
             + hardware.kernel_overhead(family))
 
@@ -176,7 +176,7 @@ def optimizer_time(elements, itemsize: int, state_bytes: float, hardware: Hardwa
     if hardware.optimizer_element_s is not None:
         per_element = hardware.optimizer_element_s * traffic / ADAMW_FP32_TRAFFIC
         return (hardware.optimizer_tensor_s or 0.0) + elements * per_element
-    bandwidth = hardware.memory_bandwidth * hardware.memory_efficiency
+    bandwidth = hardware.bytes_per_second()
     return hardware.launch_overhead_s + elements * traffic / bandwidth
 
 

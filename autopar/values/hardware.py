@@ -163,6 +163,9 @@ class HardwareProfile:
     # Measured seconds a kernel of a family ("matmul", "attention", "convolution") takes
     # beyond the launch overhead whatever its size (the intercept of its fit).
     kernel_overheads: tuple[tuple[str, float], ...] = ()
+    # Measured bytes/s of a family's kernels when memory-bound ("matmul": a batched
+    # matrix-vector product, which streams its matrices slower than an elementwise op).
+    kernel_bandwidths: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.links:
@@ -177,6 +180,7 @@ class HardwareProfile:
         rates = {"memory_bytes": self.memory_bytes, "memory_bandwidth": self.memory_bandwidth,
                  **{f"peak_flops.{k}": v for k, v in self.peak_flops}}
         rates.update({f"kernel_flops.{k}": v for k, v in self.kernel_flops})
+        rates.update({f"kernel_bandwidth.{k}": v for k, v in self.kernel_bandwidths})
         times = {"launch_overhead_s": self.launch_overhead_s,
                  "optimizer_tensor_s": self.optimizer_tensor_s or 0.0,
                  "optimizer_element_s": self.optimizer_element_s or 0.0,
@@ -200,6 +204,13 @@ class HardwareProfile:
         peak = table.get(_DTYPE_NAMES.get(dtype, "float32"), table["float32"])
         measured = dict(self.kernel_flops).get(family)
         return peak if measured is None else measured * peak / table["float32"]
+
+    def bytes_per_second(self, family: str = "other") -> float:
+        """The bytes/s a memory-bound kernel of `family` moves: its measured bandwidth, else
+        `memory_bandwidth` at `memory_efficiency`."""
+        measured = dict(self.kernel_bandwidths).get(family)
+        return (self.memory_bandwidth * self.memory_efficiency if measured is None
+                else measured)
 
     def kernel_overhead(self, family: str) -> float:
         """Seconds a kernel of `family` takes beyond `launch_overhead_s` (0 unmeasured)."""
@@ -227,6 +238,8 @@ class HardwareProfile:
                 "overlap_slowdown": self.overlap_slowdown,
                 "kernel_flops": dict(self.kernel_flops),
                 "kernel_overhead_s": dict(self.kernel_overheads)}
+        if self.kernel_bandwidths:
+            data["kernel_bandwidth"] = dict(self.kernel_bandwidths)
         if self.mesh_shape is not None:
             data.update(format=PROFILE_FORMAT, version=PROFILE_VERSION,
                         mesh={"shape": list(self.mesh_shape)})
@@ -261,6 +274,7 @@ class HardwareProfile:
                                           "overlap_slowdown")),
                 kernel_flops=_pairs(data.get("kernel_flops", {})),
                 kernel_overheads=_pairs(data.get("kernel_overhead_s", {})),
+                kernel_bandwidths=_pairs(data.get("kernel_bandwidth", {})),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, HardwareError):

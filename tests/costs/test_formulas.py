@@ -118,6 +118,20 @@ def test_roofline_picks_the_binding_resource():
     assert train == pytest.approx(3e12 / peak + 2 * h100.launch_overhead_s)
 
 
+def test_a_family_with_a_measured_bandwidth_streams_its_bytes_at_it():
+    """A profile's matmul bandwidth (a batched matrix-vector product's) prices memory-bound
+    matmuls; other families keep the profile's memory bandwidth."""
+    h100 = autopar.load_hardware("h100-sxm")
+    measured = dataclasses.replace(h100, kernel_bandwidths=(("matmul", 1e11),))
+    assert formulas.compute_time(1, 1e9, torch.bfloat16, measured, "matmul") == \
+        pytest.approx(1e9 / 1e11 + h100.launch_overhead_s)
+    assert formulas.compute_time(1, 1e9, torch.bfloat16, measured, "other") == \
+        formulas.compute_time(1, 1e9, torch.bfloat16, h100, "other")
+    assert autopar.HardwareProfile.from_dict(measured.to_dict()) == measured
+    with pytest.raises(autopar.HardwareError, match="kernel_bandwidth.matmul=0"):
+        dataclasses.replace(h100, kernel_bandwidths=(("matmul", 0.0),))
+
+
 def test_costs_are_symbolic_over_symbolic_sizes():
     batch = sympy.Symbol("s0")
     h100 = autopar.load_hardware("h100-sxm")

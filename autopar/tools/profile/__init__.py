@@ -9,7 +9,8 @@ model's formulas (`fit.py`):
 
 - `peak_flops` per dtype: the rate of the matmul fit t = t0 + 2n^3 / rate over the sizes;
   attention and convolution rates (fp32) under `kernel_flops`;
-- `memory_bandwidth`: the rate of the elementwise fit t = t0 + bytes / rate;
+- `memory_bandwidth`: the rate of the elementwise fit t = t0 + bytes / rate; under
+  `kernel_bandwidth`, matmuls' when memory-bound (the batched matrix-vector fit's);
 - `launch_overhead_s`: an op recorded by autograd, per direction (the floor every kernel
   of a training step pays);
 - `optimizer_tensor_s`, `optimizer_element_s`: AdamW, t / tensor = t_tensor + e t_element;
@@ -49,6 +50,7 @@ from autopar.tools.profile.device import (
     attention_flops,
     convolution_flops,
     device_figures,
+    matvec_bytes,
 )
 from autopar.tools.profile.fit import alpha_beta, collective_fit, line, monotone
 from autopar.tools.profile.links import KINDS, axis_figures, overlap_figures
@@ -64,6 +66,7 @@ class Settings:
     `quick` is the smallest run that still fits every figure (tests)."""
 
     matmul_sizes: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    matvec_sizes: tuple[int, ...] = (64, 128, 256, 512)
     elementwise_sizes: tuple[int, ...] = (2**10, 2**14, 2**18, 2**22)
     optimizer_sizes: tuple[int, ...] = (2**8, 2**14, 2**18)
     attention_sizes: tuple[int, ...] = (32, 128, 512)
@@ -73,9 +76,10 @@ class Settings:
 
     @staticmethod
     def quick() -> Settings:
-        return Settings(matmul_sizes=(64, 128), elementwise_sizes=(2**10, 2**16),
+        return Settings(matmul_sizes=(64, 128), matvec_sizes=(64, 256),
+                        elementwise_sizes=(2**10, 2**16),
                         attention_sizes=(32, 128), convolution_sizes=(8, 32),
-                        optimizer_sizes=(2**8, 2**14), message_bytes=(2**12, 2**18, 2**22),
+                        optimizer_sizes=(2**8, 2**18), message_bytes=(2**12, 2**18, 2**22),
                         repeats=5)
 
 
@@ -198,6 +202,8 @@ def _profile_dict(shape: tuple[int, ...], names: tuple[str, ...], ranks: list[di
                                                                       "convolution")},
         "kernel_overhead_s": {family: max(0.0, t0 - dispatch)
                               for family, (t0, _) in kernels.items()},
+        "kernel_bandwidth": {"matmul": 1 / line({matvec_bytes(n): t for n, t in
+                                                 figures.curve(("device", "matvec")).items()})[1]},
         **_memory(ranks, device, overhead),
         "memory_bandwidth": 1 / line({12 * n: t for n, t in elementwise.items()})[1],
         "compute_efficiency": 1.0, "memory_efficiency": 1.0,

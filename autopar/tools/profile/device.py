@@ -4,6 +4,8 @@ Each figure is a `Timing` of a kernel whose work is known from its size, so that
 profile can turn it into a rate:
 
 - `matmul/<dtype>`: square matmuls, n x n by n x n (2 n^3 FLOPs), per size n;
+- `matvec/<n>`: a batched matrix-vector product, `MATVEC_BATCH` n x n matrices by n x 1
+  (memory-bound: 4 (n^2 + 2n) bytes per matrix), per size n;
 - `elementwise`: an out-of-place add of two fp32 tensors (12 bytes per element moved),
   per element count; `copy`: one copy of `COPY_BYTES`, read and written;
 - `attention/<s>`: fp32 attention over sequences of s (`ATTENTION_SHAPE` the rest);
@@ -38,6 +40,7 @@ ATTENTION_SHAPE = (4, 4, 64)
 # (batch, channels in = out, kernel) of the convolution.
 CONVOLUTION_SHAPE = (8, 32, 3)
 MATMUL_DTYPES = (torch.float32, torch.bfloat16)
+MATVEC_BATCH = 64
 LOW_PRECISION_LARGEST = 256
 
 
@@ -45,6 +48,12 @@ def attention_flops(seq: int) -> float:
     """QK^T and the weighted sum of V: 2 matmuls of 2 b h s^2 d FLOPs."""
     batch, heads, dim = ATTENTION_SHAPE
     return 4 * batch * heads * seq * seq * dim
+
+
+def matvec_bytes(n: int) -> float:
+    """What a batched matrix-vector product reads and writes (fp32): the matrices, the
+    vectors and the results."""
+    return 4 * MATVEC_BATCH * (n * n + 2 * n)
 
 
 def convolution_flops(side: int) -> float:
@@ -68,6 +77,10 @@ class _Kernels:
     def matmul(self, n: int, dtype: torch.dtype) -> Timing:
         a, b = self.randn(n, n, dtype=dtype), self.randn(n, n, dtype=dtype)
         return self.time(lambda: torch.mm(a, b))
+
+    def matvec(self, n: int) -> Timing:
+        a, x = self.randn(MATVEC_BATCH, n, n), self.randn(MATVEC_BATCH, n, 1)
+        return self.time(lambda: torch.bmm(a, x))
 
     def elementwise(self, elements: int) -> Timing:
         a, b = self.randn(elements), self.randn(elements)
@@ -151,6 +164,7 @@ def device_figures(settings, seed: int, device: str = "cpu", align=lambda: None)
                                          for n in settings.matmul_sizes
                                          if dtype == torch.float32 or n <= LOW_PRECISION_LARGEST}
                      for dtype in MATMUL_DTYPES}
+    figures["matvec"] = {n: kernels.matvec(n) for n in settings.matvec_sizes}
     figures["elementwise"] = {n: kernels.elementwise(n) for n in settings.elementwise_sizes}
     figures["copy"] = kernels.copy()
     figures["attention"] = {n: kernels.attention(n) for n in settings.attention_sizes}
