@@ -18,7 +18,8 @@ from autopar.errors import InfeasiblePlanError
 from autopar.passes.capturing.annotate import DATA_MOVEMENT, FORMULA, flop_source, size_hints
 from autopar.passes.capturing.find_saved import find_saved
 from autopar.passes.problem.build_problem import ProblemBuild, build_problem
-from autopar.passes.problem.edge_costs import Background, EdgeCache, EdgeCaches
+from autopar.passes.problem.edge_cache import EdgeCache, EdgeCaches
+from autopar.passes.problem.edge_costs import Background
 from autopar.passes.problem.extract_plan import extract_plan
 from autopar.passes.problem.fold_depth import fold_depth
 from autopar.passes.strategies.constrain import constrain

@@ -14,7 +14,7 @@ from autopar.costs.optimizer_state import optimizer_state
 from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError, ShardingError
 from autopar.passes.capturing.capture import loss_output
 from autopar.passes.layout.split_microbatches import batch_size
-from autopar.passes.problem.edge_costs import EdgeCaches
+from autopar.passes.problem.edge_cache import EdgeCaches
 from autopar.planning.graph import STAGE, default_budget, refined, screened
 from autopar.planning.hand_strategies import MEGATRON_3D, plan_compared
 from autopar.planning.microbatches import MicroBatches

@@ -63,7 +63,7 @@ from autopar.costs.optimizer_state import ADAMW, OptimizerState
 from autopar.passes.capturing.find_saved import find_saved
 from autopar.passes.capturing.gradient_path import gradient_path
 from autopar.passes.problem.build_problem import kept_reads, stored_parameter_bytes, tensor_leaves
-from autopar.passes.problem.edge_costs import copy_bytes, sliced_view
+from autopar.passes.problem.edge_costs import copy_bytes
 from autopar.passes.strategies.find_strategies import producer_of
 from autopar.values.placement import parse_placements
 from autopar.values.plan import Plan
@@ -190,12 +190,10 @@ def _copies(plan: Plan, graph: fx.GraphModule) -> dict[str, float]:
             if (node.name, position) not in reads or producer is None \
                     or producer.role == "parameter":
                 continue
-            output = parse_placements(producer.output)
-            read = parse_placements(consumer.inputs[position])
-            if not on_path[producer.name] and sliced_view(output, read):
-                continue  # a view of the producer's output
             copies[node.name] = copies.get(node.name, 0.0) + float(copy_bytes(
-                leaf.meta[TENSOR].nbytes, output, read, plan.mesh.shape))
+                leaf.meta[TENSOR].nbytes, parse_placements(producer.output),
+                parse_placements(consumer.inputs[position]), plan.mesh.shape,
+                off_path=not on_path[producer.name]))
     return copies
 
 

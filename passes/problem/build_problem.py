@@ -17,9 +17,9 @@ map from problem indices back to graph nodes and tensors.
   bucket's latency, `EdgeRef.bucket_bytes`), and a parameter's gather it starts one use ahead
   (`background_gathers`), count at the `Background` fractions of their time (the caller's
   estimate of the part left exposed; see `autopar.planning.graph.plan_table`). The edges' costs are
-  `passes/problem/edge_costs.py`'s: an edge's matrix is computed once per distinct signature of its
-  pairs of strategies, and kept, apart from the charges, for the next problem built with
-  the same `EdgeCache`.
+  `passes/problem/edge_costs.py`'s: an edge's matrix is computed once per distinct signature
+  of its pairs of strategies (`passes/problem/edge_cache.py`), and kept, apart from the
+  charges, for the next problem built with the same `EdgeCache`.
 - Memory per device: parameters with their gradient, master copy and optimizer states
   (`autopar.costs.optimizer_state`; the three where the parameter is stored, the parameter
   itself also gathered, once per use that saves it, when kept gathered: ZeRO-2), buffers,
@@ -79,7 +79,8 @@ from autopar.passes.capturing.gradient_path import (
     passes_gradient,
     tensor_outputs,
 )
-from autopar.passes.problem.edge_costs import Background, EdgeCache, EdgeRef
+from autopar.passes.problem.edge_cache import EdgeCache
+from autopar.passes.problem.edge_costs import Background, EdgeRef
 from autopar.passes.strategies.find_strategies import STORED_ROLES, Strategy, StrategyTable, op_spec
 from autopar.passes.strategies.offer_recompute import recompute_region
 from autopar.rules.attention import RING_TARGETS

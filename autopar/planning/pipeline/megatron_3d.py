@@ -19,7 +19,8 @@ from torch import nn
 
 from autopar.costs.optimizer_state import OptimizerState
 from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError
-from autopar.passes.problem.edge_costs import Background, EdgeCaches
+from autopar.passes.problem.edge_cache import EdgeCaches
+from autopar.passes.problem.edge_costs import Background
 from autopar.passes.problem.fold_depth import fold_depth
 from autopar.passes.strategies.find_strategies import find_strategies
 from autopar.passes.strategies.offer_recompute import offer_recompute

@@ -18,7 +18,7 @@ from autopar.passes.capturing.annotate import annotate, size_hints
 from autopar.passes.capturing.capture import capture
 from autopar.passes.capturing.find_saved import find_saved
 from autopar.passes.problem import build_problem as bp
-from autopar.passes.problem import edge_costs
+from autopar.passes.problem import edge_cache, edge_costs
 from autopar.passes.strategies.find_strategies import find_strategies
 from autopar.passes.strategies.offer_recompute import offer_recompute
 from autopar.passes.strategies.offer_whole_gradient import offer_whole_gradient
@@ -90,7 +90,7 @@ def test_edge_matrices_equal_the_per_entry_computation(graphs, model, mesh, reco
     if microbatches > 1:
         table = offer_whole_gradient(table)
     hints, saved = size_hints(gm), find_saved(gm)
-    cache = edge_costs.EdgeCache(mesh)  # shared by both builds, as plan_table's rounds share it
+    cache = edge_cache.EdgeCache(mesh)  # shared by both builds, as plan_table's rounds share it
     builds = [bp.build_problem(gm, table, mesh, memory_budget=None, hints=hints,
                                charges=charges, saved=saved, microbatches=microbatches,
                                edge_cache=cache) for charges in CHARGES]
@@ -130,4 +130,4 @@ def test_an_edge_cache_serves_one_mesh(graphs):
     gm = graphs["gpt"]
     with pytest.raises(ValueError, match="EdgeCache"):
         bp.build_problem(gm, find_strategies(gm, SQUARE), SQUARE, memory_budget=None,
-                         edge_cache=edge_costs.EdgeCache(Mesh((4,), ("a",), hardware="h100-sxm")))
+                         edge_cache=edge_cache.EdgeCache(Mesh((4,), ("a",), hardware="h100-sxm")))

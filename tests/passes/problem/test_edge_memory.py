@@ -27,7 +27,7 @@ from autopar.passes.capturing.annotate import annotate, size_hints
 from autopar.passes.capturing.capture import capture
 from autopar.passes.capturing.find_saved import find_saved
 from autopar.passes.problem import build_problem as bp
-from autopar.passes.problem import edge_costs
+from autopar.passes.problem import edge_cache, edge_costs
 from autopar.passes.strategies.find_strategies import Strategy, find_strategies
 from autopar.passes.strategies.offer_recompute import offer_recompute
 from autopar.solver import EdgeUsage, ShardingProblem, solve
@@ -92,7 +92,7 @@ def test_edge_cache_held_equals_held_bytes_pair_by_pair(gpt_graph):
     table = offer_recompute(gpt_graph, find_strategies(gpt_graph, mesh))
     build = bp.build_problem(gpt_graph, table, mesh, memory_budget=None,
                              hints=size_hints(gpt_graph), saved=find_saved(gpt_graph))
-    cache = edge_costs.EdgeCache(mesh)
+    cache = edge_cache.EdgeCache(mesh)
     kept = [ref for ref in build.edges if ref.keeps]
     assert any(ref.owns for ref in kept) and any(not ref.owns for ref in kept)
     assert any(ref.producer_off_path for ref in kept)  # token indices, masks
