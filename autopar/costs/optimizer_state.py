@@ -39,6 +39,10 @@ class OptimizerState:
     state_dtype: torch.dtype | None = None
     state_bytes: float | None = None
     master_dtype: torch.dtype | None = None
+    # Parameter-sized temporaries (in the state dtype) torch's step of one tensor holds at
+    # its peak: Adam's `exp_avg_sq.sqrt()` and its quotient by the bias correction. The
+    # multi-tensor step makes the first for every tensor at once, the others in place.
+    temporaries: int = 0
 
     def __post_init__(self) -> None:
         if self.states < 0 or (self.state_bytes is not None and self.state_bytes < 0):
@@ -62,12 +66,22 @@ class OptimizerState:
         dtype = self.state_dtype or self.master_dtype or param_dtype
         return master + self.states * dtype.itemsize
 
+    def temporary_bytes(self, param_dtype: torch.dtype, *, multi_tensor: bool) -> float:
+        """Bytes per parameter element of the temporaries the step holds at once: all of
+        one tensor's, stepping one tensor at a time; the first of every tensor's,
+        multi-tensor."""
+        if self.state_bytes is not None or not self.temporaries:
+            return 0.0
+        dtype = self.state_dtype or self.master_dtype or param_dtype
+        return (1 if multi_tensor else self.temporaries) * dtype.itemsize
+
     def with_master_weights(self, dtype: torch.dtype | None) -> OptimizerState:
         """The same optimizer stepping a `dtype` master copy, its states in that dtype."""
         if dtype is None:
             return self
         return OptimizerState(f"{self.name}, {_dtype_name(dtype)} master weights",
-                              self.states, self.state_dtype or dtype, self.state_bytes, dtype)
+                              self.states, self.state_dtype or dtype, self.state_bytes, dtype,
+                              self.temporaries)
 
     def describe(self) -> str:
         if self.state_bytes is not None:
@@ -81,15 +95,16 @@ class OptimizerState:
     def to_dict(self) -> dict:
         return {"name": self.name, "states": self.states,
                 "state_dtype": _dtype_name(self.state_dtype), "state_bytes": self.state_bytes,
-                "master_dtype": _dtype_name(self.master_dtype)}
+                "master_dtype": _dtype_name(self.master_dtype),
+                "temporaries": self.temporaries}
 
     @classmethod
     def from_dict(cls, data: dict) -> OptimizerState:
         return cls(data["name"], data["states"], _dtype(data["state_dtype"]),
-                   data["state_bytes"], _dtype(data["master_dtype"]))
+                   data["state_bytes"], _dtype(data["master_dtype"]), data.get("temporaries", 0))
 
 
-ADAMW = OptimizerState("AdamW", states=2)
+ADAMW = OptimizerState("AdamW", states=2, temporaries=2)
 
 
 def _dtype_name(dtype: torch.dtype | None) -> str | None:
@@ -151,7 +166,8 @@ def _parse(spec: object) -> OptimizerState:
     if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer):
         states = _count_states(cls, options)
         if states is not None:
-            return OptimizerState(cls.__name__, states=states)
+            adam = cls in (torch.optim.Adam, torch.optim.AdamW)
+            return OptimizerState(cls.__name__, states=states, temporaries=2 if adam else 0)
         raise OptimizerError(
             f"the cost model does not know the state of {cls.__name__}",
             expected="SGD, Adam, AdamW, NAdam, RAdam, Adamax, Adadelta, Adagrad, RMSprop, "

@@ -157,6 +157,10 @@ class HardwareProfile:
     # How much slower compute runs while a collective runs beside it (0: not at all, the
     # assumption of datasheet profiles; a measured profile's figure).
     overlap_slowdown: float = 0.0
+    # Whether torch's default optimizer step on the device is the multi-tensor one
+    # (foreach: every tensor's temporaries at once, the default on CUDA) or steps one
+    # tensor at a time (the default on CPU).
+    multi_tensor_optimizer: bool = True
     # Measured FLOP/s of kernels other than matmuls, in float32, by family ("attention",
     # "convolution"); other dtypes scale by their peak (`flops_per_second`).
     kernel_flops: tuple[tuple[str, float], ...] = ()
@@ -236,6 +240,7 @@ class HardwareProfile:
                 "launch_overhead_s": self.launch_overhead_s,
                 "links": [link.to_dict() for link in self.links],
                 "overlap_slowdown": self.overlap_slowdown,
+                "multi_tensor_optimizer": self.multi_tensor_optimizer,
                 "kernel_flops": dict(self.kernel_flops),
                 "kernel_overhead_s": dict(self.kernel_overheads)}
         if self.kernel_bandwidths:
@@ -275,6 +280,7 @@ class HardwareProfile:
                 kernel_flops=_pairs(data.get("kernel_flops", {})),
                 kernel_overheads=_pairs(data.get("kernel_overhead_s", {})),
                 kernel_bandwidths=_pairs(data.get("kernel_bandwidth", {})),
+                multi_tensor_optimizer=_flag(data.get("multi_tensor_optimizer", True)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, HardwareError):
@@ -284,6 +290,12 @@ class HardwareProfile:
                 expected="name, peak_flops (with float32), memory_bytes, memory_bandwidth, links",
                 got=", ".join(sorted(data)) if isinstance(data, dict) else type(data).__name__,
                 fix="compare it with autopar/values/profiles/h100-sxm.json") from exc
+
+
+def _flag(value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"multi_tensor_optimizer must be true or false, not {value!r}")
+    return value
 
 
 def _pairs(table: dict) -> tuple[tuple[str, float], ...]:

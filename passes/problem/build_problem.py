@@ -119,6 +119,9 @@ class ProblemBuild:
     # outputs), and the micro-batches whose activations are held at once.
     first_of_tie: frozenset[int] = frozenset()
     in_flight: int = 1
+    # Whether parameters' gradients have an interval of their own (`_Builder.
+    # timed_gradients`), outside their nodes' usages.
+    timed_gradients: bool = False
 
 
 def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
@@ -243,13 +246,14 @@ def parameter_step_time(spec: TensorSpec, placements, mesh: Mesh, optimizer: Opt
 
 
 def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer: OptimizerState,
-                    saving_uses: int, uses: int) -> float:
-    """Bytes one rank holds for a parameter: its stored piece, gradient, master copy and
-    optimizer states (all stored as `strategy.output`), plus, when it is kept gathered,
-    one gathered copy for each use that saves it for the backward (ZeRO-2), or a gathered
-    copy and its whole gradient for each of its `uses` (ZeRO-1, kept for the step)."""
+                    saving_uses: int, uses: int, *, gradient: bool = True) -> float:
+    """Bytes one rank holds for a parameter: its stored piece, gradient (unless not
+    `gradient`), master copy and optimizer states (all stored as `strategy.output`), plus,
+    when it is kept gathered, one gathered copy for each use that saves it for the backward
+    (ZeRO-2), or a gathered copy and its whole gradient for each of its `uses` (ZeRO-1,
+    kept for the step)."""
     stored, states = stored_parameter_bytes(spec, strategy.output, mesh.shape, optimizer)
-    total = 2 * stored + states
+    total = (2 if gradient else 1) * stored + states
     if strategy.gathered is not None:
         copies = 2 * uses if strategy.whole_gradient else saving_uses
         total += copies * formulas.local_bytes(spec.nbytes, strategy.gathered, mesh.shape)
@@ -268,9 +272,15 @@ class _Builder:
         self.gm, self.table, self.mesh, self.hints = gm, table, mesh, hints
         self.optimizer, self.charges = optimizer, charges
         self.microbatches, self.in_flight = microbatches, in_flight
+        # One micro-batch: a parameter's gradient is made in the backward (an interval of
+        # its own); with more, it is accumulated from the first and held the whole step.
+        self.timed_gradients = microbatches == 1 and in_flight == 1
         self.by_name = {n.name: n for n in gm.graph.nodes}
         self.order = [n.name for n in gm.graph.nodes if n.name in table.strategies]
         self.index = {name: i for i, name in enumerate(self.order)}
+        self.parameters = [i for i, name in enumerate(self.order)
+                           if self.by_name[name].meta.get(ROLE) == "parameter"]
+        self.per_tensor = not mesh.hardware.multi_tensor_optimizer
         self.on_path = gradient_path(gm)
         self.saved = saved
         self.kept = kept_outputs(gm, saved)
@@ -340,7 +350,8 @@ class _Builder:
         if role == "parameter":
             return float(parameter_bytes(tensor_outputs(node)[0], strategy, self.mesh,
                                          self.optimizer, self.saving_uses.get(node.name, 0),
-                                         self.uses.get(node.name, 0)))
+                                         self.uses.get(node.name, 0),
+                                         gradient=not self.timed_gradients))
         held = sum(formulas.local_bytes(s.nbytes, strategy.output, self.mesh.shape)
                    for s in tensor_outputs(node)) if node.op != "output" else 0
         if role in STORED_ROLES or role == "input":
@@ -357,18 +368,46 @@ class _Builder:
         divisor = formulas.compute_divisor(strategy.inputs, strategy.output, self.mesh.shape)
         return float(outputs + entry.internal_bytes / divisor)
 
+    @property
+    def steps(self) -> int:
+        """Time steps of a training step: the forward's T decision nodes in order, the
+        backward's T in reverse (`backward_step`), then the optimizer's step: one per
+        parameter node when it steps one tensor at a time, else one (`optimizer_step`)."""
+        return 2 * len(self.order) + max(1, len(self.parameters) if self.per_tensor else 1)
+
+    def optimizer_step(self, index: int) -> int:
+        """The time step of the optimizer's step of the parameter node at `index`."""
+        return 2 * len(self.order) + (self.parameters.index(index) if self.per_tensor else 0)
+
+    def backward_step(self, index: int) -> int:
+        """The time step of the backward of the decision node at `index`."""
+        return 2 * len(self.order) - 1 - index
+
+    def freed(self, index: int) -> int:
+        """The time step from which what the node at `index` keeps for the backward is
+        freed: the step after its backward; with several micro-batches in flight (a
+        pipeline stage) the others' are still held, so none before the backward's end."""
+        if self.in_flight > 1:
+            return 2 * len(self.order)
+        return self.backward_step(index) + 1
+
     def interval(self, node: fx.Node) -> tuple[int, int]:
-        end = len(self.order)
         if node.op == "placeholder":
-            return (0, end)
+            return (0, self.steps)
         start = self.index[node.name]
         entry = self.saved.get(node.name)
         kept_nothing = entry is not None and not self.kept[node.name] \
             and entry.internal_bytes == 0
-        if (self.on_path[node.name] and not kept_nothing) or node.op == "output":
-            return (start, end)
-        users = [self.index[u] for u in self._decision_users(node)]
-        return (start, max(users, default=start) + 1)
+        if node.op == "output":
+            return (start, self.steps)
+        if self.on_path[node.name] and not kept_nothing:
+            return (start, self.freed(start))
+        return (start, self.last_use(node) + 1)
+
+    def last_use(self, node: fx.Node) -> int:
+        """The index of the last decision node that reads `node` (its own if none)."""
+        return max((self.index[u] for u in self._decision_users(node)),
+                   default=self.index[node.name])
 
     def _decision_users(self, node: fx.Node):
         for user in node.users:
@@ -429,7 +468,7 @@ class _Builder:
         (`EdgeCache.held`) over [consumer, end of the forward), counted for the nodes the
         consumer stands for and the micro-batches in flight; and a ring's blocks in flight
         at its attention's step (`ring_usages`)."""
-        end, usages = len(self.order), []
+        usages = []
         shared: dict[tuple, tuple] = {}  # edges of tied blocks share their arrays
         for ref in edges:
             if not ref.keeps:
@@ -441,8 +480,108 @@ class _Builder:
             found = shared.get(key)
             if found is None:
                 found = shared[key] = tuple(part * factor for part in parts)
-            usages.extend(EdgeUsage((p, c), part, (c, end)) for part in found if part.any())
-        return tuple(usages) + self.ring_usages(edges)
+            usages.extend(EdgeUsage((p, c), part, (c, self.freed(c)))
+                          for part in found if part.any())
+        return tuple(usages) + self.ring_usages(edges) + self.gradient_usages(edges)
+
+    def gradient_usages(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeUsage, ...]:
+        """What the backward makes and holds, one micro-batch's and once (the backward of
+        one block runs at a time):
+
+        - made, at an op's backward: the gradient of each input a gradient flows to, at the
+          placement the op reads it (before a conversion's backward brings it to its
+          producer's), and one of each tensor it saves inside (a fused op's intermediates:
+          log-softmax's output in a cross-entropy), divided as its work is; a view makes a
+          view;
+        - held, from the step after its last reader's backward (through views: the reader
+          of a view makes the gradient its base receives) to its own: the gradient of each
+          floating output of an op that writes it, at its output placement; a parameter's
+          to the end of the step (`_parameter_gradients`).
+
+        Each is an `EdgeUsage` of one end alone: of a made gradient's edge, constant along
+        its producer; of an op's held gradient, with the producer of its first input,
+        constant along that side."""
+        usages = list(self._parameter_gradients(edges))
+        for ref in edges:  # made for an input
+            consumer = self.by_name[ref.consumer]
+            if not ref.requires_grad or ref.consumer_is_view or consumer.op != "call_function":
+                continue
+            dst = self.table.strategies[ref.consumer]
+            made = np.array([float(formulas.local_bytes(ref.tensor.nbytes, st.inputs[ref.position],
+                                                        self.mesh.shape)) for st in dst])
+            step = self.backward_step(self.index[ref.consumer])
+            usages.append(self._one_end(ref.producer, ref.consumer, made, (step, step + 1)))
+        first_input = {}
+        for ref in edges:
+            first_input.setdefault(ref.consumer, ref.producer)
+        for name in self.order:
+            node = self.by_name[name]
+            if node.op != "call_function" or not self.on_path[name] or name not in first_input \
+                    or _number(node.meta.get(BYTES, 0), self.hints) == 0:
+                continue
+            strategies = self.table.strategies[name]
+            floating = [s for s in tensor_outputs(node) if s.dtype.is_floating_point]
+            held = np.array([float(sum(formulas.local_bytes(s.nbytes, st.output, self.mesh.shape)
+                                       for s in floating)) for st in strategies])
+            entry = self.saved.get(name)
+            internal = np.array([entry.internal_bytes / formulas.compute_divisor(
+                st.inputs, st.output, self.mesh.shape) if entry else 0.0 for st in strategies])
+            own = self.backward_step(self.index[name])
+            for values, interval in (
+                    (held, (self.backward_step(self._last_reader(node)) + 1, own + 1)),
+                    (internal, (own, own + 1))):
+                if values.any() and interval[0] < interval[1]:
+                    usages.append(self._one_end(first_input[name], name, values, interval))
+        return tuple(u for u in usages if u.usages.any())
+
+    def _one_end(self, other: str, name: str, values: np.ndarray,
+                 interval: tuple[int, int]) -> EdgeUsage:
+        """An `EdgeUsage` of `values` (per strategy of `name`) over `interval`, carried by
+        the pair (`other`, `name`) and constant along `other`."""
+        shape = (len(self.table.strategies[other]), values.size)
+        return EdgeUsage((self.index[other], self.index[name]),
+                         np.broadcast_to(values, shape), interval)
+
+    def _parameter_gradients(self, edges: tuple[EdgeRef, ...]):
+        """Per parameter node, carried by the pair with its first reader and constant along
+        that side: with `timed_gradients`, its gradient at its stored placement, from the
+        step after its last reader's backward (which makes it) to the end of the step (the
+        optimizer's step reads it), for the parameters the node stands for; and the
+        temporaries of its optimizer step (`OptimizerState.temporary_bytes`) at its
+        `optimizer_step`, for all of them at once on a multi-tensor step, else for one."""
+        first_reader = {}
+        for ref in edges:
+            first_reader.setdefault(ref.producer, ref.consumer)
+        for index in self.parameters:
+            name = self.order[index]
+            if name not in first_reader:
+                continue
+            spec, strategies = tensor_outputs(self.by_name[name])[0], self.table.strategies[name]
+            reader = first_reader[name]
+            step, repeats = self.optimizer_step(index), self.repeats[index]
+            temporary = self.optimizer.temporary_bytes(spec.dtype, multi_tensor=not self.per_tensor)
+            for per_element, times, interval in (
+                    (spec.itemsize if self.timed_gradients else 0.0, repeats,
+                     (self.backward_step(self._last_reader(self.by_name[name])) + 1, self.steps)),
+                    (temporary, 1 if self.per_tensor else repeats, (step, step + 1))):
+                values = np.array([times * per_element * float(formulas.local_bytes(
+                    spec.numel, st.output, self.mesh.shape)) for st in strategies])
+                if values.any():
+                    yield EdgeUsage((index, self.index[reader]), np.broadcast_to(
+                        values[:, None], (values.size, len(self.table.strategies[reader]))),
+                        interval)
+
+    def _last_reader(self, node: fx.Node) -> int:
+        """The index of the last decision node that reads `node`'s storage: through views,
+        their readers (its own index if none)."""
+        last = self.index[node.name]
+        for user in self._decision_users(node):
+            reader = self.by_name[user]
+            if reader.op == "call_function" and _number(reader.meta.get(BYTES, 0), self.hints) == 0:
+                last = max(last, self.index[user], self._last_reader(reader))
+            else:
+                last = max(last, self.index[user])
+        return last
 
     def _held_parts(self, ref: EdgeRef, cost: np.ndarray, first_of_tie: bool) -> tuple:
         """What edge `ref` holds (`EdgeCache.held`, 0 where `cost` forbids the pair), as
@@ -559,7 +698,7 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     first_of_tie = {group[0] for group in ties}
     repeats = builder.repeats
     intervals = tuple(builder.interval(n) for n in nodes)
-    held_repeats = tuple(r if end == len(nodes) else 1
+    held_repeats = tuple(r if end >= len(nodes) else 1
                          for r, (_, end) in zip(repeats, intervals))
     problem = ShardingProblem(
         node_costs=tuple(_times(builder.node_costs(n, ss), r)
@@ -577,7 +716,7 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     )
     return ProblemBuild(problem, tuple(builder.order), edges, strategies, builder.on_path, mesh,
                         optimizer, microbatches, tuple(repeats), held_repeats,
-                        frozenset(first_of_tie), in_flight)
+                        frozenset(first_of_tie), in_flight, builder.timed_gradients)
 
 
 def _times(values: np.ndarray, repeats: int) -> np.ndarray:

@@ -221,7 +221,7 @@ def _node_plan(i: int, name: str, node: fx.Node, strategy, build: ProblemBuild,
         inputs=tuple(format_placements(p) for p in strategy.inputs),
         output=format_placements(strategy.output),
         compute_s=compute, comm_s=comm, optimizer_s=step,
-        memory_bytes=float(problem.node_usages[i][solution.choices[i]]) / build.held_repeats[i],
+        memory_bytes=_memory_bytes(i, node, strategy, build, solution),
         transfers=tuple(records),
         formula=str(_symbolic_cost(node, build, strategy, [e[:3] for e in inbound], hidden))
         if sizes else repr(compute + comm - overlapped + step),
@@ -229,6 +229,17 @@ def _node_plan(i: int, name: str, node: fx.Node, strategy, build: ProblemBuild,
         recompute=strategy.recompute and node.meta.get(BYTES, 0) != 0,
         gathered=format_placements(strategy.gathered) if strategy.gathered else "",
         whole_gradient=strategy.whole_gradient, hidden_s=overlapped)
+
+
+def _memory_bytes(i: int, node: fx.Node, strategy, build: ProblemBuild,
+                  solution: Solution) -> float:
+    """The bytes node `i` holds (its usage in the problem, once), a parameter's with its
+    gradient, which the problem may count over an interval of its own."""
+    usage = float(build.problem.node_usages[i][solution.choices[i]]) / build.held_repeats[i]
+    if build.timed_gradients and node.meta.get(ROLE) == "parameter":
+        usage += float(formulas.local_bytes(tensor_outputs(node)[0].nbytes, strategy.output,
+                                            build.mesh.shape))
+    return usage
 
 
 def _inbound(build: ProblemBuild, inbound: list,

@@ -1,6 +1,7 @@
 """Rank bodies of the memory fidelity checks: each rank compiles an example under a memory
-budget, trains one AdamW step measuring what it holds (`autopar.runtime.memory_probe`), and
-rank 0 also returns the plan's prediction (`autopar.tools.predicted_memory.predicted_memory`).
+budget, trains one AdamW step measuring what it holds (`autopar.runtime.memory_probe`), then
+measures the peak of a whole step (`autopar.measure`); rank 0 also returns the plan's
+prediction (`autopar.tools.predicted_memory.predicted_memory`).
 Shared by
 `tests/runtime/test_memory_fidelity.py` and `benchmarks/memory_fidelity.py` (module level,
 so spawned processes can import it)."""
@@ -33,10 +34,12 @@ class MemoryCase:
 
 @dataclass(frozen=True)
 class Measured:
-    """One rank's measurement of one case; `predicted` and `plan` on rank 0 only."""
+    """One rank's measurement of one case (`peak_bytes`: the most it held during a step);
+    `predicted` and `plan` on rank 0 only."""
 
     saved: SavedBytes
     state: StateBytes
+    peak_bytes: int
     predicted: MemoryBreakdown | None
     plan: dict | None
 
@@ -54,7 +57,8 @@ def measure_cases(rank: int, cases: tuple[MemoryCase, ...], shape: tuple[int, ..
                              time_limit=case.time_limit, microbatches=1)
         optimizer = torch.optim.AdamW(pm.parameters(), lr=1e-5)
         saved, state = measure_step(pm, optimizer, inputs)
+        peak = autopar.measure(pm, inputs, steps=1, warmup=1, optimizer=optimizer)
         predicted = predicted_memory(pm.plan, graph_of(model, inputs)) if rank == 0 else None
-        results.append(Measured(saved, state, predicted,
+        results.append(Measured(saved, state, peak.peak_memory_bytes, predicted,
                                 pm.plan.to_dict() if rank == 0 else None))
     return results

@@ -10,7 +10,9 @@ recomputation), trains one AdamW step and measures (`autopar.runtime.memory_prob
 - a gradient holds no more than its own bytes (no view into a larger buffer);
 - the storages autograd holds at the end of the forward for the backward, parameters and
   their kept-gathered copies aside, are within 10% of the predicted kept activations and
-  the copies collectives make that consumers keep (`MemoryBreakdown.copies`).
+  the copies collectives make that consumers keep (`MemoryBreakdown.copies`);
+- the plan's peak over the step's timeline (forward, backward, optimizer step) is within
+  10% of the most a rank held during a step (`autopar.measure`).
 
 Where the model or the runtime is known to be off, the check is an xfail(strict=True) that
 states the measured gap: it fails, prompting its removal, once the gap is closed.
@@ -28,13 +30,13 @@ from autopar.runtime.launch import launch
 # profile, default configs), measured with `autopar.plan(..., Mesh((1,)))`: budgets below
 # it force sharding. Hard-coded to save three solves; `test_the_plans_shard` fails if a
 # changed model makes a budget stop forcing what the case is for.
-REPLICATED_PEAK = {"mlp": 144904.0, "gpt": 2610252.0, "resnet": 620724.0}
+REPLICATED_PEAK = {"mlp": 168448.0, "gpt": 2181888.0, "resnet": 484800.0}
 CASES = (
     MemoryCase("examples.mlp", memory_budget=0.3 * REPLICATED_PEAK["mlp"]),
-    MemoryCase("examples.gpt", memory_budget=0.25 * REPLICATED_PEAK["gpt"]),
-    MemoryCase("examples.resnet", memory_budget=0.6 * REPLICATED_PEAK["resnet"]),
+    MemoryCase("examples.gpt", memory_budget=0.3 * REPLICATED_PEAK["gpt"]),
+    MemoryCase("examples.resnet", memory_budget=0.65 * REPLICATED_PEAK["resnet"]),
 )
-ACTIVATION_TOLERANCE = 0.10
+TOLERANCE = 0.10
 
 
 @pytest.fixture(scope="module")
@@ -95,5 +97,25 @@ def test_activation_bytes_within_ten_percent(measured, example):
     predicted = results[0].predicted.activations + results[0].predicted.copies
     for rank, result in enumerate(results):
         held = result.saved.activations
-        assert abs(held - predicted) <= ACTIVATION_TOLERANCE * predicted, (rank, held,
+        assert abs(held - predicted) <= TOLERANCE * predicted, (rank, held,
                                                                            predicted)
+
+
+# Recomputation's backward is not on the timeline: a recomputed region rebuilt in the
+# backward holds its outputs and the copies its conversions make again, where the plan
+# charges only its first tied block's outputs (`recompute_reserve`). Measured at these
+# budgets: GPT 836,216 bytes against 653,192 predicted (-22%), ResNet 377,276 against
+# 307,904 (-18%).
+_RECOMPUTE_GAP = pytest.mark.xfail(strict=True, reason="recomputation's backward is not "
+                                   "on the memory timeline")
+
+
+@pytest.mark.parametrize("example", ["mlp", pytest.param("gpt", marks=_RECOMPUTE_GAP),
+                                     pytest.param("resnet", marks=_RECOMPUTE_GAP)])
+def test_the_peak_of_a_step_within_ten_percent(measured, example):
+    """The plan's peak (the forward's kept activations and the backward's gradients, made
+    and held, over the step's timeline) against the most any rank held during a step."""
+    results = _case(measured, example)
+    predicted = autopar.Plan.from_dict(results[0].plan).peak_memory_bytes
+    held = max(result.peak_bytes for result in results)
+    assert abs(held - predicted) <= TOLERANCE * held, (held, predicted)

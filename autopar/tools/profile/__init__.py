@@ -210,6 +210,8 @@ def _profile_dict(shape: tuple[int, ...], names: tuple[str, ...], ranks: list[di
         "launch_overhead_s": figures.timing(("device", "autograd_op")).mean,
         "optimizer_tensor_s": tensor_s, "optimizer_element_s": element_s,
         "overlap_slowdown": _slowdown(figures, ranks),
+        # torch's default step: multi-tensor (foreach) on CUDA, one tensor at a time else.
+        "multi_tensor_optimizer": torch.device(device).type == "cuda",
         "links": _link_levels(shape, names, figures),
     }
     data["measured"] = {
