@@ -15,8 +15,8 @@ all of it), `optimizer` (parameter-shaped states), `scalars`
 (AdamW's step counters, not modelled), `gathered` (parameter copies made by collectives
 and saved: ZeRO-2), `activations` (everything else saved; predicted: the kept outputs of
 ops plus `copies`, the collectives' outputs that consumers keep, also shown alone),
-`recompute reserve` (the plan's first tied block of recomputed outputs, charged but not held
-at that instant).
+`step peak` (the plan's peak over the step's timeline against the most a rank held during a
+step, `autopar.measure`).
 
 Usage: python benchmarks/memory_fidelity.py [--examples mlp,gpt] [--budgets 1,0.5,0.3]
        python benchmarks/memory_fidelity.py --quick   # mlp at budgets 1 and 0.5
@@ -86,8 +86,8 @@ def table(case: MemoryCase, fraction: float, results: list) -> str:
         _row("gathered", p.gathered, each(lambda r: r.saved.gathered)),
         _row("activations", p.activations + p.copies, each(lambda r: r.saved.activations)),
         _row("  of which copies", p.copies, None),
-        _row("recompute reserve", p.recompute_reserve, None),
         _row("saved inputs", p.inputs, each(lambda r: r.saved.inputs)),
+        _row("step peak", plan.peak_memory_bytes, each(lambda r: r.peak_bytes)),
     ]
     return "\n".join(lines)
 

@@ -1,12 +1,12 @@
 """What a plan predicts one device holds at the end of the forward, split by kind.
 
-The solve bounds the peak of a per-device usage profile (`ShardingProblem.peak_usage`, built
-by `autopar.passes.problem.build_problem`). Training's usage grows through the forward (every kept
-activation is added) and the backward frees activations faster than it makes gradients,
-so the end of the forward is where a plan's peak lies (`MemoryBreakdown.total` equals the
-profile at its last step). `predicted_memory` splits that instant by kind, from each
-node's `NodePlan.memory_bytes` and `output` placements, so that each part can be checked
-against what a rank really holds (`autopar.runtime.memory_probe`).
+The solve bounds the peak of a per-device usage profile over a training step's timeline
+(`ShardingProblem.peak_usage`, built by `autopar.passes.problem.build_problem`): the
+forward, the backward and the optimizer's step. `predicted_memory` splits the end of the
+forward by kind (`MemoryBreakdown.total` is the profile there; the step's peak lies at
+or after it, where the backward's gradients and temporaries add to what the forward kept),
+from each node's `NodePlan.memory_bytes` and `output` placements, so that each part can be
+checked against what a rank really holds (`autopar.runtime.memory_probe`).
 
 Per parameter node, with `stored = local_bytes(nbytes, output)` (its dtype) and
 `elements = local_bytes(numel, output)`, build_problem's `parameter_bytes` is
@@ -22,9 +22,9 @@ kept gathered). Buffers, constants and user inputs are held whole-step at their 
 (`buffers`, `inputs`: `memory_bytes`). An op on the gradient path keeps its output from its
 op to the end of the forward: `activations` sums their `memory_bytes` (views count 0 there),
 less `copies`;
-a recomputed op keeps nothing, but the first block of a tie group carries its recomputed
-outputs as the one block the backward rebuilds at a time: those bytes are
-`recompute_reserve`, not held at the end of the forward. An op off the gradient path (a
+a recomputed op keeps none of its outputs (the backward rebuilds them). With one
+micro-batch, the gradients are made in the backward: counted in `gradients`, not in
+`total`. An op off the gradient path (a
 mask, a position table) lives until its last use: it counts (`transient`) only when that
 use is the graph's output.
 
@@ -92,10 +92,10 @@ class MemoryBreakdown:
     `parameters` are the stored pieces, `gathered` the ZeRO-2 gathered copies kept until
     the backward, `optimizer_states` the optimizer's parameter-shaped states plus master
     copies; `activations` the outputs of kept ops on the gradient path, `copies` the
-    converted tensors their consumers keep (see the module docstring), `recompute_reserve`
-    the first tied block's recomputed outputs (charged, not held at this instant),
-    `transient` ops off the gradient path still live; `per_parameter` the parameter parts
-    by name (graph order)."""
+    converted tensors their consumers keep (see the module docstring), `transient` ops off
+    the gradient path still live; `per_parameter` the parameter parts by name (graph
+    order); `gradients` the parameters' gradients, held from the backward that makes them
+    when `gradients_later`."""
 
     parameters: float
     gathered: float
@@ -104,18 +104,20 @@ class MemoryBreakdown:
     buffers: float
     inputs: float
     activations: float
-    recompute_reserve: float
     transient: float
     copies: float = 0.0
     per_parameter: tuple[ParameterMemory, ...] = ()
+    # Whether the gradients are made in the backward (one micro-batch), so not yet held
+    # at the end of the forward.
+    gradients_later: bool = False
 
     @property
     def total(self) -> float:
-        """The plan's usage profile at the end of the forward (its peak when the peak lies
-        there, as it does for training graphs whose kept activations grow to the end)."""
-        return (self.parameters + self.gathered + self.gradients + self.optimizer_states
-                + self.buffers + self.inputs + self.activations + self.copies
-                + self.recompute_reserve + self.transient)
+        """The plan's usage profile at the end of the forward (the step's peak lies at or
+        after it: the backward's gradients and temporaries, `Plan.peak_memory_bytes`)."""
+        return (self.parameters + self.gathered + self.optimizer_states + self.buffers
+                + self.inputs + self.activations + self.copies + self.transient
+                + (0.0 if self.gradients_later else self.gradients))
 
 
 def graph_of(model: nn.Module, example_inputs: tuple) -> fx.GraphModule:
@@ -146,8 +148,7 @@ def predicted_memory(plan: Plan, graph: fx.GraphModule,
     on_path = gradient_path(graph)
     mesh_shape = plan.mesh.shape
     totals = dict.fromkeys(("parameters", "gathered", "gradients", "optimizer_states",
-                            "buffers", "inputs", "activations", "recompute_reserve",
-                            "transient", "copies"), 0.0)
+                            "buffers", "inputs", "activations", "transient", "copies"), 0.0)
     copies = _copies(plan, graph)
     per_parameter = []
     for node in plan.nodes:
@@ -168,10 +169,11 @@ def predicted_memory(plan: Plan, graph: fx.GraphModule,
             own = node.memory_bytes - copies.get(node.name, 0.0)
             totals["copies"] += copies.get(node.name, 0.0)
             if on_path[node.name]:
-                totals["recompute_reserve" if node.recompute else "activations"] += own
+                totals["activations"] += own
             elif _live_at_output(fx_node, planned):
                 totals["transient"] += own
-    return MemoryBreakdown(**totals, per_parameter=tuple(per_parameter))
+    return MemoryBreakdown(**totals, per_parameter=tuple(per_parameter),
+                           gradients_later=plan.microbatches == 1)
 
 
 def _copies(plan: Plan, graph: fx.GraphModule) -> dict[str, float]:

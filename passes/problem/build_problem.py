@@ -115,9 +115,7 @@ class ProblemBuild:
     # else once).
     repeats: tuple[int, ...]
     held_repeats: tuple[int, ...]
-    # Memory: the first nodes of the tie groups (indices: a recomputed one keeps its
-    # outputs), and the micro-batches whose activations are held at once.
-    first_of_tie: frozenset[int] = frozenset()
+    # Memory: the micro-batches whose activations are held at once.
     in_flight: int = 1
     # Whether parameters' gradients have an interval of their own (`_Builder.
     # timed_gradients`), outside their nodes' usages.
@@ -281,6 +279,9 @@ class _Builder:
         self.parameters = [i for i, name in enumerate(self.order)
                            if self.by_name[name].meta.get(ROLE) == "parameter"]
         self.per_tensor = not mesh.hardware.multi_tensor_optimizer
+        self.region_end: dict[str, int] = {}  # recompute region -> its last node's index
+        for i, name in enumerate(self.order):
+            self.region_end[recompute_region(self.by_name[name])] = i
         self.on_path = gradient_path(gm)
         self.saved = saved
         self.kept = kept_outputs(gm, saved)
@@ -307,18 +308,16 @@ class _Builder:
         return self._array((id(strategies), "cost", reads),
                            lambda: [self.node_cost(node, s) for s in strategies])
 
-    def node_usages(self, node: fx.Node, strategies: tuple[Strategy, ...], *,
-                    first_of_tie: bool) -> np.ndarray:
+    def node_usages(self, node: fx.Node, strategies: tuple[Strategy, ...]) -> np.ndarray:
         """`node_usage` of each of `strategies`, computed once for the nodes that have them
         and are alike in all it reads."""
         name = node.name
         reads = (node.meta.get(ROLE), node.op, tensor_outputs(node),
                  self.saving_uses.get(name, 0), self.uses.get(name, 0),
                  _number(node.meta.get(BYTES, 0), self.hints) == 0, self.saved.get(name),
-                 self.kept.get(name), self.owned.get(name), self.on_path.get(name),
-                 first_of_tie)
+                 self.kept.get(name), self.owned.get(name), self.on_path.get(name))
         return self._array((id(strategies), "usage", reads), lambda: [
-            self.node_usage(node, s, first_of_tie=first_of_tie) for s in strategies])
+            self.node_usage(node, s) for s in strategies])
 
     def _array(self, key: tuple, values) -> np.ndarray:
         found = self.arrays.get(key)
@@ -336,16 +335,16 @@ class _Builder:
             node, strategy, self.mesh, differentiable=self.on_path[node.name],
             size=lambda value: _number(value, self.hints)))
 
-    def node_usage(self, node: fx.Node, strategy: Strategy, *, first_of_tie: bool) -> float:
+    def node_usage(self, node: fx.Node, strategy: Strategy) -> float:
         """Bytes the node holds while live: a parameter with its gradient and optimizer
         state, once; an activation (a user or boundary input, or an op on the gradient
         path) once per micro-batch in flight."""
-        usage = self._usage(node, strategy, first_of_tie=first_of_tie)
+        usage = self._usage(node, strategy)
         per_microbatch = node.meta.get(ROLE) == "input" or (
             node.op == "call_function" and self.on_path[node.name])
         return usage * self.in_flight if per_microbatch else usage
 
-    def _usage(self, node: fx.Node, strategy: Strategy, *, first_of_tie: bool) -> float:
+    def _usage(self, node: fx.Node, strategy: Strategy) -> float:
         role = node.meta.get(ROLE)
         if role == "parameter":
             return float(parameter_bytes(tensor_outputs(node)[0], strategy, self.mesh,
@@ -360,13 +359,19 @@ class _Builder:
             return 0.0  # a view shares its base's storage
         entry = self.saved.get(node.name)
         if entry is None:  # unknown to find_saved: its output is kept
-            return 0.0 if strategy.recompute and not first_of_tie else float(held)
+            return 0.0 if strategy.recompute else float(held)
         kept = self.kept[node.name] - self.owned.get(node.name, frozenset())
-        outputs = 0 if strategy.recompute and not first_of_tie else sum(
-            formulas.local_bytes(spec.nbytes, strategy.output, self.mesh.shape)
-            for k, spec in enumerate(tensor_outputs(node)) if k in kept)
         divisor = formulas.compute_divisor(strategy.inputs, strategy.output, self.mesh.shape)
+        outputs = 0.0 if strategy.recompute else self._output_bytes(node, strategy, kept)
         return float(outputs + entry.internal_bytes / divisor)
+
+    def _output_bytes(self, node: fx.Node, strategy: Strategy,
+                      outputs: frozenset[int] | None = None) -> float:
+        """The local bytes of `node`'s `outputs` (default: all of them) at its output
+        placement under `strategy`."""
+        return float(sum(formulas.local_bytes(spec.nbytes, strategy.output, self.mesh.shape)
+                         for k, spec in enumerate(tensor_outputs(node))
+                         if outputs is None or k in outputs))
 
     @property
     def steps(self) -> int:
@@ -461,8 +466,7 @@ class _Builder:
         return (node.op == "call_function" and self.on_path[name] and entry is not None
                 and node.meta.get(BYTES, 0) != 0 and output not in entry.outputs)
 
-    def edge_usages(self, edges: tuple[EdgeRef, ...], first_of_tie: set[int]
-                    ) -> tuple[EdgeUsage, ...]:
+    def edge_usages(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeUsage, ...]:
         """The problem's `EdgeUsage`s (0 where a pair is forbidden, none where all are 0):
         per edge that keeps what it hands on, what it holds for the backward
         (`EdgeCache.held`) over [consumer, end of the forward), counted for the nodes the
@@ -475,14 +479,32 @@ class _Builder:
                 continue
             p, c = self.index[ref.producer], self.index[ref.consumer]
             cost, factor = self.edge_matrix(ref), self.repeats[c] * self.in_flight
-            parts = self._held_parts(ref, cost, p in first_of_tie)
+            parts = self._held_parts(ref, cost)
             key = (*map(id, parts), id(cost), factor)
             found = shared.get(key)
             if found is None:
                 found = shared[key] = tuple(part * factor for part in parts)
             usages.extend(EdgeUsage((p, c), part, (c, self.freed(c)))
                           for part in found if part.any())
-        return tuple(usages) + self.ring_usages(edges) + self.gradient_usages(edges)
+        return (tuple(usages) + self.ring_usages(edges) + self.gradient_usages(edges)
+                + self.conversion_usages(edges))
+
+    def conversion_usages(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeUsage, ...]:
+        """What each edge's conversions make and nothing keeps (`EdgeCache.transients`),
+        one micro-batch's: at its consumer's step in the forward, at its backward's in the
+        backward; 0 where the edge's cost forbids the pair."""
+        usages = []
+        for ref in edges:
+            src, dst = self.table.strategies[ref.producer], self.table.strategies[ref.consumer]
+            c = self.index[ref.consumer]
+            finite = np.isfinite(self.edge_matrix(ref))
+            for matrix, step in zip(self.edge_cache.transients(ref, src, dst),
+                                    (c, self.backward_step(c))):
+                values = np.where(finite, matrix, 0.0)
+                if values.any():
+                    usages.append(EdgeUsage((self.index[ref.producer], c), values,
+                                            (step, step + 1)))
+        return tuple(usages)
 
     def gradient_usages(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeUsage, ...]:
         """What the backward makes and holds, one micro-batch's and once (the backward of
@@ -496,7 +518,10 @@ class _Builder:
         - held, from the step after its last reader's backward (through views: the reader
           of a view makes the gradient its base receives) to its own: the gradient of each
           floating output of an op that writes it, at its output placement; a parameter's
-          to the end of the step (`_parameter_gradients`).
+          to the end of the step (`_parameter_gradients`);
+        - rebuilt, the outputs a recomputed op would keep unrecomputed, from the backward
+          of the last op of its recompute region (or of its last reader, later), which
+          rebuilds the region, to its own backward.
 
         Each is an `EdgeUsage` of one end alone: of a made gradient's edge, constant along
         its producer; of an op's held gradient, with the producer of its first input,
@@ -520,16 +545,20 @@ class _Builder:
                     or _number(node.meta.get(BYTES, 0), self.hints) == 0:
                 continue
             strategies = self.table.strategies[name]
-            floating = [s for s in tensor_outputs(node) if s.dtype.is_floating_point]
-            held = np.array([float(sum(formulas.local_bytes(s.nbytes, st.output, self.mesh.shape)
-                                       for s in floating)) for st in strategies])
+            floating = frozenset(k for k, spec in enumerate(tensor_outputs(node))
+                                 if spec.dtype.is_floating_point)
+            held = np.array([self._output_bytes(node, st, floating) for st in strategies])
             entry = self.saved.get(name)
             internal = np.array([entry.internal_bytes / formulas.compute_divisor(
                 st.inputs, st.output, self.mesh.shape) if entry else 0.0 for st in strategies])
-            own = self.backward_step(self.index[name])
+            own, last = self.backward_step(self.index[name]), self._last_reader(node)
+            rebuilt = np.array([self._output_bytes(node, st, self.kept.get(name))
+                                if st.recompute else 0.0 for st in strategies])
+            rebuilt_at = self.backward_step(max(last, self.region_end[recompute_region(node)]))
             for values, interval in (
-                    (held, (self.backward_step(self._last_reader(node)) + 1, own + 1)),
-                    (internal, (own, own + 1))):
+                    (held, (self.backward_step(last) + 1, own + 1)),
+                    (internal, (own, own + 1)),
+                    (rebuilt, (rebuilt_at, own + 1))):
                 if values.any() and interval[0] < interval[1]:
                     usages.append(self._one_end(first_input[name], name, values, interval))
         return tuple(u for u in usages if u.usages.any())
@@ -583,7 +612,7 @@ class _Builder:
                 last = max(last, self.index[user])
         return last
 
-    def _held_parts(self, ref: EdgeRef, cost: np.ndarray, first_of_tie: bool) -> tuple:
+    def _held_parts(self, ref: EdgeRef, cost: np.ndarray) -> tuple:
         """What edge `ref` holds (`EdgeCache.held`, 0 where `cost` forbids the pair), as
         matrices that add up to it: for an edge that owns its producer's output, the part
         of its consumer alone and that of its producer alone (`EdgeCache.owned_parts`), an
@@ -592,11 +621,10 @@ class _Builder:
         conversion); else the whole. On every pair `cost` allows, the parts sum to the
         held bytes, at least 0 (`autopar.solver.EdgeUsage`)."""
         src, dst = self.table.strategies[ref.producer], self.table.strategies[ref.consumer]
-        held = self.edge_cache.held(ref, src, dst, first_of_tie=first_of_tie)
+        held = self.edge_cache.held(ref, src, dst)
         finite = np.isfinite(cost)
         if ref.owns:
-            reads, outputs = self.edge_cache.owned_parts(ref, src, dst,
-                                                         first_of_tie=first_of_tie)
+            reads, outputs = self.edge_cache.owned_parts(ref, src, dst)
             rest = np.where(finite, held - reads[None, :] - outputs[:, None], 0.0)
             if (rest >= 0).all():
                 return (np.broadcast_to(reads, held.shape),
@@ -604,10 +632,12 @@ class _Builder:
         return (np.where(finite, held, 0.0),)
 
     def ring_usages(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeUsage, ...]:
-        """The key and value blocks a context-parallel attention's ring holds in flight in
-        its forward, besides its own (`autopar.costs.ring`): two of `Ring.kv_bytes`, at its
-        step. The usage depends on the attention's strategy only; an `EdgeUsage` with the
-        producer of its first input carries it, constant along that side."""
+        """The blocks a context-parallel attention's ring holds in flight besides its own
+        (`autopar.costs.ring`): in the forward, at its step, the key and value block in
+        hand and the one arriving, two of `Ring.kv_bytes`; in its backward, each with its
+        gradients (`Ring.grad_bytes`). The usage depends on the attention's strategy only;
+        an `EdgeUsage` with the producer of its first input carries it, constant along
+        that side."""
         first_input = {}
         for ref in edges:
             first_input.setdefault(ref.consumer, ref.producer)
@@ -619,12 +649,13 @@ class _Builder:
                 continue
             rings = [op_ring(node, s, self.mesh, size=lambda v: _number(v, self.hints))
                      for s in self.table.strategies[name]]
-            blocks = np.array([0.0 if r is None else 2 * float(r.kv_bytes) for r in rings])
-            if blocks.any():
-                p, c = self.index[first_input[name]], self.index[name]
-                usages.append(EdgeUsage((p, c), np.broadcast_to(
-                    blocks, (len(self.table.strategies[first_input[name]]), blocks.size)),
-                    (c, c + 1)))
+            forward = np.array([0.0 if r is None else 2 * float(r.kv_bytes) for r in rings])
+            backward = np.array([0.0 if r is None else 2 * float(r.kv_bytes + r.grad_bytes)
+                                 for r in rings]) if self.on_path[name] else 0 * forward
+            c, step = self.index[name], self.backward_step(self.index[name])
+            for blocks, interval in ((forward, (c, c + 1)), (backward, (step, step + 1))):
+                if blocks.any():
+                    usages.append(self._one_end(first_input[name], name, blocks, interval))
         return tuple(usages)
 
     def edge_matrix(self, ref: EdgeRef) -> np.ndarray:
@@ -695,7 +726,6 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     edges = builder.with_buckets(builder.with_memory_flags(edges))
     # A folded graph's representative block stands for tied blocks: it is tied too.
     ties = builder.ties(strategies) if fold_layers or builder.fold else ()
-    first_of_tie = {group[0] for group in ties}
     repeats = builder.repeats
     intervals = tuple(builder.interval(n) for n in nodes)
     held_repeats = tuple(r if end >= len(nodes) else 1
@@ -703,8 +733,8 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     problem = ShardingProblem(
         node_costs=tuple(_times(builder.node_costs(n, ss), r)
                          for n, ss, r in zip(nodes, strategies, repeats)),
-        node_usages=tuple(_times(builder.node_usages(n, ss, first_of_tie=i in first_of_tie), r)
-                          for i, (n, ss, r) in enumerate(zip(nodes, strategies, held_repeats))),
+        node_usages=tuple(_times(builder.node_usages(n, ss), r)
+                          for n, ss, r in zip(nodes, strategies, held_repeats)),
         intervals=intervals,
         edges=tuple((builder.index[e.producer], builder.index[e.consumer]) for e in edges),
         edge_costs=tuple(_times(builder.edge_matrix(e), repeats[builder.index[e.consumer]])
@@ -712,11 +742,11 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
         usage_limit=memory_budget,
         ties=ties,
         name=type(gm).__name__,
-        edge_usages=builder.edge_usages(edges, first_of_tie),
+        edge_usages=builder.edge_usages(edges),
     )
     return ProblemBuild(problem, tuple(builder.order), edges, strategies, builder.on_path, mesh,
                         optimizer, microbatches, tuple(repeats), held_repeats,
-                        frozenset(first_of_tie), in_flight, builder.timed_gradients)
+                        in_flight, builder.timed_gradients)
 
 
 def _times(values: np.ndarray, repeats: int) -> np.ndarray:

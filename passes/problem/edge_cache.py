@@ -132,14 +132,13 @@ class EdgeCache:
         self._tables[key] = (src, dst, table)
         return table
 
-    def held(self, ref: EdgeRef, src: tuple[Strategy, ...], dst: tuple[Strategy, ...], *,
-             first_of_tie: bool) -> np.ndarray:
+    def held(self, ref: EdgeRef, src: tuple[Strategy, ...],
+             dst: tuple[Strategy, ...]) -> np.ndarray:
         """`held_bytes` of edge `ref`, copy plus own, for every pair of its producer's
         strategies `src` and its consumer's `dst` (a Ks x Kd array, shared: do not write
-        it); the producer keeps its output unless recomputed outside the first block of a
-        tie group (`first_of_tie`)."""
+        it); the producer keeps its output unless recomputed."""
         nbytes = ref.tensor.nbytes
-        key = (id(src), id(dst), ref.position, nbytes, ref.keeps, ref.owns, first_of_tie,
+        key = (id(src), id(dst), ref.position, nbytes, ref.keeps, ref.owns,
                ref.producer_off_path)
         found = self._held.get(key)
         if found is not None:
@@ -155,32 +154,65 @@ class EdgeCache:
             values = np.where(copy, self._bytes(read, nbytes)[None, :], 0.0)
             if ref.owns:
                 own = ((~copy | (dst_recompute == 1)[None, :])
-                       & ((src_recompute == 0) | first_of_tie)[:, None])
+                       & (src_recompute == 0)[:, None])
                 values += np.where(own, self._bytes(out, nbytes)[:, None], 0.0)
         matrix = values[np.ix_(producers.of, consumers.of)]
         self._held[key] = (src, dst, matrix)
         return matrix
 
-    def owned_parts(self, ref: EdgeRef, src: tuple[Strategy, ...], dst: tuple[Strategy, ...],
-                    *, first_of_tie: bool) -> tuple[np.ndarray, np.ndarray]:
+    def owned_parts(self, ref: EdgeRef, src: tuple[Strategy, ...],
+                    dst: tuple[Strategy, ...]) -> tuple[np.ndarray, np.ndarray]:
         """For an edge that `owns` its producer's output, the parts of `held` that depend
         on one end alone: per consumer strategy, the local bytes of its read; per producer
-        strategy, minus the local bytes of its output when it is recomputed (outside the
-        first block of a tie group), where the consumer must read the output as it is
+        strategy, minus the local bytes of its output when it is recomputed, where the
+        consumer must read the output as it is
         and keeps a handle. Their sum is `held` except for a recomputed consumer that
         reads through a conversion (its recipe keeps the output too)."""
         nbytes = ref.tensor.nbytes
-        key = (id(src), id(dst), ref.position, nbytes, "parts", first_of_tie)
+        key = (id(src), id(dst), ref.position, nbytes, "parts")
         found = self._held.get(key)
         if found is not None:
             return found[2]
         producers, consumers = self._producers_of(src), self._consumers_of(dst, ref.position)
         out, src_recompute = producers.keys.T[0], producers.keys.T[3]
         reads = self._bytes(consumers.keys.T[0], nbytes)[consumers.of]
-        dropped = (src_recompute == 1) & (not first_of_tie)
+        dropped = src_recompute == 1
         outputs = -np.where(dropped, self._bytes(out, nbytes), 0.0)[producers.of]
         self._held[key] = (src, dst, (reads, outputs))
         return reads, outputs
+
+    def transients(self, ref: EdgeRef, src: tuple[Strategy, ...], dst: tuple[Strategy, ...]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """What edge `ref`'s conversions make and nothing keeps, for every pair of
+        strategies (Ks x Kd arrays, shared: do not write them): in the forward, at its
+        consumer's step, the converted tensor a consumer that does not keep it reads (a
+        parameter's, unless kept gathered); in the backward, at its consumer's backward,
+        the gradient converted to the placement its producer needs, and a parameter's
+        copy gathered again for the backward (not kept gathered: ZeRO-3)."""
+        nbytes = ref.tensor.nbytes
+        key = (id(src), id(dst), ref.position, nbytes, "transients", ref.keeps,
+               ref.requires_grad, ref.producer_is_parameter, ref.producer_off_path)
+        found = self._held.get(key)
+        if found is not None:
+            return found[2]
+        producers, consumers = self._producers_of(src), self._consumers_of(dst, ref.position)
+        out, gathered, _, _, needed = producers.keys.T
+        read, arriving, _ = consumers.keys.T
+        copy = out[:, None] != read[None, :]
+        if ref.producer_off_path:
+            copy &= ~self._sliced_views(out, read)
+        if ref.producer_is_parameter:
+            copy &= (gathered < 0)[:, None]
+        reads = np.where(copy, self._bytes(read, nbytes)[None, :], 0.0)
+        forward = np.zeros_like(reads) if ref.keeps else reads
+        backward = reads if ref.producer_is_parameter else np.zeros_like(reads)
+        if ref.requires_grad:
+            converted = needed[:, None] != arriving[None, :]
+            backward = backward + np.where(converted, self._bytes(needed, nbytes)[:, None], 0.0)
+        rows, columns = np.ix_(producers.of, consumers.of)
+        matrices = (forward[rows, columns], backward[rows, columns])
+        self._held[key] = (src, dst, matrices)
+        return matrices
 
     def _bytes(self, ids: np.ndarray, nbytes) -> np.ndarray:
         """The local bytes of a tensor of `nbytes` at each of the placements `ids`."""

@@ -26,8 +26,7 @@ edge is the only way anything keeps it (`EdgeRef.owns`): then the output is free
 conversion when there is one (and no recipe keeps it), and the edge holds it otherwise:
 
     own  = local_bytes(nbytes, output)   `owns`, no copy or a recomputed consumer, and the
-                                         producer keeps its output (not recomputed, or the
-                                         first block of a tie group)
+                                         producer keeps its output (is not recomputed)
 
 An edge that owns its producer's output and whose consumer is not recomputed then holds
 local_bytes(nbytes, read) whatever the producer chose: a usage of its consumer alone.
@@ -144,17 +143,16 @@ def copy_bytes(nbytes, output, read, mesh_shape: tuple[int, ...], *,
 
 
 def held_bytes(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes, mesh_shape: tuple[int, ...],
-               *, producer_keeps: bool) -> tuple:
+               ) -> tuple:
     """(copy, own): the bytes one rank holds for the backward through edge `ref` when its
     producer chose `src` and its consumer `dst` (module docstring), for a tensor of
-    `nbytes`. `producer_keeps`: whether the producer's node keeps its output under `src`
-    (False when recomputed, except in the first block of a tie group)."""
+    `nbytes`."""
     if not ref.keeps:
         return 0, 0
     read = dst.inputs[ref.position]
     copy = copy_bytes(nbytes, src.output, read, mesh_shape, off_path=ref.producer_off_path)
     own = formulas.local_bytes(nbytes, src.output, mesh_shape) \
-        if ref.owns and (not copy or dst.recompute) and producer_keeps else 0
+        if ref.owns and (not copy or dst.recompute) and not src.recompute else 0
     return copy, own
 
 

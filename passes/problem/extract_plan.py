@@ -111,14 +111,12 @@ def _held(build: ProblemBuild, chosen) -> dict[str, float]:
     the output an owning edge holds for its producer, once per micro-batch in flight, for
     one node of the unfolded graph."""
     held = dict.fromkeys(build.nodes, 0.0)
-    index = {name: i for i, name in enumerate(build.nodes)}
     for ref in build.edges:
         if not ref.keeps:
             continue
         src = chosen[ref.producer]
         copy, own = held_bytes(ref, src, chosen[ref.consumer], ref.tensor.nbytes,
-                               build.mesh.shape, producer_keeps=not src.recompute
-                               or index[ref.producer] in build.first_of_tie)
+                               build.mesh.shape)
         held[ref.consumer] += build.in_flight * float(copy)
         held[ref.producer] += build.in_flight * float(own)
     return held

@@ -34,7 +34,7 @@ REPLICATED_PEAK = {"mlp": 168448.0, "gpt": 2181888.0, "resnet": 484800.0}
 CASES = (
     MemoryCase("examples.mlp", memory_budget=0.3 * REPLICATED_PEAK["mlp"]),
     MemoryCase("examples.gpt", memory_budget=0.3 * REPLICATED_PEAK["gpt"]),
-    MemoryCase("examples.resnet", memory_budget=0.65 * REPLICATED_PEAK["resnet"]),
+    MemoryCase("examples.resnet", memory_budget=0.75 * REPLICATED_PEAK["resnet"]),
 )
 TOLERANCE = 0.10
 
@@ -101,17 +101,17 @@ def test_activation_bytes_within_ten_percent(measured, example):
                                                                            predicted)
 
 
-# Recomputation's backward is not on the timeline: a recomputed region rebuilt in the
-# backward holds its outputs and the copies its conversions make again, where the plan
-# charges only its first tied block's outputs (`recompute_reserve`). Measured at these
-# budgets: GPT 836,216 bytes against 653,192 predicted (-22%), ResNet 377,276 against
-# 307,904 (-18%).
-_RECOMPUTE_GAP = pytest.mark.xfail(strict=True, reason="recomputation's backward is not "
-                                   "on the memory timeline")
+# Kernel workspaces and collective buffers are not on the timeline. GPT's plan at its
+# budget runs context-parallel attention: the ring's backward and gloo's staging buffers
+# in flight, whose timing varies from run to run (measured 722,936 to 800,888 bytes
+# against 632,960 predicted, -12% to -21%). ResNet's peak is a CPU convolution
+# backward's im2col workspace of 76,288 bytes (377,916 measured, 314,944 predicted: -17%).
+_WORKSPACE_GAP = pytest.mark.xfail(strict=True, reason="kernel workspaces and collective "
+                                   "buffers are not on the memory timeline")
 
 
-@pytest.mark.parametrize("example", ["mlp", pytest.param("gpt", marks=_RECOMPUTE_GAP),
-                                     pytest.param("resnet", marks=_RECOMPUTE_GAP)])
+@pytest.mark.parametrize("example", ["mlp", pytest.param("gpt", marks=_WORKSPACE_GAP),
+                                     pytest.param("resnet", marks=_WORKSPACE_GAP)])
 def test_the_peak_of_a_step_within_ten_percent(measured, example):
     """The plan's peak (the forward's kept activations and the backward's gradients, made
     and held, over the step's timeline) against the most any rank held during a step."""
