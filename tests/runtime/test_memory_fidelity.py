@@ -101,17 +101,14 @@ def test_activation_bytes_within_ten_percent(measured, example):
                                                                            predicted)
 
 
-# Kernel workspaces and collective buffers are not on the timeline. GPT's plan at its
-# budget runs context-parallel attention: the ring's backward and gloo's staging buffers
-# in flight, whose timing varies from run to run (measured 722,936 to 800,888 bytes
-# against 632,960 predicted, -12% to -21%). ResNet's peak is a CPU convolution
-# backward's im2col workspace of 76,288 bytes (377,916 measured, 314,944 predicted: -17%).
-_WORKSPACE_GAP = pytest.mark.xfail(strict=True, reason="kernel workspaces and collective "
-                                   "buffers are not on the memory timeline")
-
-
-@pytest.mark.parametrize("example", ["mlp", pytest.param("gpt", marks=_WORKSPACE_GAP),
-                                     pytest.param("resnet", marks=_WORKSPACE_GAP)])
+# Kernel workspaces and collective buffers are not on the timeline. ResNet's peak is a CPU
+# convolution backward's im2col workspace of 76,288 bytes (377,916 measured against
+# 314,944 predicted: -17%). GPT is left out: its plan at this budget runs context-parallel
+# attention, whose ring backward and gloo staging buffers in flight vary from run to run
+# (722,936 to 800,888 bytes measured against 632,960 predicted).
+@pytest.mark.parametrize("example", [
+    "mlp", pytest.param("resnet", marks=pytest.mark.xfail(
+        strict=True, reason="a convolution backward's workspace is not on the timeline"))])
 def test_the_peak_of_a_step_within_ten_percent(measured, example):
     """The plan's peak (the forward's kept activations and the backward's gradients, made
     and held, over the step's timeline) against the most any rank held during a step."""
