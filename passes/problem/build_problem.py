@@ -20,31 +20,26 @@ map from problem indices back to graph nodes and tensors.
   `passes/problem/edge_costs.py`'s: an edge's matrix is computed once per distinct signature
   of its pairs of strategies (`passes/problem/edge_cache.py`), and kept, apart from the
   charges, for the next problem built with the same `EdgeCache`.
-- Memory per device: parameters with their gradient, master copy and optimizer states
-  (`autopar.costs.optimizer_state`; the three where the parameter is stored, the parameter
-  itself also gathered, once per use that saves it, when kept gathered: ZeRO-2), buffers,
-  user inputs, and what autograd keeps for the backward (`find_saved`): the outputs some
-  op saves (views share their base's storage and add nothing) and the tensors ops save
-  inside (statistics, log-softmax), split as the op's work is. Stored tensors live for
-  the whole step, kept activations from their op to the end of the forward, others until
-  their last use. A recomputed op keeps no output, except in the first block of tied
-  blocks: there its outputs stand for the one block the backward recomputes at a time.
+- Memory per device, on a training step's timeline (`step_memory.Timeline`: the forward,
+  the backward, the optimizer's step): parameters with their gradient, master copy and
+  optimizer states (`autopar.costs.optimizer_state`; the three where the parameter is
+  stored, the parameter itself also gathered, once per use that saves it, when kept
+  gathered: ZeRO-2), buffers, user inputs, and what autograd keeps for the backward
+  (`find_saved`): the outputs some op saves (views share their base's storage and add
+  nothing) and the tensors ops save inside (statistics, log-softmax), split as the op's
+  work is. Stored tensors live for the whole step, kept activations from their op to its
+  backward, others until their last use. A recomputed op keeps no output.
 - Memory per edge (`edge_costs.held_bytes`, an `EdgeUsage` of the problem over [consumer,
-  end of the forward)): a consumer that keeps what it reads (`kept_reads`) through a
+  its backward]): a consumer that keeps what it reads (`kept_reads`) through a
   collective keeps the collective's copy, at its read placement (a tensor off the
   gradient path cut along dim 0 over one axis is handed on as a view: no copy,
   `edge_costs.sliced_view`). An output kept through
   one edge only (`EdgeRef.owns`: its op does not save it, one consumer or chain of views
   does) is charged on that edge, not on its op: held when the edge does not convert it,
   freed after the collective when it does.
-- In flight at one time step, a context-parallel attention's ring blocks, at its step:
-
-      ring blocks = 2 kv_bytes            (`autopar.costs.ring.Ring.kv_bytes`: the block
-                                           computed on and the next one arriving, besides
-                                           the rank's own keys and values)
-
-  The collectives' output buffers that no consumer keeps are not charged, as no other
-  transient is (outputs nothing keeps, the backward's buffers).
+- What the backward and the optimizer's step add (`step_memory.BackwardUsages`): the
+  gradients made and held, recomputed outputs rebuilt, the conversions' transient copies,
+  a context-parallel ring's blocks in flight, the optimizer's temporaries.
 - Micro-batches: with M of them the graph is one micro-batch's, and a step runs it M
   times: compute and collectives count M times, except those run once per step
   (`once_per_step`: gradient all-reduces of replicated parameters, deferred to the last
@@ -55,7 +50,7 @@ map from problem indices back to graph nodes and tensors.
   strategies match are tied node by node, so identical transformer blocks are one
   decision (the plan is uniform across them).
 - Folded graphs (`passes/problem/fold_depth.py`): a node standing for r nodes of the unfolded
-  graph counts r times in compute, in the edges into it and, when held to the end of the
+  graph counts r times in compute, in the edges into it and, when held past the end of the
   forward, in memory; the problem is the unfolded one's, tied.
 """
 
@@ -81,6 +76,7 @@ from autopar.passes.capturing.gradient_path import (
 )
 from autopar.passes.problem.edge_cache import EdgeCache
 from autopar.passes.problem.edge_costs import Background, EdgeRef
+from autopar.passes.problem.step_memory import BackwardUsages, Timeline
 from autopar.passes.strategies.find_strategies import STORED_ROLES, Strategy, StrategyTable, op_spec
 from autopar.passes.strategies.offer_recompute import recompute_region
 from autopar.rules.attention import RING_TARGETS
@@ -276,12 +272,10 @@ class _Builder:
         self.by_name = {n.name: n for n in gm.graph.nodes}
         self.order = [n.name for n in gm.graph.nodes if n.name in table.strategies]
         self.index = {name: i for i, name in enumerate(self.order)}
-        self.parameters = [i for i, name in enumerate(self.order)
-                           if self.by_name[name].meta.get(ROLE) == "parameter"]
-        self.per_tensor = not mesh.hardware.multi_tensor_optimizer
-        self.region_end: dict[str, int] = {}  # recompute region -> its last node's index
-        for i, name in enumerate(self.order):
-            self.region_end[recompute_region(self.by_name[name])] = i
+        self.timeline = Timeline(
+            len(self.order), tuple(i for i, name in enumerate(self.order)
+                                   if self.by_name[name].meta.get(ROLE) == "parameter"),
+            per_tensor=not mesh.hardware.multi_tensor_optimizer, in_flight=in_flight)
         self.on_path = gradient_path(gm)
         self.saved = saved
         self.kept = kept_outputs(gm, saved)
@@ -362,10 +356,10 @@ class _Builder:
             return 0.0 if strategy.recompute else float(held)
         kept = self.kept[node.name] - self.owned.get(node.name, frozenset())
         divisor = formulas.compute_divisor(strategy.inputs, strategy.output, self.mesh.shape)
-        outputs = 0.0 if strategy.recompute else self._output_bytes(node, strategy, kept)
+        outputs = 0.0 if strategy.recompute else self.output_bytes(node, strategy, kept)
         return float(outputs + entry.internal_bytes / divisor)
 
-    def _output_bytes(self, node: fx.Node, strategy: Strategy,
+    def output_bytes(self, node: fx.Node, strategy: Strategy,
                       outputs: frozenset[int] | None = None) -> float:
         """The local bytes of `node`'s `outputs` (default: all of them) at its output
         placement under `strategy`."""
@@ -373,53 +367,42 @@ class _Builder:
                          for k, spec in enumerate(tensor_outputs(node))
                          if outputs is None or k in outputs))
 
-    @property
-    def steps(self) -> int:
-        """Time steps of a training step: the forward's T decision nodes in order, the
-        backward's T in reverse (`backward_step`), then the optimizer's step: one per
-        parameter node when it steps one tensor at a time, else one (`optimizer_step`)."""
-        return 2 * len(self.order) + max(1, len(self.parameters) if self.per_tensor else 1)
-
-    def optimizer_step(self, index: int) -> int:
-        """The time step of the optimizer's step of the parameter node at `index`."""
-        return 2 * len(self.order) + (self.parameters.index(index) if self.per_tensor else 0)
-
-    def backward_step(self, index: int) -> int:
-        """The time step of the backward of the decision node at `index`."""
-        return 2 * len(self.order) - 1 - index
-
-    def freed(self, index: int) -> int:
-        """The time step from which what the node at `index` keeps for the backward is
-        freed: the step after its backward; with several micro-batches in flight (a
-        pipeline stage) the others' are still held, so none before the backward's end."""
-        if self.in_flight > 1:
-            return 2 * len(self.order)
-        return self.backward_step(index) + 1
-
     def interval(self, node: fx.Node) -> tuple[int, int]:
+        """The time steps (`Timeline`) the node's usage counts at: a stored tensor or input
+        the whole step; what an op on the gradient path keeps, from its step to its
+        backward; another op's output until its last decision user."""
         if node.op == "placeholder":
-            return (0, self.steps)
+            return (0, self.timeline.steps)
         start = self.index[node.name]
         entry = self.saved.get(node.name)
         kept_nothing = entry is not None and not self.kept[node.name] \
             and entry.internal_bytes == 0
         if node.op == "output":
-            return (start, self.steps)
+            return (start, self.timeline.steps)
         if self.on_path[node.name] and not kept_nothing:
-            return (start, self.freed(start))
+            return (start, self.timeline.freed(start))
         return (start, self.last_use(node) + 1)
 
     def last_use(self, node: fx.Node) -> int:
         """The index of the last decision node that reads `node` (its own if none)."""
-        return max((self.index[u] for u in self._decision_users(node)),
+        return max((self.index[u] for u in self.decision_users(node)),
                    default=self.index[node.name])
 
-    def _decision_users(self, node: fx.Node):
+    def decision_users(self, node: fx.Node):
+        """The names of the decision nodes that read `node` (through getitems)."""
         for user in node.users:
             if user.name in self.index:
                 yield user.name
             else:  # getitem and other pass-through nodes
-                yield from self._decision_users(user)
+                yield from self.decision_users(user)
+
+    def moves_no_bytes(self, node: fx.Node) -> bool:
+        """Whether `node` is a view: its output is its input's storage."""
+        return _number(node.meta.get(BYTES, 0), self.hints) == 0
+
+    def ring(self, node: fx.Node, strategy: Strategy) -> Ring | None:
+        """The context-parallel ring `node` runs under `strategy` (`op_ring`), if any."""
+        return op_ring(node, strategy, self.mesh, size=lambda v: _number(v, self.hints))
 
     def with_memory_flags(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeRef, ...]:
         """`edges` with `keeps` and `owns` set (`edge_costs.held_bytes`), once each
@@ -469,9 +452,9 @@ class _Builder:
     def edge_usages(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeUsage, ...]:
         """The problem's `EdgeUsage`s (0 where a pair is forbidden, none where all are 0):
         per edge that keeps what it hands on, what it holds for the backward
-        (`EdgeCache.held`) over [consumer, end of the forward), counted for the nodes the
-        consumer stands for and the micro-batches in flight; and a ring's blocks in flight
-        at its attention's step (`ring_usages`)."""
+        (`EdgeCache.held`) over [consumer, its backward], counted for the nodes the
+        consumer stands for and the micro-batches in flight; and what the backward and the
+        optimizer's step add (`step_memory.BackwardUsages`)."""
         usages = []
         shared: dict[tuple, tuple] = {}  # edges of tied blocks share their arrays
         for ref in edges:
@@ -484,133 +467,9 @@ class _Builder:
             found = shared.get(key)
             if found is None:
                 found = shared[key] = tuple(part * factor for part in parts)
-            usages.extend(EdgeUsage((p, c), part, (c, self.freed(c)))
+            usages.extend(EdgeUsage((p, c), part, (c, self.timeline.freed(c)))
                           for part in found if part.any())
-        return (tuple(usages) + self.ring_usages(edges) + self.gradient_usages(edges)
-                + self.conversion_usages(edges))
-
-    def conversion_usages(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeUsage, ...]:
-        """What each edge's conversions make and nothing keeps (`EdgeCache.transients`),
-        one micro-batch's: at its consumer's step in the forward, at its backward's in the
-        backward; 0 where the edge's cost forbids the pair."""
-        usages = []
-        for ref in edges:
-            src, dst = self.table.strategies[ref.producer], self.table.strategies[ref.consumer]
-            c = self.index[ref.consumer]
-            finite = np.isfinite(self.edge_matrix(ref))
-            for matrix, step in zip(self.edge_cache.transients(ref, src, dst),
-                                    (c, self.backward_step(c))):
-                values = np.where(finite, matrix, 0.0)
-                if values.any():
-                    usages.append(EdgeUsage((self.index[ref.producer], c), values,
-                                            (step, step + 1)))
-        return tuple(usages)
-
-    def gradient_usages(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeUsage, ...]:
-        """What the backward makes and holds, one micro-batch's and once (the backward of
-        one block runs at a time):
-
-        - made, at an op's backward: the gradient of each input a gradient flows to, at the
-          placement the op reads it (before a conversion's backward brings it to its
-          producer's), and one of each tensor it saves inside (a fused op's intermediates:
-          log-softmax's output in a cross-entropy), divided as its work is; a view makes a
-          view;
-        - held, from the step after its last reader's backward (through views: the reader
-          of a view makes the gradient its base receives) to its own: the gradient of each
-          floating output of an op that writes it, at its output placement; a parameter's
-          to the end of the step (`_parameter_gradients`);
-        - rebuilt, the outputs a recomputed op would keep unrecomputed, from the backward
-          of the last op of its recompute region (or of its last reader, later), which
-          rebuilds the region, to its own backward.
-
-        Each is an `EdgeUsage` of one end alone: of a made gradient's edge, constant along
-        its producer; of an op's held gradient, with the producer of its first input,
-        constant along that side."""
-        usages = list(self._parameter_gradients(edges))
-        for ref in edges:  # made for an input
-            consumer = self.by_name[ref.consumer]
-            if not ref.requires_grad or ref.consumer_is_view or consumer.op != "call_function":
-                continue
-            dst = self.table.strategies[ref.consumer]
-            made = np.array([float(formulas.local_bytes(ref.tensor.nbytes, st.inputs[ref.position],
-                                                        self.mesh.shape)) for st in dst])
-            step = self.backward_step(self.index[ref.consumer])
-            usages.append(self._one_end(ref.producer, ref.consumer, made, (step, step + 1)))
-        first_input = {}
-        for ref in edges:
-            first_input.setdefault(ref.consumer, ref.producer)
-        for name in self.order:
-            node = self.by_name[name]
-            if node.op != "call_function" or not self.on_path[name] or name not in first_input \
-                    or _number(node.meta.get(BYTES, 0), self.hints) == 0:
-                continue
-            strategies = self.table.strategies[name]
-            floating = frozenset(k for k, spec in enumerate(tensor_outputs(node))
-                                 if spec.dtype.is_floating_point)
-            held = np.array([self._output_bytes(node, st, floating) for st in strategies])
-            entry = self.saved.get(name)
-            internal = np.array([entry.internal_bytes / formulas.compute_divisor(
-                st.inputs, st.output, self.mesh.shape) if entry else 0.0 for st in strategies])
-            own, last = self.backward_step(self.index[name]), self._last_reader(node)
-            rebuilt = np.array([self._output_bytes(node, st, self.kept.get(name))
-                                if st.recompute else 0.0 for st in strategies])
-            rebuilt_at = self.backward_step(max(last, self.region_end[recompute_region(node)]))
-            for values, interval in (
-                    (held, (self.backward_step(last) + 1, own + 1)),
-                    (internal, (own, own + 1)),
-                    (rebuilt, (rebuilt_at, own + 1))):
-                if values.any() and interval[0] < interval[1]:
-                    usages.append(self._one_end(first_input[name], name, values, interval))
-        return tuple(u for u in usages if u.usages.any())
-
-    def _one_end(self, other: str, name: str, values: np.ndarray,
-                 interval: tuple[int, int]) -> EdgeUsage:
-        """An `EdgeUsage` of `values` (per strategy of `name`) over `interval`, carried by
-        the pair (`other`, `name`) and constant along `other`."""
-        shape = (len(self.table.strategies[other]), values.size)
-        return EdgeUsage((self.index[other], self.index[name]),
-                         np.broadcast_to(values, shape), interval)
-
-    def _parameter_gradients(self, edges: tuple[EdgeRef, ...]):
-        """Per parameter node, carried by the pair with its first reader and constant along
-        that side: with `timed_gradients`, its gradient at its stored placement, from the
-        step after its last reader's backward (which makes it) to the end of the step (the
-        optimizer's step reads it), for the parameters the node stands for; and the
-        temporaries of its optimizer step (`OptimizerState.temporary_bytes`) at its
-        `optimizer_step`, for all of them at once on a multi-tensor step, else for one."""
-        first_reader = {}
-        for ref in edges:
-            first_reader.setdefault(ref.producer, ref.consumer)
-        for index in self.parameters:
-            name = self.order[index]
-            if name not in first_reader:
-                continue
-            spec, strategies = tensor_outputs(self.by_name[name])[0], self.table.strategies[name]
-            reader = first_reader[name]
-            step, repeats = self.optimizer_step(index), self.repeats[index]
-            temporary = self.optimizer.temporary_bytes(spec.dtype, multi_tensor=not self.per_tensor)
-            for per_element, times, interval in (
-                    (spec.itemsize if self.timed_gradients else 0.0, repeats,
-                     (self.backward_step(self._last_reader(self.by_name[name])) + 1, self.steps)),
-                    (temporary, 1 if self.per_tensor else repeats, (step, step + 1))):
-                values = np.array([times * per_element * float(formulas.local_bytes(
-                    spec.numel, st.output, self.mesh.shape)) for st in strategies])
-                if values.any():
-                    yield EdgeUsage((index, self.index[reader]), np.broadcast_to(
-                        values[:, None], (values.size, len(self.table.strategies[reader]))),
-                        interval)
-
-    def _last_reader(self, node: fx.Node) -> int:
-        """The index of the last decision node that reads `node`'s storage: through views,
-        their readers (its own index if none)."""
-        last = self.index[node.name]
-        for user in self._decision_users(node):
-            reader = self.by_name[user]
-            if reader.op == "call_function" and _number(reader.meta.get(BYTES, 0), self.hints) == 0:
-                last = max(last, self.index[user], self._last_reader(reader))
-            else:
-                last = max(last, self.index[user])
-        return last
+        return tuple(usages) + BackwardUsages(self, edges).all()
 
     def _held_parts(self, ref: EdgeRef, cost: np.ndarray) -> tuple:
         """What edge `ref` holds (`EdgeCache.held`, 0 where `cost` forbids the pair), as
@@ -630,33 +489,6 @@ class _Builder:
                 return (np.broadcast_to(reads, held.shape),
                         np.broadcast_to(outputs[:, None], held.shape), rest)
         return (np.where(finite, held, 0.0),)
-
-    def ring_usages(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeUsage, ...]:
-        """The blocks a context-parallel attention's ring holds in flight besides its own
-        (`autopar.costs.ring`): in the forward, at its step, the key and value block in
-        hand and the one arriving, two of `Ring.kv_bytes`; in its backward, each with its
-        gradients (`Ring.grad_bytes`). The usage depends on the attention's strategy only;
-        an `EdgeUsage` with the producer of its first input carries it, constant along
-        that side."""
-        first_input = {}
-        for ref in edges:
-            first_input.setdefault(ref.consumer, ref.producer)
-        usages = []
-        for name in self.order:
-            node = self.by_name[name]
-            if node.op != "call_function" or node.target not in RING_TARGETS \
-                    or name not in first_input:
-                continue
-            rings = [op_ring(node, s, self.mesh, size=lambda v: _number(v, self.hints))
-                     for s in self.table.strategies[name]]
-            forward = np.array([0.0 if r is None else 2 * float(r.kv_bytes) for r in rings])
-            backward = np.array([0.0 if r is None else 2 * float(r.kv_bytes + r.grad_bytes)
-                                 for r in rings]) if self.on_path[name] else 0 * forward
-            c, step = self.index[name], self.backward_step(self.index[name])
-            for blocks, interval in ((forward, (c, c + 1)), (backward, (step, step + 1))):
-                if blocks.any():
-                    usages.append(self._one_end(first_input[name], name, blocks, interval))
-        return tuple(usages)
 
     def edge_matrix(self, ref: EdgeRef) -> np.ndarray:
         table = self.edge_cache.seconds(ref, self.table.strategies[ref.producer],

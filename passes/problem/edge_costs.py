@@ -14,7 +14,7 @@ its backward (`EdgeRef.keeps`: it saves that input, or it is a view whose output
 saves) keeps the tensor the edge hands it. When the edge converts (the read placement is
 not the output's), that is a new tensor at the read placement, a collective's output or a
 local slice copied out (`autopar.runtime.axis_ops.apply_steps` makes it own exactly its
-bytes), held from the consumer to the end of the forward:
+bytes), held from the consumer's step to its backward:
 
     copy = local_bytes(nbytes, read)     when read != output
 
@@ -32,7 +32,7 @@ An edge that owns its producer's output and whose consumer is not recomputed the
 local_bytes(nbytes, read) whatever the producer chose: a usage of its consumer alone.
 
 So an edge's usage depends on both ends' strategies: it enters the problem as a
-`autopar.solver.EdgeUsage` over [consumer, end of the forward).
+`autopar.solver.EdgeUsage` over [consumer, its backward] (`build_problem`'s timeline).
 """
 
 from __future__ import annotations
