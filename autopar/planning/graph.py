@@ -42,7 +42,8 @@ STAGE = "[stage]"
 
 
 def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.2f} GiB"
+    """Bytes in GiB, or in bytes where two decimals of a GiB would read 0.00."""
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 / 100 else f"{nbytes:,.0f} B"
 
 
 NO_RULE = "no sharding rule for "

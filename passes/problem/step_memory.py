@@ -44,7 +44,6 @@ than 0).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch.fx as fx
@@ -55,9 +54,6 @@ from autopar.passes.problem.edge_costs import EdgeRef
 from autopar.passes.strategies.offer_recompute import recompute_region
 from autopar.rules.attention import RING_TARGETS
 from autopar.solver.problem import EdgeUsage
-
-if TYPE_CHECKING:
-    from autopar.passes.problem.build_problem import _Builder
 
 
 @dataclass(frozen=True)
@@ -94,9 +90,10 @@ class Timeline:
 
 class BackwardUsages:
     """The `EdgeUsage`s of the backward and the optimizer's step (module docstring) of the
-    problem `builder` is building, over its `Timeline`."""
+    problem `builder` (`build_problem`'s, which calls this module: its graph, strategies,
+    mesh and `Timeline`) is building, with its `edges`."""
 
-    def __init__(self, builder: _Builder, edges: tuple[EdgeRef, ...]) -> None:
+    def __init__(self, builder, edges: tuple[EdgeRef, ...]) -> None:
         self.b, self.edges = builder, edges
         self.timeline = builder.timeline
         self.first_input: dict[str, str] = {}
