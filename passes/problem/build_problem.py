@@ -113,9 +113,13 @@ class ProblemBuild:
     held_repeats: tuple[int, ...]
     # Memory: the micro-batches whose activations are held at once.
     in_flight: int = 1
-    # Whether parameters' gradients have an interval of their own (`_Builder.
-    # timed_gradients`), outside their nodes' usages.
-    timed_gradients: bool = False
+
+    @property
+    def timed_gradients(self) -> bool:
+        """Whether parameters' gradients have an interval of their own, outside their
+        nodes' usages: with one micro-batch the backward makes them; with more they are
+        accumulated from the first and held the whole step."""
+        return self.microbatches == 1 and self.in_flight == 1
 
 
 def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
@@ -266,8 +270,7 @@ class _Builder:
         self.gm, self.table, self.mesh, self.hints = gm, table, mesh, hints
         self.optimizer, self.charges = optimizer, charges
         self.microbatches, self.in_flight = microbatches, in_flight
-        # One micro-batch: a parameter's gradient is made in the backward (an interval of
-        # its own); with more, it is accumulated from the first and held the whole step.
+        # As `ProblemBuild.timed_gradients`.
         self.timed_gradients = microbatches == 1 and in_flight == 1
         self.by_name = {n.name: n for n in gm.graph.nodes}
         self.order = [n.name for n in gm.graph.nodes if n.name in table.strategies]
@@ -349,7 +352,7 @@ class _Builder:
                    for s in tensor_outputs(node)) if node.op != "output" else 0
         if role in STORED_ROLES or role == "input":
             return float(held)
-        if _number(node.meta.get(BYTES, 0), self.hints) == 0:
+        if self.moves_no_bytes(node):
             return 0.0  # a view shares its base's storage
         entry = self.saved.get(node.name)
         if entry is None:  # unknown to find_saved: its output is kept
@@ -578,7 +581,7 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     )
     return ProblemBuild(problem, tuple(builder.order), edges, strategies, builder.on_path, mesh,
                         optimizer, microbatches, tuple(repeats), held_repeats,
-                        in_flight, builder.timed_gradients)
+                        in_flight)
 
 
 def _times(values: np.ndarray, repeats: int) -> np.ndarray:
