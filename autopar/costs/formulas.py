@@ -41,9 +41,10 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from autopar.values.hardware import HardwareProfile, LinkLevel
+from autopar.values.hardware import BACKWARD, HardwareProfile, LinkLevel
 from autopar.values.mesh import Mesh
 from autopar.values.placement import Partial, Placement, Placements, Replicate, Shard
+from autopar.values.specs import Kernels
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send",
                "broadcast")
@@ -65,15 +66,28 @@ def _max(a, b):
 _MATMULS = ("mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "einsum", "addbmm")
 
 
+# Elementwise ops that evaluate a transcendental function per element: on a CPU they are
+# bound by its arithmetic (a tanh takes tens of cycles), not by the bytes they stream.
+_TRANSCENDENTALS = frozenset({
+    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "tanh", "sigmoid", "erf",
+    "erfc", "erfinv", "gelu", "silu", "mish", "softplus", "elu", "selu", "celu", "sin",
+    "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+    "logit", "hardswish",
+})
+
+
 def kernel_family(target: object) -> str:
     """The family of kernels an op belongs to, for the rate and overhead a profile
     measured for it (`HardwareProfile.flops_per_second`, `kernel_overhead`): "matmul",
-    "attention", "convolution", else "other"."""
+    "attention", "convolution", "transcendental" (its FLOPs are its elements), else
+    "other"."""
     name = str(target).removeprefix("aten.").split(".")[0]
     if "scaled_dot_product" in name or "flash_attention" in name:
         return "attention"
     if "conv" in name:
         return "convolution"
+    if name.rstrip("_") in _TRANSCENDENTALS:
+        return "transcendental"
     return "matmul" if name in _MATMULS else "other"
 
 
@@ -93,15 +107,50 @@ def compute_time(flops, nbytes, dtype: torch.dtype, hardware: HardwareProfile,
 
 def training_compute_time(flops, nbytes, dtype: torch.dtype, hardware: HardwareProfile,
                           *, differentiable: bool, recompute: bool = False,
-                          family: str = "other"):
+                          family: str = "other", kernels: Kernels | None = None):
     """Forward plus (when the op is on the gradient path) backward compute time; a
-    recomputed op runs its forward once more in the backward."""
-    forward = compute_time(flops, nbytes, dtype, hardware, family)
+    recomputed op runs its forward once more in the backward. The backward does
+    `BACKWARD_FLOPS_FACTOR` times the forward's FLOPs, at the rate the profile measured
+    for its family's backward (`backward_family`).
+
+    `kernels`, an op's trace (`autopar.values.specs.Kernels`): `nbytes` are the op's
+    reference bytes B, and each direction pays a launch per kernel it runs and moves its
+    multiple of B (none at all without a kernel):
+
+        forward   max(F / peak, b_f B / bandwidth) + k_f launch + overhead
+        backward  max(2 F / peak, b_b B / bandwidth) + k_b launch + overhead
+
+    Without one, each direction is one kernel moving B (the backward 2 B)."""
+    backward_family = _backward_family(hardware, family)
+    if kernels is None:
+        forward = compute_time(flops, nbytes, dtype, hardware, family)
+        backward = compute_time(BACKWARD_FLOPS_FACTOR * flops, BACKWARD_FLOPS_FACTOR * nbytes,
+                                dtype, hardware, backward_family)
+    else:
+        forward = _kernels_time(flops, kernels.forward_bytes * nbytes, kernels.forward,
+                                dtype, hardware, family)
+        backward = _kernels_time(BACKWARD_FLOPS_FACTOR * flops, kernels.backward_bytes * nbytes,
+                                 kernels.backward, dtype, hardware, backward_family)
     if not differentiable:
         return forward
-    backward = compute_time(BACKWARD_FLOPS_FACTOR * flops, BACKWARD_FLOPS_FACTOR * nbytes,
-                            dtype, hardware, family)
     return forward * (2 if recompute else 1) + backward
+
+
+def _kernels_time(flops, nbytes, count: int, dtype: torch.dtype, hardware: HardwareProfile,
+                  family: str):
+    """`compute_time` of `count` kernels that together do `flops` and move `nbytes`: one
+    launch each, the family's overhead once; 0 for none."""
+    if count == 0:
+        return 0
+    return (compute_time(flops, nbytes, dtype, hardware, family)
+            + (count - 1) * hardware.launch_overhead_s)
+
+
+def _backward_family(hardware: HardwareProfile, family: str) -> str:
+    """The family whose measured rate a backward of `family` runs at: "<family>.backward"
+    where the profile measured one, else the forward's."""
+    backward = f"{family}{BACKWARD}"
+    return backward if backward in dict(hardware.kernel_flops) else family
 
 
 def send_time(nbytes, link: LinkLevel):

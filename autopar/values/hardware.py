@@ -33,7 +33,12 @@ RESERVE_SHARE = 0.05
 
 # What `autopar profile` writes (`autopar.tools.profile`): its format and version.
 PROFILE_FORMAT = "autopar-profile"
-PROFILE_VERSION = 2  # 2: per-kind collectives, kernel rates, optimizer and overlap figures
+PROFILE_VERSION = 3  # 2: per-kind collectives, kernel rates, optimizer and overlap figures;
+# 3: the device kind, backward rates of kernel families
+DEVICES = ("cuda", "cpu")
+# The suffix of a kernel family's backward in `kernel_flops` and `kernel_overhead_s`
+# ("attention.backward"): measured where its rate differs from the forward's.
+BACKWARD = ".backward"
 
 
 @dataclass(frozen=True)
@@ -157,12 +162,17 @@ class HardwareProfile:
     # How much slower compute runs while a collective runs beside it (0: not at all, the
     # assumption of datasheet profiles; a measured profile's figure).
     overlap_slowdown: float = 0.0
+    # The kind of device the figures are of: "cuda" (fused kernels for composite ops) or
+    # "cpu" (composite ops run as their parts: the cost model prices the kernels each op
+    # was traced to run, `autopar.passes.capturing.trace_kernels`).
+    device: str = "cuda"
     # Whether torch's default optimizer step on the device is the multi-tensor one
     # (foreach: every tensor's temporaries at once, the default on CUDA) or steps one
     # tensor at a time (the default on CPU).
     multi_tensor_optimizer: bool = True
     # Measured FLOP/s of kernels other than matmuls, in float32, by family ("attention",
-    # "convolution"); other dtypes scale by their peak (`flops_per_second`).
+    # "convolution", and their backwards: "attention.backward", at twice the forward's
+    # FLOPs); other dtypes scale by their peak (`flops_per_second`).
     kernel_flops: tuple[tuple[str, float], ...] = ()
     # Measured seconds a kernel of a family ("matmul", "attention", "convolution") takes
     # beyond the launch overhead whatever its size (the intercept of its fit).
@@ -176,6 +186,11 @@ class HardwareProfile:
             raise HardwareError(f"hardware profile {self.name!r} has no link levels",
                                 expected="at least one entry in links", got="[]",
                                 fix="add the device's interconnect to the profile")
+        if self.device not in DEVICES:
+            raise HardwareError(f"hardware profile {self.name!r} is of device {self.device!r}",
+                                expected=f"device one of {', '.join(DEVICES)}",
+                                got=repr(self.device),
+                                fix="correct the profile's device, or measure it again")
         if not 0 < self.compute_efficiency <= 1 or not 0 < self.memory_efficiency <= 1:
             raise HardwareError(f"hardware profile {self.name!r} has an efficiency outside (0, 1]",
                                 expected="0 < efficiency <= 1",
@@ -241,6 +256,7 @@ class HardwareProfile:
                 "links": [link.to_dict() for link in self.links],
                 "overlap_slowdown": self.overlap_slowdown,
                 "multi_tensor_optimizer": self.multi_tensor_optimizer,
+                "device": self.device,
                 "kernel_flops": dict(self.kernel_flops),
                 "kernel_overhead_s": dict(self.kernel_overheads)}
         if self.kernel_bandwidths:
@@ -281,6 +297,7 @@ class HardwareProfile:
                 kernel_overheads=_pairs(data.get("kernel_overhead_s", {})),
                 kernel_bandwidths=_pairs(data.get("kernel_bandwidth", {})),
                 multi_tensor_optimizer=_flag(data.get("multi_tensor_optimizer", True)),
+                device=str(data.get("device", "cuda")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, HardwareError):

@@ -13,6 +13,8 @@ read them. Meta keys (all prefixed `autopar_`):
 - `autopar_flops`, `autopar_bytes` (annotate): forward FLOPs and bytes moved (read + written)
   by the node on one device running it whole; an int, or a sympy expression over the graph's
   symbolic sizes.
+- `autopar_kernels` (trace_kernels): the `Kernels` an op runs where composite ops
+  decompose into their parts (a CPU), forward and backward; absent where it was not traced.
 - `autopar_boundary` (split_stages): on the inputs of a pipeline stage's graph that the
   previous stage sends (role "input"; floating-point ones carry a gradient back).
 
@@ -38,6 +40,7 @@ MODULE = "autopar_module"
 TENSOR = "autopar_tensor"
 FLOPS = "autopar_flops"
 BYTES = "autopar_bytes"
+KERNELS = "autopar_kernels"
 BOUNDARY = "autopar_boundary"
 FOLD = "autopar_fold"
 
@@ -81,6 +84,21 @@ class TensorSpec:
         if self.sym_shape is None:
             return self.nbytes
         return sympy.Mul(*self.sym_shape) * self.itemsize
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The kernels one op runs, as traced on a device where composite ops decompose into
+    their parts (an RMS norm's forward is six kernels on a CPU, its backward fourteen):
+    how many in the forward and in the backward, and the bytes they read and write as
+    multiples of the op's reference bytes (`trace_kernels.reference_bytes`: its
+    `autopar_bytes`, or for an op the rules count as moving none, a view, its output's
+    bytes), which scale with the op's size and sharding as the reference does."""
+
+    forward: int
+    backward: int
+    forward_bytes: float
+    backward_bytes: float
 
 
 def module_of(node) -> str:

@@ -45,11 +45,11 @@ import torch.fx as fx
 
 from autopar.costs import formulas
 from autopar.passes.capturing.gradient_path import gradient_path
+from autopar.passes.capturing.trace_kernels import priced_kernels
 from autopar.values.hardware import HardwareProfile
 from autopar.values.specs import (
     BLOCK,
     BOUNDARY,
-    BYTES,
     FLOPS,
     MODULE,
     NAMES,
@@ -144,10 +144,12 @@ def unit_times(gm: fx.GraphModule, units: Units, hardware: HardwareProfile) -> l
         spec = node.meta.get(TENSOR)
         first = spec[0] if isinstance(spec, tuple) else spec
         dtype = first.dtype if isinstance(first, TensorSpec) else torch.float32
-        flops, nbytes = float(node.meta.get(FLOPS, 0)), float(node.meta.get(BYTES, 0))
+        kernels, nbytes = priced_kernels(node, hardware.device)
+        flops, nbytes = float(node.meta.get(FLOPS, 0)), float(nbytes)
         if flops or nbytes:
             times[units.unit[node.name]] += float(formulas.training_compute_time(
-                flops, nbytes, dtype, hardware, differentiable=on_path[node.name]))
+                flops, nbytes, dtype, hardware, differentiable=on_path[node.name],
+                family=formulas.kernel_family(node.target), kernels=kernels))
     return times
 
 

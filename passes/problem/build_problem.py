@@ -74,6 +74,7 @@ from autopar.passes.capturing.gradient_path import (
     passes_gradient,
     tensor_outputs,
 )
+from autopar.passes.capturing.trace_kernels import priced_kernels
 from autopar.passes.problem.edge_cache import EdgeCache
 from autopar.passes.problem.edge_costs import Background, EdgeRef
 from autopar.passes.problem.step_memory import BackwardUsages, Timeline
@@ -185,12 +186,15 @@ def kept_reads(gm: fx.GraphModule, saved: dict[str, Saved],
 def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bool,
                     size=lambda value: value):
     """Seconds one rank computes `node` under `strategy` (forward, backward, recompute):
-    the node's FLOPs and bytes, through `size` (a number for the solve, the sympy formula
-    for the plan), divided over the axes the strategy splits the work on. 0 for views and
-    metadata ops, which launch no kernel, and for nodes that are not ops."""
+    the node's FLOPs and bytes (on a CPU profile, the kernels it was traced to run:
+    `trace_kernels.priced_kernels`), through `size` (a number for the solve, the sympy
+    formula for the plan), divided over the axes the strategy splits the work on. 0 for
+    ops that launch no kernel (views, metadata; on a CPU, a view whose backward runs one
+    pays for it) and for nodes that are not ops."""
     if node.op != "call_function":
         return 0
-    flops, nbytes = size(node.meta.get(FLOPS, 0)), size(node.meta.get(BYTES, 0))
+    kernels, nbytes = priced_kernels(node, mesh.hardware.device)
+    flops, nbytes = size(node.meta.get(FLOPS, 0)), size(nbytes)
     if flops == 0 and nbytes == 0:
         return 0
     divisor = formulas.compute_divisor(strategy.inputs, strategy.output, mesh.shape)
@@ -198,7 +202,8 @@ def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differenti
                                           tensor_outputs(node)[0].dtype, mesh.hardware,
                                           differentiable=differentiable,
                                           recompute=strategy.recompute,
-                                          family=formulas.kernel_family(node.target))
+                                          family=formulas.kernel_family(node.target),
+                                          kernels=kernels)
 
 
 def op_ring(node: fx.Node, strategy: Strategy, mesh: Mesh, size=lambda value: value
@@ -299,9 +304,12 @@ class _Builder:
         elif node.op != "call_function":
             reads = ("no op",)
         else:
-            flops, nbytes = (_number(node.meta.get(key, 0), self.hints) for key in (FLOPS, BYTES))
+            kernels, nbytes = priced_kernels(node, self.mesh.hardware.device)
+            flops, nbytes = (_number(value, self.hints)
+                             for value in (node.meta.get(FLOPS, 0), nbytes))
             reads = ("op", flops, nbytes, tensor_outputs(node)[0].dtype if flops or nbytes
-                     else None, self.on_path[node.name], formulas.kernel_family(node.target))
+                     else None, self.on_path[node.name], formulas.kernel_family(node.target),
+                     kernels)
         return self._array((id(strategies), "cost", reads),
                            lambda: [self.node_cost(node, s) for s in strategies])
 

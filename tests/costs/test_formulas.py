@@ -10,6 +10,7 @@ import autopar
 from autopar.costs import formulas
 from autopar.values.hardware import CollectiveFit, LinkLevel
 from autopar.values.placement import Partial, Replicate, Shard
+from autopar.values.specs import Kernels
 
 R, P, S0, S1 = Replicate(), Partial(), Shard(0), Shard(1)
 
@@ -156,3 +157,38 @@ def test_sharded_parameters_are_gathered_again_for_the_backward():
                                         regather=True)
     assert [(t.kind, t.backward) for t in transfers] == [
         ("all_gather", False), ("all_gather", True), ("reduce_scatter", True)]
+
+
+def test_a_traced_op_pays_a_launch_per_kernel_and_moves_its_multiples_of_its_bytes():
+    cpu = autopar.load_hardware("cpu")
+    launch, bandwidth = cpu.launch_overhead_s, cpu.bytes_per_second()
+    norm = Kernels(forward=6, backward=14, forward_bytes=3.5, backward_bytes=12.0)
+    forward = formulas.training_compute_time(0, 1e6, torch.float32, cpu, differentiable=False,
+                                             kernels=norm)
+    assert forward == pytest.approx(3.5e6 / bandwidth + 6 * launch)
+    both = formulas.training_compute_time(0, 1e6, torch.float32, cpu, differentiable=True,
+                                          kernels=norm)
+    assert both == pytest.approx(forward + 12e6 / bandwidth + 14 * launch)
+    # A view: no forward kernel, a backward that runs one.
+    view = Kernels(forward=0, backward=1, forward_bytes=0.0, backward_bytes=3.0)
+    assert formulas.training_compute_time(0, 1e6, torch.float32, cpu, differentiable=False,
+                                          kernels=view) == 0
+    assert formulas.training_compute_time(0, 1e6, torch.float32, cpu, differentiable=True,
+                                          kernels=view) == pytest.approx(3e6 / bandwidth
+                                                                         + launch)
+
+
+def test_a_backward_runs_at_the_rate_measured_for_it():
+    cpu = autopar.load_hardware("cpu")
+    measured = dataclasses.replace(cpu, compute_efficiency=1.0, kernel_flops=(
+        ("attention", 1e10), ("attention.backward", 5e9)))
+    forward = formulas.compute_time(1e9, 1, torch.float32, measured, "attention")
+    both = formulas.training_compute_time(1e9, 1, torch.float32, measured,
+                                          differentiable=True, family="attention")
+    assert forward == pytest.approx(1e9 / 1e10 + cpu.launch_overhead_s, rel=1e-3)
+    assert both - forward == pytest.approx(2e9 / 5e9 + cpu.launch_overhead_s, rel=1e-3)
+    # Without a measured backward, the forward's rate.
+    plain = dataclasses.replace(measured, kernel_flops=(("attention", 1e10),))
+    assert formulas.training_compute_time(1e9, 1, torch.float32, plain, differentiable=True,
+                                          family="attention") == pytest.approx(
+        3e9 / 1e10 + 2 * cpu.launch_overhead_s, rel=1e-3)

@@ -29,7 +29,8 @@ def measured(tmp_path_factory) -> Path:
 
 def test_a_measured_profile_is_what_a_mesh_of_its_shape_plans_with(measured: Path) -> None:
     data = json.loads(measured.read_text())
-    assert data["format"] == "autopar-profile" and data["version"] == 2
+    assert data["format"] == "autopar-profile" and data["version"] == 3
+    assert data["device"] == "cpu"
     assert data["mesh"] == {"shape": [2], "axis_names": ["dp"]}
     assert set(data["peak_flops"]) == {"float32", "bfloat16"}
     assert all(v > 0 for v in data["peak_flops"].values())
@@ -41,8 +42,9 @@ def test_a_measured_profile_is_what_a_mesh_of_its_shape_plans_with(measured: Pat
     assert all(f["bandwidth"] > 0 and f["latency"] >= 0 for f in link["collectives"].values())
     assert data["optimizer_element_s"] > 0 and data["optimizer_tensor_s"] >= 0
     assert data["overlap_slowdown"] >= 0
-    assert set(data["kernel_flops"]) == {"attention", "convolution"}
-    assert set(data["kernel_overhead_s"]) == {"matmul", "attention", "convolution"}
+    families = {"attention", "convolution", "transcendental"}
+    assert set(data["kernel_flops"]) == families | {f"{f}.backward" for f in families}
+    assert set(data["kernel_overhead_s"]) == set(data["kernel_flops"]) | {"matmul"}
     assert data["usable_memory_bytes"] <= data["memory_bytes"]
     assert {"copy", "launch", "autograd_op", "attention/32", "adamw/256",
             "links/dp/all_gather/4096"} <= set(data["measured"]["spread"])
@@ -107,7 +109,7 @@ def _broken(measured: Path, tmp_path: Path, change) -> Path:
 @pytest.mark.parametrize("change, match", [
     (lambda d: d.pop("memory_bandwidth"), "malformed"),
     (lambda d: d["links"][0].update(bandwidth=-1.0), "bandwidth -1.0"),
-    (lambda d: d.update(version=3), "version 3"),
+    (lambda d: d.update(version=4), "version 4"),
     (lambda d: d.update(format="other"), "format 'other'"),
 ], ids=["missing-field", "negative-bandwidth", "newer-version", "other-format"])
 def test_a_broken_profile_is_refused_when_the_mesh_is_made(measured: Path, tmp_path: Path,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 import autopar
 from autopar.values.hardware import RESERVE_BYTES, RESERVE_SHARE, load_hardware
 from examples import mlp
@@ -52,3 +54,11 @@ def test_a_plan_on_a_profile_read_from_a_file_reads_back_without_the_file(tmp_pa
     assert again.hardware == mesh.hardware and again == mesh
     bundled = autopar.Mesh((2,), ("dp",), hardware="h100-sxm")
     assert bundled.to_dict()["hardware"] == "h100-sxm"
+
+
+def test_a_profile_says_which_kind_of_device_it_is_of() -> None:
+    assert load_hardware("cpu").device == "cpu" and load_hardware("h100-sxm").device == "cuda"
+    data = load_hardware("cpu").to_dict()
+    assert autopar.HardwareProfile.from_dict(data).device == "cpu"
+    with pytest.raises(autopar.HardwareError, match="device one of cuda, cpu"):
+        autopar.HardwareProfile.from_dict({**data, "device": "tpu"})

@@ -8,7 +8,8 @@ then over the ranks (`timing.py` says why the mean); the figures are fitted to t
 model's formulas (`fit.py`):
 
 - `peak_flops` per dtype: the rate of the matmul fit t = t0 + 2n^3 / rate over the sizes;
-  attention and convolution rates (fp32) under `kernel_flops`;
+  attention, convolution and transcendental (a tanh's elements per second) rates (fp32),
+  forward and backward, under `kernel_flops`;
 - `memory_bandwidth`: the rate of the elementwise fit t = t0 + bytes / rate; under
   `kernel_bandwidth`, matmuls' when memory-bound (the batched matrix-vector fit's);
 - `launch_overhead_s`: an op recorded by autograd, per direction (the floor every kernel
@@ -42,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from autopar.costs.formulas import BACKWARD_FLOPS_FACTOR
 from autopar.errors import HardwareError
 from autopar.tools.profile.device import (
     ADAMW_TENSORS,
@@ -55,7 +57,7 @@ from autopar.tools.profile.device import (
 from autopar.tools.profile.fit import alpha_beta, collective_fit, line, monotone
 from autopar.tools.profile.links import KINDS, axis_figures, overlap_figures
 from autopar.tools.profile.timing import Timing, combined
-from autopar.values.hardware import PROFILE_FORMAT, PROFILE_VERSION, HardwareProfile
+from autopar.values.hardware import BACKWARD, PROFILE_FORMAT, PROFILE_VERSION, HardwareProfile
 
 __all__ = ["Settings", "alpha_beta", "profile", "write_profile", "measure_rank"]
 
@@ -186,6 +188,12 @@ def _profile_dict(shape: tuple[int, ...], names: tuple[str, ...], ranks: list[di
                            figures.curve(("device", "attention")).items()}),
         "convolution": line({convolution_flops(n): t for n, t in
                              figures.curve(("device", "convolution")).items()})}
+    kernels["transcendental"] = line(figures.curve(("device", "transcendental")))
+    for family, flops in (("attention", attention_flops), ("convolution", convolution_flops),
+                          ("transcendental", lambda n: n)):
+        kernels[f"{family}{BACKWARD}"] = line({
+            BACKWARD_FLOPS_FACTOR * flops(n): t
+            for n, t in figures.curve(("device", f"{family}{BACKWARD}")).items()})
     elementwise = figures.curve(("device", "elementwise"))
     adamw = figures.curve(("device", "adamw"))
     tensor_s, element_s = line(adamw)
@@ -198,8 +206,8 @@ def _profile_dict(shape: tuple[int, ...], names: tuple[str, ...], ranks: list[di
         "mesh": {"shape": list(shape), "axis_names": list(names)},
         "peak_flops": {dtype: 1 / line({2 * n**3: t for n, t in curve.items()})[1]
                        for dtype, curve in matmul.items()},
-        "kernel_flops": {family: 1 / kernels[family][1] for family in ("attention",
-                                                                      "convolution")},
+        "kernel_flops": {family: 1 / slope for family, (_, slope) in kernels.items()
+                         if family != "matmul"},
         "kernel_overhead_s": {family: max(0.0, t0 - dispatch)
                               for family, (t0, _) in kernels.items()},
         "kernel_bandwidth": {"matmul": 1 / line({matvec_bytes(n): t for n, t in
@@ -212,6 +220,7 @@ def _profile_dict(shape: tuple[int, ...], names: tuple[str, ...], ranks: list[di
         "overlap_slowdown": _slowdown(figures, ranks),
         # torch's default step: multi-tensor (foreach) on CUDA, one tensor at a time else.
         "multi_tensor_optimizer": torch.device(device).type == "cuda",
+        "device": torch.device(device).type,
         "links": _link_levels(shape, names, figures),
     }
     data["measured"] = {

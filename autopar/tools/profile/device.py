@@ -7,9 +7,13 @@ profile can turn it into a rate:
 - `matvec/<n>`: a batched matrix-vector product, `MATVEC_BATCH` n x n matrices by n x 1
   (memory-bound: 4 (n^2 + 2n) bytes per matrix), per size n;
 - `elementwise`: an out-of-place add of two fp32 tensors (12 bytes per element moved),
-  per element count; `copy`: one copy of `COPY_BYTES`, read and written;
+  per element count; `transcendental`: a tanh (one FLOP per element, by annotate's
+  count), per element count, and `transcendental.backward` its backward; `copy`: one
+  copy of `COPY_BYTES`, read and written;
 - `attention/<s>`: fp32 attention over sequences of s (`ATTENTION_SHAPE` the rest);
   `convolution/<side>`: an fp32 3x3 convolution of images side x side (`CONVOLUTION_SHAPE`);
+  `attention.backward/<s>`, `convolution.backward/<side>`: their backwards alone, to
+  every input (twice the forward's FLOPs, by the cost model's convention);
 - `launch`: one op on one element (the dispatch floor); `autograd_op`: an op of a chain
   recorded by autograd, its forward and backward, per op (what an op costs the way
   training runs it);
@@ -24,6 +28,7 @@ before it ends.
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -41,6 +46,10 @@ ATTENTION_SHAPE = (4, 4, 64)
 CONVOLUTION_SHAPE = (8, 32, 3)
 MATMUL_DTYPES = (torch.float32, torch.bfloat16)
 MATVEC_BATCH = 64
+# A kernel's calls cycle through copies of its inputs of at least this many bytes in all
+# (more than a CPU's last-level cache), at most `MAX_COPIES` of them.
+COLD_BYTES = 64 * 2**20
+MAX_COPIES = 4096
 LOW_PRECISION_LARGEST = 256
 
 
@@ -62,7 +71,9 @@ def convolution_flops(side: int) -> float:
 
 
 class _Kernels:
-    """The timed kernels of one device."""
+    """The timed kernels of one device. Each kernel's calls cycle through copies of its
+    inputs that together exceed `COLD_BYTES` (`pooled`), so that a call reads inputs no
+    recent call left in the caches, as a step's ops mostly do."""
 
     def __init__(self, device: str, repeats: int, align) -> None:
         self.device, self.repeats, self.align = torch.device(device), repeats, align
@@ -71,20 +82,28 @@ class _Kernels:
     def randn(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.randn(*shape, dtype=dtype, device=self.device)
 
-    def time(self, run, *, inner: int = 1) -> Timing:
-        return timed(run, self.repeats, inner=inner, sync=self.sync, align=self.align)
+    def time(self, run) -> Timing:
+        return timed(run, self.repeats, sync=self.sync, align=self.align)
+
+    def pooled(self, kernel, make_inputs) -> Timing:
+        """`kernel(*inputs)` timed, each call on the next of enough sets of
+        `make_inputs()` to hold `COLD_BYTES` (one set where one holds that much)."""
+        first = make_inputs()
+        nbytes = sum(t.numel() * t.element_size() for t in first)
+        sets = [first] + [make_inputs() for _ in range(min(MAX_COPIES, COLD_BYTES // nbytes))]
+        cycle = itertools.cycle(sets)
+        return self.time(lambda: kernel(*next(cycle)))
 
     def matmul(self, n: int, dtype: torch.dtype) -> Timing:
-        a, b = self.randn(n, n, dtype=dtype), self.randn(n, n, dtype=dtype)
-        return self.time(lambda: torch.mm(a, b))
+        return self.pooled(torch.mm, lambda: (self.randn(n, n, dtype=dtype),
+                                              self.randn(n, n, dtype=dtype)))
 
     def matvec(self, n: int) -> Timing:
-        a, x = self.randn(MATVEC_BATCH, n, n), self.randn(MATVEC_BATCH, n, 1)
-        return self.time(lambda: torch.bmm(a, x))
+        return self.pooled(torch.bmm, lambda: (self.randn(MATVEC_BATCH, n, n),
+                                               self.randn(MATVEC_BATCH, n, 1)))
 
     def elementwise(self, elements: int) -> Timing:
-        a, b = self.randn(elements), self.randn(elements)
-        return self.time(lambda: torch.add(a, b), inner=max(1, 2**16 // elements))
+        return self.pooled(torch.add, lambda: (self.randn(elements), self.randn(elements)))
 
     def copy(self) -> Timing:
         source, target = self.randn(COPY_BYTES // 4), self.randn(COPY_BYTES // 4)
@@ -92,18 +111,46 @@ class _Kernels:
 
     def attention(self, seq: int) -> Timing:
         batch, heads, dim = ATTENTION_SHAPE
-        q, k, v = (self.randn(batch, heads, seq, dim) for _ in range(3))
-        return self.time(lambda: F.scaled_dot_product_attention(q, k, v))
+        return self.pooled(F.scaled_dot_product_attention,
+                           lambda: tuple(self.randn(batch, heads, seq, dim) for _ in range(3)))
 
     def convolution(self, side: int) -> Timing:
         batch, channels, kernel = CONVOLUTION_SHAPE
-        x, w = self.randn(batch, channels, side, side), self.randn(channels, channels, kernel,
-                                                                   kernel)
-        return self.time(lambda: F.conv2d(x, w, padding=kernel // 2))
+        return self.pooled(lambda x, w: F.conv2d(x, w, padding=kernel // 2),
+                           lambda: (self.randn(batch, channels, side, side),
+                                    self.randn(channels, channels, kernel, kernel)))
+
+    def transcendental(self, elements: int) -> Timing:
+        return self.pooled(torch.tanh, lambda: (self.randn(elements),))
+
+    def backward(self, forward, make_inputs) -> Timing:
+        """The backward alone of `forward(*inputs)` to every input, from a gradient of
+        ones, each call on the next of a pool of graphs kept between calls (`pooled`)."""
+        def graph() -> tuple[torch.Tensor, ...]:
+            leaves = [t.requires_grad_() for t in make_inputs()]
+            out = forward(*leaves)
+            return out, torch.ones_like(out), *leaves
+
+        return self.pooled(lambda out, grad, *leaves: torch.autograd.grad(
+            out, leaves, grad, retain_graph=True), graph)
+
+    def transcendental_backward(self, elements: int) -> Timing:
+        return self.backward(torch.tanh, lambda: (self.randn(elements),))
+
+    def attention_backward(self, seq: int) -> Timing:
+        batch, heads, dim = ATTENTION_SHAPE
+        return self.backward(F.scaled_dot_product_attention,
+                             lambda: tuple(self.randn(batch, heads, seq, dim) for _ in range(3)))
+
+    def convolution_backward(self, side: int) -> Timing:
+        batch, channels, kernel = CONVOLUTION_SHAPE
+        return self.backward(lambda x, w: F.conv2d(x, w, padding=kernel // 2),
+                             lambda: (self.randn(batch, channels, side, side),
+                                      self.randn(channels, channels, kernel, kernel)))
 
     def launch(self) -> Timing:
         one = torch.zeros(1, device=self.device)
-        return self.time(lambda: one.add_(1), inner=100)
+        return self.time(lambda: one.add_(1))
 
     def autograd_op(self) -> Timing:
         """Forward and backward of a chain of tiny ops, per op and direction."""
@@ -169,6 +216,14 @@ def device_figures(settings, seed: int, device: str = "cpu", align=lambda: None)
     figures["copy"] = kernels.copy()
     figures["attention"] = {n: kernels.attention(n) for n in settings.attention_sizes}
     figures["convolution"] = {n: kernels.convolution(n) for n in settings.convolution_sizes}
+    figures["transcendental"] = {n: kernels.transcendental(n)
+                                 for n in settings.elementwise_sizes}
+    figures["transcendental.backward"] = {n: kernels.transcendental_backward(n)
+                                          for n in settings.elementwise_sizes}
+    figures["attention.backward"] = {n: kernels.attention_backward(n)
+                                     for n in settings.attention_sizes}
+    figures["convolution.backward"] = {n: kernels.convolution_backward(n)
+                                       for n in settings.convolution_sizes}
     figures["launch"] = kernels.launch()
     figures["autograd_op"] = kernels.autograd_op()
     figures["adamw"] = {n: kernels.adamw(n) for n in settings.optimizer_sizes}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -34,15 +35,29 @@ class Timing:
         return Timing.of([t / count for t in self.samples])
 
 
+# The least time one timing covers. Ranks that share cores take turns on them in time
+# slices of the scheduler (several ms): a timing shorter than a few slices can run whole
+# while the other ranks wait their turn, and would measure a rank alone. One that spans
+# many measures each rank's share of the cores, as a step gets it.
+MIN_TIMING_S = 0.1
+
+
 def timed(run: Callable[[], object], repeats: int, *, inner: int = 1,
           sync: Callable[[], object] = lambda: None,
           align: Callable[[], object] = lambda: None) -> Timing:
-    """`run` timed `repeats` times after one untimed call (allocation, first dispatch);
-    each timing covers `inner` calls and is divided by it (for runs of microseconds).
+    """`run` timed `repeats` times after two untimed calls (allocation and first dispatch;
+    then how long one call takes); each timing covers at least `inner` calls, and enough
+    of them to last `MIN_TIMING_S`, and is divided by their number.
     `sync` waits for the device's queued work (`torch.cuda.synchronize` on a GPU), before
     each timing starts and before it ends; `align` (a barrier of the ranks) starts every
     timing at once on every rank, so that the ranks' k-th timings ran side by side."""
     run()
+    sync()
+    start = time.perf_counter()
+    run()
+    sync()
+    once = time.perf_counter() - start
+    inner = max(inner, math.ceil(MIN_TIMING_S / once) if once > 0 else inner)
     seconds = []
     for _ in range(repeats):
         align()
