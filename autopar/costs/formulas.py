@@ -111,7 +111,7 @@ def training_compute_time(flops, nbytes, dtype: torch.dtype, hardware: HardwareP
     """Forward plus (when the op is on the gradient path) backward compute time; a
     recomputed op runs its forward once more in the backward. The backward does
     `BACKWARD_FLOPS_FACTOR` times the forward's FLOPs, at the rate the profile measured
-    for its family's backward (`backward_family`).
+    for its family's backward (`_backward_family`).
 
     `kernels`, an op's trace (`autopar.values.specs.Kernels`): `nbytes` are the op's
     reference bytes B, and each direction pays a launch per kernel it runs and moves its

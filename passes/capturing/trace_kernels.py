@@ -4,8 +4,9 @@ Reads `autopar_tensor`, `autopar_bytes` and the gradient path; writes `autopar_k
 (`Kernels`) on every op it could trace. The rules price an op as one kernel moving its
 inputs and output; on a CPU, composite ops decompose above autograd (an RMS norm's forward
 is a power, a mean, an add, a reciprocal square root and two products; its backward is
-fourteen kernels), and the backward of an op the rules count as free can run kernels
-(a slice's is a zero fill and a copy, an expand's a sum). Each op is run once on fake
+fourteen kernels), the backward of an op the rules count as free can run kernels (a
+slice's is a zero fill and a copy, an expand's a sum), and autograd sums the gradients of
+an output read more than once (one add per use beyond the first). Each op is run once on fake
 tensors of its example shapes (no memory, no compute) under a dispatch mode that counts
 the kernels autograd and the decompositions reach, and the bytes each reads and writes,
 forward, then backward from a gradient of every floating output to every input on the
@@ -19,6 +20,8 @@ formula) keeps no trace, and is priced by the rules.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import sympy
 import torch
@@ -95,8 +98,28 @@ def trace_kernels(gm: fx.GraphModule, hints: dict) -> fx.GraphModule:
             if key not in traced:
                 traced[key] = _trace(node, on_path, hints)
             if traced[key] is not None:
-                node.meta[KERNELS] = traced[key]
+                node.meta[KERNELS] = _with_gradient_sums(traced[key], node, on_path, hints)
     return gm
+
+
+def _with_gradient_sums(kernels: Kernels, node: fx.Node, on_path: dict[str, bool],
+                        hints: dict) -> Kernels:
+    """`kernels` with what autograd adds to the backward where `node`'s output is read
+    more than once on the gradient path: the gradients of its uses summed, one add
+    (reading two, writing one) per use beyond the first."""
+    uses = sum(arg is node for user in node.users if on_path.get(user.name, False)
+               for arg in pytree.tree_leaves((user.args, user.kwargs)))
+    if not on_path.get(node.name, False) or uses < 2:
+        return kernels
+    output = _at(tensor_outputs(node)[0].sym_nbytes, hints)
+    extra = (uses - 1) * 3 * output / _at(reference_bytes(node), hints)
+    return dataclasses.replace(kernels, backward=kernels.backward + uses - 1,
+                               backward_bytes=kernels.backward_bytes + extra)
+
+
+def _at(size: Size, hints: dict) -> float:
+    """`size` at the example's sizes."""
+    return float(sympy.sympify(size).subs(hints))
 
 
 def _signature(node: fx.Node, on_path: dict[str, bool]) -> tuple | None:
@@ -133,7 +156,7 @@ def _trace(node: fx.Node, on_path: dict[str, bool], hints: dict) -> Kernels | No
             leaves.append(value)
         return value
 
-    reference = float(sympy.sympify(reference_bytes(node)).subs(hints))
+    reference = _at(reference_bytes(node), hints)
     if not reference > 0:
         return None
     try:

@@ -85,11 +85,12 @@ class _Kernels:
     def time(self, run) -> Timing:
         return timed(run, self.repeats, sync=self.sync, align=self.align)
 
-    def pooled(self, kernel, make_inputs) -> Timing:
+    def pooled(self, kernel, make_inputs, nbytes: int | None = None) -> Timing:
         """`kernel(*inputs)` timed, each call on the next of enough sets of
-        `make_inputs()` to hold `COLD_BYTES` (one set where one holds that much)."""
+        `make_inputs()` to hold `COLD_BYTES` (one set where one holds that much); a set
+        holds its tensors' bytes, or `nbytes`."""
         first = make_inputs()
-        nbytes = sum(t.numel() * t.element_size() for t in first)
+        nbytes = nbytes or sum(t.numel() * t.element_size() for t in first)
         sets = [first] + [make_inputs() for _ in range(min(MAX_COPIES, COLD_BYTES // nbytes))]
         cycle = itertools.cycle(sets)
         return self.time(lambda: kernel(*next(cycle)))
@@ -166,11 +167,17 @@ class _Kernels:
         return timing.per(2 * AUTOGRAD_CHAIN)
 
     def adamw(self, elements: int) -> Timing:
-        weights = [torch.nn.Parameter(self.randn(elements)) for _ in range(ADAMW_TENSORS)]
-        for weight in weights:
-            weight.grad = self.randn(elements)
-        timing = self.time(torch.optim.AdamW(weights).step)
-        return timing.per(ADAMW_TENSORS)
+        def optimizer() -> tuple[torch.optim.Optimizer]:
+            weights = [torch.nn.Parameter(self.randn(elements)) for _ in range(ADAMW_TENSORS)]
+            for weight in weights:
+                weight.grad = self.randn(elements)
+            adamw = torch.optim.AdamW(weights)
+            adamw.step()  # its states are made on the first step
+            return (adamw,)
+
+        # What one step touches: each weight, its gradient and AdamW's two states.
+        nbytes = 4 * ADAMW_TENSORS * elements * 4
+        return self.pooled(lambda opt: opt.step(), optimizer, nbytes).per(ADAMW_TENSORS)
 
 
 def _resident_bytes() -> int:

@@ -1,5 +1,6 @@
 """trace_kernels: the kernels each op runs on a CPU, forward and backward, from fake tensors."""
 
+import pytest
 import torch
 from torch import fx, nn
 
@@ -88,3 +89,24 @@ def test_an_op_that_fake_tensors_cannot_run_keeps_no_trace():
     trace_kernels(gm, {})
     assert KERNELS not in compare.meta
     assert all(KERNELS in n.meta for n in _nodes(gm, "rms_norm"))
+
+
+def test_an_output_read_twice_pays_the_sum_of_its_gradients():
+    class Square(nn.Module):
+        def __init__(self, twice: bool) -> None:
+            super().__init__()
+            self.weight, self.twice = nn.Parameter(torch.ones(16)), twice
+
+        def forward(self, x):
+            h = torch.tanh(x * self.weight)
+            return ((h * h) if self.twice else (h * x)).sum()
+
+    def tanh(twice: bool) -> Kernels:
+        gm = annotate(capture(Square(twice), (torch.randn(4, 16),)))
+        return _nodes(gm, "tanh")[0].meta[KERNELS]
+
+    once, twice = tanh(False), tanh(True)
+    assert twice.backward == once.backward + 1
+    # The add reads two gradients and writes one, each of the output's size (its
+    # reference: a tanh reads and writes one).
+    assert twice.backward_bytes == pytest.approx(once.backward_bytes + 1.5)
