@@ -28,6 +28,7 @@ before it ends.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from pathlib import Path
@@ -110,19 +111,25 @@ class _Kernels:
         source, target = self.randn(COPY_BYTES // 4), self.randn(COPY_BYTES // 4)
         return self.time(lambda: target.copy_(source))
 
-    def attention(self, seq: int) -> Timing:
-        batch, heads, dim = ATTENTION_SHAPE
-        return self.pooled(F.scaled_dot_product_attention,
-                           lambda: tuple(self.randn(batch, heads, seq, dim) for _ in range(3)))
+    def family(self, name: str, size: int, *, backward: bool = False) -> Timing:
+        """A kernel family's forward (or `backward`) at `size`: "attention" over sequences
+        of `size`, "convolution" of images `size` x `size`, "transcendental" (a tanh) of
+        `size` elements."""
+        if name == "attention":
+            batch, heads, dim = ATTENTION_SHAPE
+            run, make_inputs = F.scaled_dot_product_attention, lambda: tuple(
+                self.randn(batch, heads, size, dim) for _ in range(3))
+        elif name == "convolution":
+            batch, channels, kernel = CONVOLUTION_SHAPE
+            run = functools.partial(F.conv2d, padding=kernel // 2)
 
-    def convolution(self, side: int) -> Timing:
-        batch, channels, kernel = CONVOLUTION_SHAPE
-        return self.pooled(lambda x, w: F.conv2d(x, w, padding=kernel // 2),
-                           lambda: (self.randn(batch, channels, side, side),
-                                    self.randn(channels, channels, kernel, kernel)))
-
-    def transcendental(self, elements: int) -> Timing:
-        return self.pooled(torch.tanh, lambda: (self.randn(elements),))
+            def make_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+                return (self.randn(batch, channels, size, size),
+                        self.randn(channels, channels, kernel, kernel))
+        else:
+            assert name == "transcendental", name
+            run, make_inputs = torch.tanh, lambda: (self.randn(size),)
+        return self.backward(run, make_inputs) if backward else self.pooled(run, make_inputs)
 
     def backward(self, forward, make_inputs) -> Timing:
         """The backward alone of `forward(*inputs)` to every input, from a gradient of
@@ -134,20 +141,6 @@ class _Kernels:
 
         return self.pooled(lambda out, grad, *leaves: torch.autograd.grad(
             out, leaves, grad, retain_graph=True), graph)
-
-    def transcendental_backward(self, elements: int) -> Timing:
-        return self.backward(torch.tanh, lambda: (self.randn(elements),))
-
-    def attention_backward(self, seq: int) -> Timing:
-        batch, heads, dim = ATTENTION_SHAPE
-        return self.backward(F.scaled_dot_product_attention,
-                             lambda: tuple(self.randn(batch, heads, seq, dim) for _ in range(3)))
-
-    def convolution_backward(self, side: int) -> Timing:
-        batch, channels, kernel = CONVOLUTION_SHAPE
-        return self.backward(lambda x, w: F.conv2d(x, w, padding=kernel // 2),
-                             lambda: (self.randn(batch, channels, side, side),
-                                      self.randn(channels, channels, kernel, kernel)))
 
     def launch(self) -> Timing:
         one = torch.zeros(1, device=self.device)
@@ -221,16 +214,12 @@ def device_figures(settings, seed: int, device: str = "cpu", align=lambda: None)
     figures["matvec"] = {n: kernels.matvec(n) for n in settings.matvec_sizes}
     figures["elementwise"] = {n: kernels.elementwise(n) for n in settings.elementwise_sizes}
     figures["copy"] = kernels.copy()
-    figures["attention"] = {n: kernels.attention(n) for n in settings.attention_sizes}
-    figures["convolution"] = {n: kernels.convolution(n) for n in settings.convolution_sizes}
-    figures["transcendental"] = {n: kernels.transcendental(n)
-                                 for n in settings.elementwise_sizes}
-    figures["transcendental.backward"] = {n: kernels.transcendental_backward(n)
-                                          for n in settings.elementwise_sizes}
-    figures["attention.backward"] = {n: kernels.attention_backward(n)
-                                     for n in settings.attention_sizes}
-    figures["convolution.backward"] = {n: kernels.convolution_backward(n)
-                                       for n in settings.convolution_sizes}
+    for family, sizes in (("attention", settings.attention_sizes),
+                          ("convolution", settings.convolution_sizes),
+                          ("transcendental", settings.elementwise_sizes)):
+        for backward in (False, True):
+            figures[family + (".backward" if backward else "")] = {
+                n: kernels.family(family, n, backward=backward) for n in sizes}
     figures["launch"] = kernels.launch()
     figures["autograd_op"] = kernels.autograd_op()
     figures["adamw"] = {n: kernels.adamw(n) for n in settings.optimizer_sizes}
