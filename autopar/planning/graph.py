@@ -17,6 +17,7 @@ from autopar.costs.optimizer_state import ADAMW, OptimizerState, optimizer_state
 from autopar.errors import InfeasiblePlanError
 from autopar.passes.capturing.annotate import DATA_MOVEMENT, FORMULA, flop_source, size_hints
 from autopar.passes.capturing.find_saved import find_saved
+from autopar.passes.capturing.trace_kernels import ensure_traced
 from autopar.passes.problem.build_problem import ProblemBuild, build_problem
 from autopar.passes.problem.edge_cache import EdgeCache, EdgeCaches
 from autopar.passes.problem.edge_costs import Background
@@ -99,6 +100,8 @@ def strategy_tables(gm: fx.GraphModule, mesh: Mesh, *, fold_layers: bool = True,
                     progress: Callable[[str], None] | None = None) -> Tables:
     """The strategy passes of `plan_graph`: fold, find, offer, constrain."""
     say = progress or (lambda message: None)
+    if mesh.hardware.device == "cpu":  # before folding: the traces read the whole graph
+        ensure_traced(gm)
     if fold_layers:  # tied blocks: plan one of them for all (its plan is the whole graph's)
         say(f"{STAGE} fold_depth")
         gm = fold_depth(gm, keep=frozenset(constraints or ()))

@@ -30,7 +30,6 @@ import torch.utils._pytree as pytree
 from torch import fx
 from torch.utils import flop_counter
 
-from autopar.passes.capturing.trace_kernels import trace_kernels
 from autopar.rules import einsum as einsum_rule
 from autopar.values.specs import BYTES, FLOPS, TENSOR, Size, TensorSpec
 
@@ -82,8 +81,7 @@ DATA_MOVEMENT = "data movement"  # max, subtract, exp, sum, divide (or log) per 
 
 
 def annotate(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of `gm` whose nodes carry `autopar_tensor`, `autopar_flops`, `autopar_bytes`
-    and, where they could be traced, `autopar_kernels` (`trace_kernels`)."""
+    """A copy of `gm` whose nodes carry `autopar_tensor`, `autopar_flops`, `autopar_bytes`."""
     # A deep-copied graph has shallow copies of the meta dicts: FakeTensors shared, input intact.
     result = fx.GraphModule(gm, copy.deepcopy(gm.graph))
     result.meta.update(gm.meta)
@@ -91,7 +89,7 @@ def annotate(gm: fx.GraphModule) -> fx.GraphModule:
         node.meta[TENSOR] = _spec_of(node.meta.get("val"))
         flops, nbytes = _cost(node)
         node.meta[FLOPS], node.meta[BYTES] = _normalise(flops), _normalise(nbytes)
-    return trace_kernels(result, size_hints(result))
+    return result
 
 
 def size_hints(gm: fx.GraphModule) -> dict[sympy.Symbol, int]:

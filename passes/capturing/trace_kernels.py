@@ -1,16 +1,21 @@
 """trace_kernels: the kernels each op runs, forward and backward, as a CPU runs them.
 
-Reads `autopar_tensor`, `autopar_bytes` and the gradient path; writes `autopar_kernels`
-(`Kernels`) on every op it could trace. The rules price an op as one kernel moving its
-inputs and output; on a CPU, composite ops decompose above autograd (an RMS norm's forward
-is a power, a mean, an add, a reciprocal square root and two products; its backward is
-fourteen kernels), the backward of an op the rules count as free can run kernels (a
-slice's is a zero fill and a copy, an expand's a sum), and autograd sums the gradients of
-an output read more than once (one add per use beyond the first). Each op is run once on fake
-tensors of its example shapes (no memory, no compute) under a dispatch mode that counts
-the kernels autograd and the decompositions reach, and the bytes each reads and writes,
-forward, then backward from a gradient of every floating output to every input on the
-gradient path. Ops with the same target, input shapes and arguments share one trace.
+Reads `autopar_tensor`, `autopar_bytes` and the gradient path of an annotated graph;
+writes `autopar_kernels` (`Kernels`) on every op it could trace. Only a CPU profile's
+costs read them: `priced_kernels` traces a graph the first time it prices one of its
+ops for a CPU (`ensure_traced`), so that plans for other devices and compiles with a plan
+never pay for it.
+
+The rules price an op as one kernel moving its inputs and output; on a CPU, composite ops
+decompose above autograd (an RMS norm's forward is a power, a mean, an add, a reciprocal
+square root and two products; its backward is fourteen kernels), the backward of an op the
+rules count as free can run kernels (a slice's is a zero fill and a copy, an expand's a
+sum), and autograd sums the gradients of an output read more than once (one add per use
+beyond the first). Each op is run once on fake tensors of its example shapes (no memory, no
+compute) under a dispatch mode that counts the kernels autograd and the decompositions
+reach, and the bytes each reads and writes, forward, then backward from a gradient of every
+floating output to every input on the gradient path. Ops with the same target, input
+shapes and arguments share one trace.
 
 Only CPU fake tensors can be made on every machine (a CUDA fake tensor needs a CUDA build),
 and CUDA has fused kernels for most composite ops: the cost model uses the traces for
@@ -30,10 +35,14 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from autopar.passes.capturing.annotate import size_hints
 from autopar.passes.capturing.gradient_path import gradient_path, tensor_outputs
 from autopar.values.specs import BYTES, KERNELS, TENSOR, Kernels, Size, TensorSpec
 
 aten = torch.ops.aten
+
+# `gm.meta` key: the graph's ops have been traced (those that could be).
+TRACED = "autopar_kernels_traced"
 
 # Ops that launch no kernel: allocations that write nothing yet, aliases, metadata.
 _FREE = frozenset({
@@ -74,23 +83,35 @@ def reference_bytes(node: fx.Node) -> Size:
 
 def priced_kernels(node: fx.Node, device: str) -> tuple[Kernels | None, Size]:
     """What the cost model prices `node` by on a profile of `device` (module docstring):
-    on a CPU, its trace and `reference_bytes`; else (or untraced) no trace and its
-    `autopar_bytes`."""
+    on a CPU, its trace and `reference_bytes` (its graph traced on first use); else (or
+    untraced) no trace and its `autopar_bytes`."""
+    if device == "cpu" and node.graph.owning_module is not None:
+        ensure_traced(node.graph.owning_module)
     kernels = node.meta.get(KERNELS) if device == "cpu" else None
     if kernels is None:
         return None, node.meta.get(BYTES, 0)
     return kernels, reference_bytes(node)
 
 
+def ensure_traced(gm: fx.GraphModule) -> None:
+    """`trace_kernels` on `gm` unless it was traced: a graph folded, split into stages or
+    otherwise made from a traced one keeps its traces, so trace the graph they come from
+    before (autograd's sums of gradients depend on an op's users in the whole graph)."""
+    if not gm.meta.get(TRACED):
+        trace_kernels(gm, size_hints(gm))
+
+
 def trace_kernels(gm: fx.GraphModule, hints: dict) -> fx.GraphModule:
-    """Write `autopar_kernels` on every op of `gm` that runs on fake CPU tensors (in
-    place; returns `gm`); `hints` map the graph's size symbols to the example's sizes
+    """Write `autopar_kernels` on every op of `gm` that runs on fake CPU tensors and has
+    none yet (one copied from the graph `gm` was made from stays), and mark `gm` traced
+    (in place; returns `gm`); `hints` map the graph's size symbols to the example's sizes
     (`annotate.size_hints`)."""
+    gm.meta[TRACED] = True
     on_path = gradient_path(gm)
     traced: dict[tuple, Kernels | None] = {}
     with FakeTensorMode(allow_non_fake_inputs=True):
         for node in gm.graph.nodes:
-            if node.op != "call_function" or not tensor_outputs(node):
+            if node.op != "call_function" or not tensor_outputs(node) or KERNELS in node.meta:
                 continue
             key = _signature(node, on_path)
             if key is None:

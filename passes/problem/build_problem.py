@@ -117,10 +117,14 @@ class ProblemBuild:
 
     @property
     def timed_gradients(self) -> bool:
-        """Whether parameters' gradients have an interval of their own, outside their
-        nodes' usages: with one micro-batch the backward makes them; with more they are
-        accumulated from the first and held the whole step."""
-        return self.microbatches == 1 and self.in_flight == 1
+        return timed_gradients(self.microbatches, self.in_flight)
+
+
+def timed_gradients(microbatches: int, in_flight: int) -> bool:
+    """Whether parameters' gradients have an interval of their own, outside their nodes'
+    usages: with one micro-batch the backward makes them; with more they are accumulated
+    from the first and held the whole step."""
+    return microbatches == 1 and in_flight == 1
 
 
 def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
@@ -275,8 +279,7 @@ class _Builder:
         self.gm, self.table, self.mesh, self.hints = gm, table, mesh, hints
         self.optimizer, self.charges = optimizer, charges
         self.microbatches, self.in_flight = microbatches, in_flight
-        # As `ProblemBuild.timed_gradients`.
-        self.timed_gradients = microbatches == 1 and in_flight == 1
+        self.timed_gradients = timed_gradients(microbatches, in_flight)
         self.by_name = {n.name: n for n in gm.graph.nodes}
         self.order = [n.name for n in gm.graph.nodes if n.name in table.strategies]
         self.index = {name: i for i, name in enumerate(self.order)}

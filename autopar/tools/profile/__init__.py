@@ -182,18 +182,14 @@ def _profile_dict(shape: tuple[int, ...], names: tuple[str, ...], ranks: list[di
     matmul = {str(dtype).removeprefix("torch."): figures.curve(("device", f"matmul/{dtype}"))
               for dtype in MATMUL_DTYPES}
     dispatch = figures.timing(("device", "launch")).mean
-    kernels = {  # family -> (intercept, seconds per FLOP) of its fit
-        "matmul": line({2 * n**3: t for n, t in matmul["float32"].items()}),
-        "attention": line({attention_flops(n): t for n, t in
-                           figures.curve(("device", "attention")).items()}),
-        "convolution": line({convolution_flops(n): t for n, t in
-                             figures.curve(("device", "convolution")).items()})}
-    kernels["transcendental"] = line(figures.curve(("device", "transcendental")))
+    # family -> (intercept, seconds per FLOP) of its fit; a backward does
+    # BACKWARD_FLOPS_FACTOR times its forward's FLOPs.
+    kernels = {"matmul": line({2 * n**3: t for n, t in matmul["float32"].items()})}
     for family, flops in (("attention", attention_flops), ("convolution", convolution_flops),
                           ("transcendental", lambda n: n)):
-        kernels[f"{family}{BACKWARD}"] = line({
-            BACKWARD_FLOPS_FACTOR * flops(n): t
-            for n, t in figures.curve(("device", f"{family}{BACKWARD}")).items()})
+        for name, factor in ((family, 1), (f"{family}{BACKWARD}", BACKWARD_FLOPS_FACTOR)):
+            kernels[name] = line({factor * flops(n): t
+                                  for n, t in figures.curve(("device", name)).items()})
     elementwise = figures.curve(("device", "elementwise"))
     adamw = figures.curve(("device", "adamw"))
     tensor_s, element_s = line(adamw)

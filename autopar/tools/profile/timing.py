@@ -42,12 +42,12 @@ class Timing:
 MIN_TIMING_S = 0.1
 
 
-def timed(run: Callable[[], object], repeats: int, *, inner: int = 1,
+def timed(run: Callable[[], object], repeats: int, *,
           sync: Callable[[], object] = lambda: None,
           align: Callable[[], object] = lambda: None) -> Timing:
     """`run` timed `repeats` times after two untimed calls (allocation and first dispatch;
-    then how long one call takes); each timing covers at least `inner` calls, and enough
-    of them to last `MIN_TIMING_S`, and is divided by their number.
+    then how long one call takes); each timing covers enough calls to last `MIN_TIMING_S`
+    and is divided by their number.
     `sync` waits for the device's queued work (`torch.cuda.synchronize` on a GPU), before
     each timing starts and before it ends; `align` (a barrier of the ranks) starts every
     timing at once on every rank, so that the ranks' k-th timings ran side by side."""
@@ -57,7 +57,7 @@ def timed(run: Callable[[], object], repeats: int, *, inner: int = 1,
     run()
     sync()
     once = time.perf_counter() - start
-    inner = max(inner, math.ceil(MIN_TIMING_S / once) if once > 0 else inner)
+    inner = max(1, math.ceil(MIN_TIMING_S / once)) if once > 0 else 1
     seconds = []
     for _ in range(repeats):
         align()

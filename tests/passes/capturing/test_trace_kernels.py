@@ -7,6 +7,7 @@ from torch import fx, nn
 from autopar.passes.capturing.annotate import annotate
 from autopar.passes.capturing.capture import capture
 from autopar.passes.capturing.trace_kernels import (
+    ensure_traced,
     priced_kernels,
     reference_bytes,
     trace_kernels,
@@ -36,7 +37,9 @@ def _nodes(gm: fx.GraphModule, name: str) -> list[fx.Node]:
 
 
 def _traced() -> fx.GraphModule:
-    return annotate(capture(Block(), (torch.randn(8, 16),)))
+    gm = annotate(capture(Block(), (torch.randn(8, 16),)))
+    ensure_traced(gm)
+    return gm
 
 
 def test_a_composite_op_is_priced_by_the_kernels_it_decomposes_into():
@@ -103,6 +106,7 @@ def test_an_output_read_twice_pays_the_sum_of_its_gradients():
 
     def tanh(twice: bool) -> Kernels:
         gm = annotate(capture(Square(twice), (torch.randn(4, 16),)))
+        ensure_traced(gm)
         return _nodes(gm, "tanh")[0].meta[KERNELS]
 
     once, twice = tanh(False), tanh(True)
