@@ -30,15 +30,16 @@ its backward, `Timeline.freed`); `BackwardUsages` adds, as `EdgeUsage`s:
   arriving (two of `Ring.kv_bytes`) at its step, each with its gradients
   (`Ring.grad_bytes`) at its backward;
 - the optimizer's temporaries (`OptimizerState.temporary_bytes`) of each parameter at its
-  step, for all the parameters a folded node stands for at once on a multi-tensor step.
+  step, for all the parameters a folded node stands for at once on a multi-tensor step;
+- kernel workspaces (`autopar.costs.workspace`: a convolution's reordered operands) at an
+  op's step and at its backward's.
 
 Everything the backward adds is one micro-batch's and counted once: the backward runs one
 block at a time, however many micro-batches are in flight or blocks a folded node stands
 for. Usages of one end alone are carried by an edge usage constant along its other end, so
-the solver's relaxation of edge usages is exact for them. Not on the timeline: kernel
-workspaces (a CPU convolution backward's im2col columns) and collective staging buffers
-(gloo's copy of an all-gather's output, the contiguous copy of a gather along a dim other
-than 0).
+the solver's relaxation of edge usages is exact for them. Not on the timeline: collective
+staging buffers (gloo's copy of an all-gather's output, the contiguous copy of a gather
+along a dim other than 0).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import numpy as np
 import torch.fx as fx
 
 from autopar.costs import formulas
+from autopar.costs import workspace
 from autopar.passes.capturing.gradient_path import tensor_outputs
 from autopar.passes.problem.edge_costs import EdgeRef
 from autopar.passes.strategies.offer_recompute import recompute_region
@@ -107,7 +109,7 @@ class BackwardUsages:
 
     def all(self) -> tuple[EdgeUsage, ...]:
         usages = (*self.made(), *self.held(), *self.parameters(), *self.converted(),
-                  *self.rings())
+                  *self.rings(), *self.workspaces())
         return tuple(u for u in usages if u.usages.any())
 
     def made(self):
@@ -207,6 +209,31 @@ class BackwardUsages:
                 yield self._one_end(self.first_input[name], name, np.array(
                     [0.0 if r is None else 2 * float(r.kv_bytes + r.grad_bytes)
                      for r in rings]), (back, back + 1))
+
+    def workspaces(self):
+        """Each op's kernel workspace at its step, and its backward's at its backward."""
+        b = self.b
+        operands: dict[str, dict[int, int]] = {}
+        for ref in self.edges:
+            operands.setdefault(ref.consumer, {})[ref.position] = ref.tensor.nbytes
+        for name, sizes in operands.items():
+            node = b.by_name[name]
+            family = formulas.kernel_family(node.target)
+            if node.op != "call_function" or family not in workspace.FAMILIES:
+                continue
+            output = tensor_outputs(node)[0].nbytes
+            spaces = [workspace.kernel_workspace(family, tuple(
+                float(formulas.local_bytes(sizes[k], st.inputs[k], b.mesh.shape))
+                for k in sorted(sizes)), float(formulas.local_bytes(output, st.output,
+                                                                      b.mesh.shape)))
+                for st in b.table.strategies[name]]
+            c = b.index[name]
+            yield self._one_end(self.first_input[name], name,
+                                np.array([w.forward for w in spaces]), (c, c + 1))
+            if b.on_path[name]:
+                back = self.timeline.backward_step(c)
+                yield self._one_end(self.first_input[name], name,
+                                    np.array([w.backward for w in spaces]), (back, back + 1))
 
     def _one_end(self, other: str, name: str, values: np.ndarray,
                  interval: tuple[int, int]) -> EdgeUsage:

@@ -30,11 +30,11 @@ from autopar.runtime.launch import launch
 # profile, default configs), measured with `autopar.plan(..., Mesh((1,)))`: budgets below
 # it force sharding. Hard-coded to save three solves; `test_the_plans_shard` fails if a
 # changed model makes a budget stop forcing what the case is for.
-REPLICATED_PEAK = {"mlp": 168448.0, "gpt": 2181888.0, "resnet": 484800.0}
+REPLICATED_PEAK = {"mlp": 168448.0, "gpt": 2181888.0, "resnet": 513856.0}
 CASES = (
     MemoryCase("examples.mlp", memory_budget=0.3 * REPLICATED_PEAK["mlp"]),
     MemoryCase("examples.gpt", memory_budget=0.3 * REPLICATED_PEAK["gpt"]),
-    MemoryCase("examples.resnet", memory_budget=0.75 * REPLICATED_PEAK["resnet"]),
+    MemoryCase("examples.resnet", memory_budget=0.7 * REPLICATED_PEAK["resnet"]),
 )
 TOLERANCE = 0.10
 
@@ -101,14 +101,10 @@ def test_activation_bytes_within_ten_percent(measured, example):
                                                                            predicted)
 
 
-# Kernel workspaces and collective buffers are not on the timeline. ResNet's peak is a CPU
-# convolution backward's im2col workspace of 76,288 bytes (377,916 measured against
-# 314,944 predicted: -17%). GPT is left out: its plan at this budget runs context-parallel
-# attention, whose ring backward and gloo staging buffers in flight vary from run to run
-# (722,936 to 800,888 bytes measured against 632,960 predicted).
-@pytest.mark.parametrize("example", [
-    "mlp", pytest.param("resnet", marks=pytest.mark.xfail(
-        strict=True, reason="a convolution backward's workspace is not on the timeline"))])
+# Collective staging buffers are not on the timeline. GPT is left out: its plan at this
+# budget runs context-parallel attention, whose ring backward and gloo staging buffers in
+# flight vary from run to run (722,936 to 800,888 bytes measured against 632,960 predicted).
+@pytest.mark.parametrize("example", ["mlp", "resnet"])
 def test_the_peak_of_a_step_within_ten_percent(measured, example):
     """The plan's peak (the forward's kept activations and the backward's gradients, made
     and held, over the step's timeline) against the most any rank held during a step."""
