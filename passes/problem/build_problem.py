@@ -441,8 +441,20 @@ class _Builder:
         for name, output in owners.values():
             owned.setdefault(name, set()).add(output)
         self.owned = {name: frozenset(outputs) for name, outputs in owned.items()}
-        return tuple(dataclasses.replace(ref, keeps=keep, owns=e in owners)
+        return tuple(dataclasses.replace(ref, keeps=keep, owns=e in owners,
+                                         recipe=self._recipe_only(ref, keep, hops))
                      for e, (ref, keep) in enumerate(zip(edges, keeps)))
+
+    def _recipe_only(self, ref: EdgeRef, keeps: bool, hops: dict) -> bool:
+        """Whether only a recipe would keep what edge `ref` reads (`EdgeRef.recipe`): its
+        consumer, an op that writes its output, does not keep it, and no edge keeps the
+        producer's output, which the producer (an op that writes it) does not save."""
+        consumer = self.by_name[ref.consumer]
+        if keeps or consumer.op != "call_function" or self.moves_no_bytes(consumer):
+            return False
+        leaf = tensor_leaves(consumer)[ref.position]
+        output = leaf.args[1] if leaf.target is operator.getitem else 0
+        return (ref.producer, output) not in hops and self._may_own(ref.producer, output)
 
     def with_buckets(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeRef, ...]:
         """`edges` with `bucket_bytes` set on those of parameters: the runtime's bucket, or
@@ -472,7 +484,7 @@ class _Builder:
         usages = []
         shared: dict[tuple, tuple] = {}  # edges of tied blocks share their arrays
         for ref in edges:
-            if not ref.keeps:
+            if not (ref.keeps or ref.recipe):
                 continue
             p, c = self.index[ref.producer], self.index[ref.consumer]
             cost, factor = self.edge_matrix(ref), self.repeats[c] * self.in_flight

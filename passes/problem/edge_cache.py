@@ -139,7 +139,7 @@ class EdgeCache:
         it); the producer keeps its output unless recomputed."""
         nbytes = ref.tensor.nbytes
         key = (id(src), id(dst), ref.position, nbytes, ref.keeps, ref.owns,
-               ref.producer_off_path)
+               ref.producer_off_path, ref.recipe)
         found = self._held.get(key)
         if found is not None:
             return found[2]
@@ -156,6 +156,11 @@ class EdgeCache:
                 own = ((~copy | (dst_recompute == 1)[None, :])
                        & (src_recompute == 0)[:, None])
                 values += np.where(own, self._bytes(out, nbytes)[:, None], 0.0)
+        elif ref.recipe:
+            out, src_recompute = producers.keys.T[0], producers.keys.T[3]
+            dst_recompute = consumers.keys.T[2]
+            recipe = (src_recompute == 0)[:, None] & (dst_recompute == 1)[None, :]
+            values = np.where(recipe, self._bytes(out, nbytes)[:, None], 0.0)
         matrix = values[np.ix_(producers.of, consumers.of)]
         self._held[key] = (src, dst, matrix)
         return matrix

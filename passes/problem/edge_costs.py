@@ -31,6 +31,17 @@ conversion when there is one (and no recipe keeps it), and the edge holds it oth
 An edge that owns its producer's output and whose consumer is not recomputed then holds
 local_bytes(nbytes, read) whatever the producer chose: a usage of its consumer alone.
 
+A recomputed consumer's recipe keeps every input it reads, saved or not. Where nothing
+else keeps the producer's output (`EdgeRef.recipe`: no consumer saves it, the producer
+does not), the edge holds it, before any conversion, while its consumer is recomputed and
+its producer is not (a recomputed producer's output is rebuilt, the recipe keeps a handle):
+
+    recipe = local_bytes(nbytes, output)   `recipe`, dst recomputed, src not
+
+so that recomputation may start from a tensor nothing keeps (a block's input), as torch's
+checkpoint keeps a region's inputs. Two recomputed consumers of one such tensor each
+charge it (one recipe would do): an over-count where a block reads its input twice.
+
 So an edge's usage depends on both ends' strategies: it enters the problem as a
 `autopar.solver.EdgeUsage` over [consumer, its backward] (`build_problem`'s timeline).
 """
@@ -69,6 +80,9 @@ class EdgeRef:
     # by a lone local slice as a view (`Collective`), so a piece along dim 0 is no copy
     # (`sliced_view`).
     producer_off_path: bool = False
+    # Memory: the consumer does not keep this input, nor does anything else keep the
+    # producer's output; a recomputed consumer's recipe does (`held_bytes`).
+    recipe: bool = False
     # Time: the bytes of the bucket a replicated parameter's gradient all-reduce is packed
     # into (`formulas.bucketed_time`; 0: alone).
     bucket_bytes: int = 0
@@ -148,7 +162,8 @@ def held_bytes(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes, mesh_shape: t
     producer chose `src` and its consumer `dst` (module docstring), for a tensor of
     `nbytes`."""
     if not ref.keeps:
-        return 0, 0
+        recipe = ref.recipe and dst.recompute and not src.recompute
+        return 0, formulas.local_bytes(nbytes, src.output, mesh_shape) if recipe else 0
     read = dst.inputs[ref.position]
     copy = copy_bytes(nbytes, src.output, read, mesh_shape, off_path=ref.producer_off_path)
     own = formulas.local_bytes(nbytes, src.output, mesh_shape) \

@@ -108,11 +108,11 @@ def _edges(build: ProblemBuild, chosen) -> dict[str, list]:
 def _held(build: ProblemBuild, chosen) -> dict[str, float]:
     """Per node, the bytes the edges hold for it under the `chosen` strategies
     (`edge_costs.held_bytes`, the problem's edge usages): the copies a consumer keeps and
-    the output an owning edge holds for its producer, once per micro-batch in flight, for
-    one node of the unfolded graph."""
+    the output an owning edge or a recipe holds for its producer, once per micro-batch in
+    flight, for one node of the unfolded graph."""
     held = dict.fromkeys(build.nodes, 0.0)
     for ref in build.edges:
-        if not ref.keeps:
+        if not (ref.keeps or ref.recipe):
             continue
         src = chosen[ref.producer]
         copy, own = held_bytes(ref, src, chosen[ref.consumer], ref.tensor.nbytes,

@@ -9,7 +9,8 @@ recomputation, recomputing the cheap ops around the matmuls is the selective kin
 
 Eligible: ops on the gradient path that write a new tensor (not views, which share their
 base's storage) that some op keeps for the backward (`find_saved`), whose result is not a
-model output, and that draw no random numbers (a
+model output, whose inputs are kept or are op outputs read as written (`recomputable`),
+and that draw no random numbers (a
 recomputed dropout would draw another mask; ops tagged `nondeterministic_seeded`). A
 context-parallel attention strategy (`rules.attention.context_axis`) gets no recomputed
 twin: its recomputation would pass the key/value blocks around the ring once more.
@@ -36,21 +37,41 @@ def draws_random_numbers(node: fx.Node) -> bool:
 
 def recomputable(node: fx.Node, on_path: dict[str, bool],
                  kept: dict[str, frozenset[int]]) -> bool:
-    """Whether recomputing `node` in the backward can save memory and gives the same value:
-    some op keeps its output (`find_saved.kept_outputs`), and every input it would be
-    recomputed from is kept anyway (a parameter, a user input, or an output some op
-    keeps); an op `kept` knows nothing of is assumed kept. Recomputing `relu` from a norm's
-    output that nothing else keeps would hold that output instead of relu's: no gain."""
+    """Whether recomputing `node` in the backward can save memory and gives the same value.
+
+    Its output must be kept (`find_saved.kept_outputs`; an op `kept` knows nothing of is
+    assumed kept), and every input it would be recomputed from kept anyway (a parameter,
+    a user input, or an output some op keeps): recomputing `relu` from a norm's output
+    that nothing else keeps would hold that output instead of relu's. Inside a block (a
+    recompute region, `recompute_region`) recomputation may also start from, and pass
+    through, tensors nothing keeps, as torch's checkpoint recomputes a region from its
+    inputs: an input read as written (the output of an op on the gradient path) is kept
+    by the recipe, charged on the edge (`edge_costs.held_bytes`), and an output nothing
+    keeps that an op of the block reads as written would be kept by that op's recipe.
+    The solver weighs what each choice holds against what it frees."""
     if not (node.op == "call_function" and on_path.get(node.name, False)
             and node.meta.get(BYTES, 0) != 0 and not draws_random_numbers(node)
-            and all(user.op != "output" for user in node.users)
-            and kept.get(node.name, True)):
+            and all(user.op != "output" for user in node.users)):
+        return False
+    region = recompute_region(node)
+    in_block = region != node.name
+    if not (kept.get(node.name, True) or in_block and any(
+            user.op == "call_function" and user.meta.get(BYTES, 0) != 0
+            and recompute_region(user) == region for user in node.users)):
         return False
     for source in node.all_input_nodes:
         base, index = storage_base(source)
-        if base.op == "call_function" and index not in kept.get(base.name, {index}):
+        if base.op == "call_function" and index not in kept.get(base.name, {index}) \
+                and not (in_block and _read_as_written(source, base, on_path)):
             return False
     return True
+
+
+def _read_as_written(source: fx.Node, base: fx.Node, on_path: dict[str, bool]) -> bool:
+    """Whether `source` is the output of an op on the gradient path that writes it (not a
+    view, not one of several outputs)."""
+    return (source is base and on_path.get(base.name, False)
+            and base.meta.get(BYTES, 0) != 0)
 
 
 def _views_of(node: fx.Node, eligible: set[str]) -> bool:

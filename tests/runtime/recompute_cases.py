@@ -44,17 +44,31 @@ def without_recompute(plan: autopar.Plan) -> autopar.Plan:
 
 def predicted_saving(model: torch.nn.Module, inputs: tuple, plan: autopar.Plan) -> float:
     """Bytes per rank the plan does not keep: the local outputs of its recomputed ops that
-    some op keeps for the backward (`find_saved.kept_outputs`)."""
+    some op keeps for the backward (`find_saved.kept_outputs`), less the outputs nothing
+    keeps that a recomputed op's recipe holds instead (read from an op not recomputed),
+    each counted once."""
     gm = annotate(capture(model, inputs))
     by_name = {n.name: n for n in gm.graph.nodes}
+    placed = {n.name: n for n in plan.nodes}
     kept = kept_outputs(gm, find_saved(gm))
-    total = 0.0
+
+    def local(name: str, k: int = 0) -> float:
+        spec = tensor_outputs(by_name[name])[k]
+        return formulas.local_bytes(spec.nbytes, parse_placements(placed[name].output),
+                                    plan.mesh.shape)
+
+    total, held = 0.0, set()
     for node in plan.nodes:
         if node.recompute:
-            for k, spec in enumerate(tensor_outputs(by_name[node.name])):
+            for k, _ in enumerate(tensor_outputs(by_name[node.name])):
                 if k in kept.get(node.name, {k}):
-                    total += formulas.local_bytes(spec.nbytes, parse_placements(node.output),
-                                                  plan.mesh.shape)
+                    total += local(node.name, k)
+            for source in by_name[node.name].all_input_nodes:
+                if (source.op == "call_function" and source.name in placed
+                        and not placed[source.name].recompute and not kept.get(source.name, {0})
+                        and source.name not in held):
+                    held.add(source.name)
+                    total -= local(source.name)
     return total
 
 

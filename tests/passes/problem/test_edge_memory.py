@@ -79,6 +79,13 @@ def test_held_bytes_case_by_case():
     assert _held(off_path, (R, R), (Shard(1), R)) == (64, 0)
     assert _held(off_path, (R, R), (S0, S0)) == (32, 0)
     assert _held(_ref(), (R, R), (S0, R)) == (64, 0)
+    # An input nothing keeps is held by a recomputed consumer's recipe, before it converts,
+    # unless its producer is recomputed too (the recipe keeps a handle).
+    recipe = _ref(keeps=False, owns=False, consumer_saves=False, recipe=True)
+    assert _held(recipe, (S0, R), (R, R), recompute=True) == (0, 64)
+    assert _held(recipe, (R, R), (S0, R), recompute=True) == (0, 128)
+    assert _held(recipe, (R, R), (R, R)) == (0, 0)
+    assert _held(recipe, (R, R), (R, R), recompute=True, producer_recompute=True) == (0, 0)
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +100,9 @@ def test_edge_cache_held_equals_held_bytes_pair_by_pair(gpt_graph):
     build = bp.build_problem(gpt_graph, table, mesh, memory_budget=None,
                              hints=size_hints(gpt_graph), saved=find_saved(gpt_graph))
     cache = edge_cache.EdgeCache(mesh)
-    kept = [ref for ref in build.edges if ref.keeps]
+    kept = [ref for ref in build.edges if ref.keeps or ref.recipe]
     assert any(ref.owns for ref in kept) and any(not ref.owns for ref in kept)
+    assert any(ref.recipe for ref in kept)  # a residual add's branch, read by nothing else
     assert any(ref.producer_off_path for ref in kept)  # token indices, masks
     checked = set()
     for ref in kept:
@@ -115,7 +123,7 @@ def test_edge_cache_held_equals_held_bytes_pair_by_pair(gpt_graph):
     for ref, matrix in zip(build.edges, build.problem.edge_costs):
         pair = (index[ref.producer], index[ref.consumer])
         allowed[pair] = allowed.get(pair, True) & np.isfinite(matrix)
-        if ref.keeps:
+        if ref.keeps or ref.recipe:
             values = cache.held(ref, table.strategies[ref.producer],
                                 table.strategies[ref.consumer])
             expected[pair] = expected.get(pair, 0) + values

@@ -1,0 +1,34 @@
+"""Which ops are offered recomputation: inside a block, also those whose inputs nothing
+keeps (the recipe keeps them, as torch's checkpoint keeps a region's inputs); outside
+blocks only those whose inputs are kept anyway."""
+
+from __future__ import annotations
+
+from autopar import Mesh
+from autopar.passes.capturing.annotate import annotate
+from autopar.passes.capturing.capture import capture
+from autopar.passes.capturing.find_saved import find_saved, kept_outputs
+from autopar.passes.capturing.gradient_path import gradient_path
+from autopar.passes.strategies.find_strategies import find_strategies
+from autopar.passes.strategies.offer_recompute import offer_recompute, recomputable
+from examples import gpt
+
+
+def test_a_block_recomputes_from_inputs_nothing_keeps_and_nothing_else_does():
+    model, inputs = gpt.build(device="meta", layers=2)
+    gm = annotate(capture(model, inputs))
+    on_path, kept = gradient_path(gm), kept_outputs(gm, find_saved(gm))
+    by_name = {node.name: node for node in gm.graph.nodes}
+    # The residual adds read an attention or MLP branch's output projection, which no op
+    # keeps (an add saves nothing); their own outputs are kept by the next layer norm.
+    for name, branch in (("add_1", "linear_1"), ("add_2", "linear_3")):
+        assert not kept[branch] and kept[name]
+        assert by_name[branch] in by_name[name].all_input_nodes
+        assert recomputable(by_name[name], on_path, kept), name
+    # The embeddings' sum, outside any block, reads two embeddings nothing keeps: recomputing
+    # it would only hold them instead.
+    assert not kept["embedding"]
+    assert not recomputable(by_name["add"], on_path, kept)
+    table = offer_recompute(gm, find_strategies(gm, Mesh((2,), ("x",), hardware="cpu")))
+    assert any(s.recompute for s in table.strategies["add_1"])
+    assert not any(s.recompute for s in table.strategies["add"])
