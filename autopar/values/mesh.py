@@ -5,12 +5,23 @@ Each axis is carried by one link level of the profile. By default the innermost 
 intra-node: walking from the last axis outwards, an axis stays on the innermost level while
 the devices it and the axes inside it span fit in one group of that level; `links=` names the
 level of every axis explicitly instead.
+
+An axis over an outer level whose groups hold k > 1 devices of each inner group (a flat
+axis of 64 GPUs on hosts of 8: k = 8) moves data through k links at once: NCCL runs one
+ring per channel, each crossing the outer level at a different device, so its bandwidth is
+
+    min(inner bandwidth, k x outer bandwidth),   k = min(n, inner devices / stride)
+
+with n the axis's size and stride the devices the axes inside it span. An axis with one
+device per inner group (the outer axis of (16, 8) on hosts of 8) keeps the outer level's
+figure. A level with measured collectives (a profile made by `autopar profile`) is taken
+as measured: its figures are already the axis's.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autopar.errors import MeshError
 from autopar.values.hardware import HardwareProfile, LinkLevel, available_hardware, load_hardware
@@ -53,7 +64,9 @@ class Mesh:
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "axis_names", names)
         object.__setattr__(self, "hardware", hardware)
-        axis_links = self._resolve_links(hardware)
+        axis_links = tuple(_through_channels(hardware, link, math.prod(shape[i + 1:]), size)
+                           for i, (link, size) in enumerate(
+                               zip(self._resolve_links(hardware), shape)))
         object.__setattr__(self, "axis_links", axis_links)
         object.__setattr__(self, "links", tuple(link.name for link in axis_links))
 
@@ -120,6 +133,20 @@ class Mesh:
             hardware = HardwareProfile.from_dict(hardware, source="the plan's mesh")
         return cls(tuple(data["shape"]), tuple(data["axis_names"]), hardware,
                    tuple(data["links"]))
+
+
+def _through_channels(hardware: HardwareProfile, link: LinkLevel, stride: int,
+                      size: int) -> LinkLevel:
+    """`link` as an axis of `size` devices, `stride` apart, sees it (module docstring)."""
+    levels = [level.name for level in hardware.links]
+    index = levels.index(link.name) if link.name in levels else 0
+    if index == 0 or link.collectives:
+        return link
+    inner = hardware.links[index - 1]
+    if inner.devices is None or stride >= inner.devices or inner.devices % stride:
+        return link
+    channels = min(size, inner.devices // stride)
+    return replace(link, bandwidth=min(inner.bandwidth, channels * link.bandwidth))
 
 
 def _part_of(shape: tuple[int, ...], measured: tuple[int, ...]) -> bool:

@@ -20,6 +20,25 @@ def test_axes_that_span_more_than_a_node_go_inter_node():
     assert [link.name for link in mesh.axis_links] == ["infiniband", "infiniband", "nvlink"]
 
 
+def test_an_axis_with_several_devices_per_node_crosses_nodes_through_as_many_links():
+    """A ring over whole hosts runs one channel per device of a host, each crossing the
+    network through its own link: k x the per-device bandwidth, at most the host's."""
+    hardware = autopar.Mesh((1,), ("x",), hardware="h100-sxm").hardware
+    nvlink, network = (link.bandwidth for link in hardware.links)
+    flat = autopar.Mesh((64,), ("dp",), hardware="h100-sxm")
+    assert flat.axis_links[0].name == "infiniband"
+    assert flat.axis_links[0].bandwidth == min(nvlink, 8 * network)
+    # One device of each host in every group: the network's own figure.
+    outer = autopar.Mesh((16, 8), ("dp", "tp"), hardware="h100-sxm")
+    assert outer.axis_links[0].bandwidth == network
+    # Groups of 4 at a stride of 4: two devices of a host of 8 in each.
+    mixed = autopar.Mesh((4, 4, 4), ("a", "b", "c"), hardware="a100-sxm")
+    a100 = mixed.hardware.links[1].bandwidth
+    assert [link.bandwidth for link in mixed.axis_links[:2]] == [a100, 2 * a100]
+    # A plan's mesh reads back with the same figures.
+    assert autopar.Mesh.from_dict(mixed.to_dict()).axis_links == mixed.axis_links
+
+
 def test_links_can_be_overridden():
     mesh = autopar.Mesh((8, 2), ("tp", "dp"), hardware="h100-sxm", links=("nvlink", "infiniband"))
     assert [link.name for link in mesh.axis_links] == ["nvlink", "infiniband"]
