@@ -25,7 +25,7 @@ from autopar.passes.problem.extract_plan import extract_plan
 from autopar.passes.problem.fold_depth import fold_depth
 from autopar.passes.strategies.constrain import constrain
 from autopar.passes.strategies.find_strategies import StrategyTable, find_strategies
-from autopar.passes.strategies.offer_recompute import offer_recompute
+from autopar.passes.strategies.offer_recompute import offer_recompute, searched
 from autopar.passes.strategies.offer_whole_gradient import offer_whole_gradient
 from autopar.solver import Solution, min_peak_usage, solve
 from autopar.values.mesh import Mesh
@@ -87,7 +87,8 @@ def refined(options: dict, screening: Plan) -> dict:
 @dataclass(frozen=True)
 class Tables:
     """A graph ready to solve: `gm` (folded by depth when asked), `found` its strategies with
-    the recompute and whole-gradient choices offered, `table` those under the constraints."""
+    the recompute and whole-gradient choices offered (what hand strategies restrict), `table`
+    those the solver searches (`offer_recompute.searched`) under the constraints."""
 
     gm: fx.GraphModule
     found: StrategyTable
@@ -111,7 +112,8 @@ def strategy_tables(gm: fx.GraphModule, mesh: Mesh, *, fold_layers: bool = True,
         found = offer_recompute(gm, found)
     if microbatches > 1:
         found = offer_whole_gradient(found)
-    table = constrain(gm, found, mesh, constraints) if constraints else found
+    table = searched(found)
+    table = constrain(gm, table, mesh, constraints) if constraints else table
     return Tables(gm, found, table)
 
 

@@ -9,6 +9,7 @@ Reads `autopar_names` and `autopar_tensor`; writes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import torch.fx as fx
@@ -81,4 +82,4 @@ def constrain(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
                 got=format_placements(placements),
                 fix="pin a dim whose size the mesh axes divide, or leave it to the solver")
         strategies[node.name] = kept
-    return StrategyTable(strategies, table.inputs, table.unsupported)
+    return dataclasses.replace(table, strategies=strategies)

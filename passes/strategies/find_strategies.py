@@ -79,6 +79,10 @@ class StrategyTable:
     strategies: dict[str, tuple[Strategy, ...]]
     inputs: dict[str, tuple[tuple[str, TensorSpec], ...]]  # (producer decision, tensor) per input
     unsupported: tuple[str, ...]  # ops that fell back to replicated
+    # Ops whose recomputed twins start from, or pass through, a tensor nothing keeps
+    # (`offer_recompute`): a hand strategy's "full" or "selective" may recompute them,
+    # the solver's own search does not (`offer_recompute.searched`).
+    checkpointed: frozenset[str] = frozenset()
 
 
 def is_decision(node: fx.Node) -> bool:

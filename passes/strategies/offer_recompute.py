@@ -36,16 +36,16 @@ def draws_random_numbers(node: fx.Node) -> bool:
 
 
 def recomputable(node: fx.Node, on_path: dict[str, bool],
-                 kept: dict[str, frozenset[int]]) -> bool:
+                 kept: dict[str, frozenset[int]], *, from_block_inputs: bool = False) -> bool:
     """Whether recomputing `node` in the backward can save memory and gives the same value.
 
     Its output must be kept (`find_saved.kept_outputs`; an op `kept` knows nothing of is
     assumed kept), and every input it would be recomputed from kept anyway (a parameter,
     a user input, or an output some op keeps): recomputing `relu` from a norm's output
-    that nothing else keeps would hold that output instead of relu's. Inside a block (a
-    recompute region, `recompute_region`) recomputation may also start from, and pass
-    through, tensors nothing keeps, as torch's checkpoint recomputes a region from its
-    inputs: an input read as written (the output of an op on the gradient path) is kept
+    that nothing else keeps would hold that output instead of relu's. With
+    `from_block_inputs`, inside a block (a recompute region, `recompute_region`)
+    recomputation may also start from, and pass through, tensors nothing keeps, as torch's
+    checkpoint recomputes a region from its inputs: an input read as written (the output of an op on the gradient path) is kept
     by the recipe, charged on the edge (`edge_costs.held_bytes`), and an output nothing
     keeps that an op of the block reads as written would be kept by that op's recipe.
     The solver weighs what each choice holds against what it frees."""
@@ -54,7 +54,7 @@ def recomputable(node: fx.Node, on_path: dict[str, bool],
             and all(user.op != "output" for user in node.users)):
         return False
     region = recompute_region(node)
-    in_block = region != node.name
+    in_block = from_block_inputs and region != node.name
     if not (kept.get(node.name, True) or in_block and any(
             user.op == "call_function" and user.meta.get(BYTES, 0) != 0
             and recompute_region(user) == region for user in node.users)):
@@ -83,19 +83,26 @@ def _views_of(node: fx.Node, eligible: set[str]) -> bool:
 
 
 def offer_recompute(gm: fx.GraphModule, table: StrategyTable) -> StrategyTable:
-    """`table` with a recomputed twin of every strategy of every eligible op."""
+    """`table` with a recomputed twin of every strategy of every eligible op
+    (`recomputable` from block inputs); those eligible only so, and their views, are
+    listed in `StrategyTable.checkpointed` (`searched` leaves their twins out)."""
     on_path = gradient_path(gm)
     kept = kept_outputs(gm, find_saved(gm))
     # Strategy tuples are shared between identical ops; keep them shared (problem caches).
     doubled: dict[int, tuple[Strategy, ...]] = {}
     strategies = dict(table.strategies)
-    eligible = {node.name for node in gm.graph.nodes if recomputable(node, on_path, kept)}
+    eligible = {node.name for node in gm.graph.nodes
+                if recomputable(node, on_path, kept, from_block_inputs=True)}
+    plain = {node.name for node in gm.graph.nodes if recomputable(node, on_path, kept)}
+    checkpointed = set()
     for node in gm.graph.nodes:
         # A view of an eligible op's output carries the flag too (build_problem keeps it
         # equal to its base's), so that what reads the view can be held to the same rules.
         if node.name not in strategies or not (
                 node.name in eligible or _views_of(node, eligible)):
             continue
+        if not (node.name in plain or _views_of(node, plain)):
+            checkpointed.add(node.name)
         own = strategies[node.name]
         if id(own) not in doubled:
             # A context-parallel attention would run its ring again: not offered.
@@ -104,7 +111,26 @@ def offer_recompute(gm: fx.GraphModule, table: StrategyTable) -> StrategyTable:
                 dataclasses.replace(s, recompute=True) for s in own
                 if op is None or context_axis(op, s.inputs) is None)
         strategies[node.name] = doubled[id(own)]
-    return dataclasses.replace(table, strategies=strategies)
+    return dataclasses.replace(table, strategies=strategies,
+                               checkpointed=frozenset(checkpointed))
+
+
+def searched(table: StrategyTable) -> StrategyTable:
+    """`table` as the solver searches it: the `checkpointed` ops kept, not recomputed.
+
+    Checkpointing a block from its inputs is a hand strategy's fixed choice ("full",
+    "selective": `restrict`). Offered to the solver's search op by op it makes its
+    relaxation of the recipes' usages so loose that, under budgets that bind, the search
+    misses plans it finds without them (GPT and BERT on (2, 2) at a third of their
+    single-device peak)."""
+    strategies = dict(table.strategies)
+    kept: dict[int, tuple[Strategy, ...]] = {}
+    for name in table.checkpointed:
+        own = strategies[name]
+        if id(own) not in kept:
+            kept[id(own)] = tuple(s for s in own if not s.recompute)
+        strategies[name] = kept[id(own)]
+    return dataclasses.replace(table, strategies=strategies, checkpointed=frozenset())
 
 
 def recompute_region(node: fx.Node) -> str:

@@ -22,7 +22,9 @@ A hand strategy may also fix activation recomputation (`RECOMPUTE`): "none"; "fu
 op that may be recomputed is, except a block's results that later blocks read (the blocks'
 inputs are kept: checkpointing each block); "selective", the same but keeping the outputs
 of compute-heavy ops (matmuls, attention: more than `SELECTIVE_KEEP_FLOPS_PER_BYTE`), as
-Megatron's selective recomputation and torch's selective checkpointing policies do.
+Megatron's selective recomputation and torch's selective checkpointing policies do. Both
+recompute from a block's inputs (`StrategyTable.checkpointed` ops included); left free
+(None), the choice is the solver's among the other ops (`offer_recompute.searched`).
 
 Everything else (activations, buffers, how each op splits its work within those bounds) is
 left to the solver, so the cheapest plan of the restricted table is the best plan of that
@@ -242,6 +244,9 @@ def restrict(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
             wants = tuple(wants)
         wanted = (_recompute_wanted(node, recompute, name in region_outputs, hints)
                   if kind == "op" else None)
+        if wanted is None and name in table.checkpointed:
+            wanted = False  # the solver's own choice leaves checkpointing blocks out
+
         key = (id(candidates), kind, wants, wanted)
         if key not in cache:
             if kind == "output" or (not wants and wanted is None and not (

@@ -19,6 +19,8 @@ from autopar.passes.capturing.annotate import annotate
 from autopar.passes.capturing.capture import capture
 from autopar.passes.capturing.find_saved import find_saved, kept_outputs
 from autopar.passes.capturing.gradient_path import tensor_outputs
+from autopar.passes.strategies.restrict import restrict
+from autopar.planning.graph import plan_table, strategy_tables
 from autopar.runtime import device_mesh
 from autopar.runtime.memory_probe import ForwardProbe
 from autopar.values.placement import parse_placements
@@ -34,6 +36,18 @@ def recompute_plan(model: torch.nn.Module, inputs: tuple, mesh: autopar.Mesh,
                          inputs, recompute=False, time_limit=2.0).peak_memory_bytes
     return autopar.plan(model, mesh, inputs, memory_budget=budget_fraction * whole,
                         constraints=constraints, time_limit=10.0, microbatches=1)
+
+
+def checkpointed_plan(model: torch.nn.Module, inputs: tuple, mesh: autopar.Mesh
+                      ) -> autopar.Plan:
+    """Data parallelism over every axis with every block checkpointed from its inputs (the
+    "full" hand strategy): its recomputed ops start from, and pass through, tensors nothing
+    keeps, which their recipes hold."""
+    gm = annotate(capture(model, inputs))
+    tables = strategy_tables(gm, mesh, microbatches=1)
+    table = restrict(tables.gm, tables.found, mesh, ("dp",) * mesh.ndim, "full").table
+    return plan_table(tables.gm, table, mesh, model_name=type(model).__name__,
+                      memory_budget=None, time_limit=5.0, fold_layers=True, seed=0)
 
 
 def without_recompute(plan: autopar.Plan) -> autopar.Plan:

@@ -3,8 +3,9 @@ predict, re-run collectives included, and keep less for the backward.
 
 The Llama-style example on mesh (2,) and the GPT-style one on (2, 2) over gloo (each run
 costs tens of seconds on two cores), under the solver's plans within budgets tight enough
-that it recomputes (`recompute_cases.recompute_plan`); on (2, 2) the recomputed linears'
-input collectives run again. As in
+that it recomputes (`recompute_cases.recompute_plan`), and on (2,) Llama's blocks also
+checkpointed from their inputs (`recompute_cases.checkpointed_plan`); on (2, 2) the
+recomputed linears' input collectives run again. As in
 `test_equivalence`: 3 AdamW steps, losses and every gradient within relative 1e-5 of the
 plain model, measured bytes per (kind, axis, direction) equal to the plan's times the steps.
 """
@@ -16,9 +17,13 @@ import importlib
 
 import pytest
 from equivalence_cases import Case, check_bytes, check_equivalence
-from recompute_cases import predicted_saving, recompute_plan, train_and_measure
+from recompute_cases import checkpointed_plan, predicted_saving, recompute_plan, train_and_measure
 
 import autopar
+from autopar.passes.capturing.annotate import annotate
+from autopar.passes.capturing.capture import capture
+from autopar.passes.strategies.find_strategies import find_strategies
+from autopar.passes.strategies.offer_recompute import offer_recompute
 from autopar.runtime.launch import launch
 
 # The solver's plans under budgets (fractions of the single-device plan's peak) tight
@@ -37,11 +42,20 @@ def _case(example: str, shape: tuple[int, ...]) -> Case:
     return Case(example, plan=plan.to_dict())
 
 
+@functools.cache
+def _checkpointed(example: str, shape: tuple[int, ...]) -> Case:
+    model, inputs = importlib.import_module(example).build()
+    mesh = autopar.Mesh(shape, NAMES[shape], hardware="cpu")
+    return Case(example, plan=checkpointed_plan(model, inputs, mesh).to_dict())
+
+
 @pytest.fixture(scope="module", params=[(2,), (2, 2)], ids=lambda s: "x".join(map(str, s)))
 def outcomes(request):
     shape = request.param
     examples = [e for e, s in PINS if s == shape]
     chosen = tuple(_case(example, shape) for example in examples)
+    if shape == (2,):  # Llama's blocks checkpointed from their inputs, as "full" does
+        chosen += (_checkpointed("examples.llama", shape),)
     nprocs = 1
     for n in shape:
         nprocs *= n
@@ -64,6 +78,19 @@ def test_the_plans_recompute_and_charge_collectives_again(outcomes):
                 not f.backward and (f.kind, f.axis, f.nbytes, f.tensor)
                 == (t.kind, t.axis, t.nbytes, t.tensor) for f in n.transfers)]
             assert again, case.example
+
+
+def test_the_checkpointed_plan_recomputes_from_tensors_nothing_keeps(outcomes):
+    shape, chosen, _, _ = outcomes
+    if shape != (2,):
+        pytest.skip("checkpointed on mesh (2,)")
+    case = chosen[-1]
+    model, inputs = case.model()
+    gm = annotate(capture(model, inputs))
+    mesh = autopar.Mesh(shape, NAMES[shape], hardware="cpu")
+    checkpointed = offer_recompute(gm, find_strategies(gm, mesh)).checkpointed
+    plan = autopar.Plan.from_dict(case.plan)
+    assert len({n.name for n in plan.nodes if n.recompute} & checkpointed) >= 4
 
 
 def test_loss_and_every_gradient_match_the_single_process_model(outcomes):

@@ -1,6 +1,6 @@
-"""Which ops are offered recomputation: inside a block, also those whose inputs nothing
-keeps (the recipe keeps them, as torch's checkpoint keeps a region's inputs); outside
-blocks only those whose inputs are kept anyway."""
+"""Which ops are offered recomputation: from kept tensors, and inside a block also from
+and through tensors nothing keeps (the recipe keeps them, as torch's checkpoint keeps a
+region's inputs), which only hand strategies fix; outside blocks only from kept tensors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from autopar.passes.capturing.capture import capture
 from autopar.passes.capturing.find_saved import find_saved, kept_outputs
 from autopar.passes.capturing.gradient_path import gradient_path
 from autopar.passes.strategies.find_strategies import find_strategies
-from autopar.passes.strategies.offer_recompute import offer_recompute, recomputable
+from autopar.passes.strategies.offer_recompute import offer_recompute, recomputable, searched
+from autopar.passes.strategies.restrict import restrict
 from examples import gpt
 
 
@@ -24,11 +25,23 @@ def test_a_block_recomputes_from_inputs_nothing_keeps_and_nothing_else_does():
     for name, branch in (("add_1", "linear_1"), ("add_2", "linear_3")):
         assert not kept[branch] and kept[name]
         assert by_name[branch] in by_name[name].all_input_nodes
-        assert recomputable(by_name[name], on_path, kept), name
+        assert recomputable(by_name[name], on_path, kept, from_block_inputs=True), name
+        assert not recomputable(by_name[name], on_path, kept), name
     # The embeddings' sum, outside any block, reads two embeddings nothing keeps: recomputing
     # it would only hold them instead.
     assert not kept["embedding"]
-    assert not recomputable(by_name["add"], on_path, kept)
-    table = offer_recompute(gm, find_strategies(gm, Mesh((2,), ("x",), hardware="cpu")))
+    assert not recomputable(by_name["add"], on_path, kept, from_block_inputs=True)
+    mesh = Mesh((2,), ("x",), hardware="cpu")
+    table = offer_recompute(gm, find_strategies(gm, mesh))
     assert any(s.recompute for s in table.strategies["add_1"])
     assert not any(s.recompute for s in table.strategies["add"])
+    assert "add_1" in table.checkpointed and "gelu" not in table.checkpointed
+    # The solver's search leaves checkpointing to hand strategies, which fix it.
+    search = searched(table)
+    assert not any(s.recompute for s in search.strategies["add_1"])
+    assert any(s.recompute for s in search.strategies["gelu"])
+    full = restrict(gm, table, mesh, ("dp",), "full").table
+    assert all(s.recompute for s in full.strategies["add_1"])
+    free = restrict(gm, table, mesh, ("dp",)).table
+    assert not any(s.recompute for s in free.strategies["add_1"])
+    assert any(s.recompute for s in free.strategies["gelu"])
