@@ -138,10 +138,11 @@ def _keep_storage(candidates: tuple[Strategy, ...], wants: tuple[Want, ...],
 
 
 def _recompute_wanted(node: fx.Node, mode: str | None, region_output: bool,
-                      hints: dict) -> bool | None:
-    """Whether `mode` recomputes `node` (None: the solver chooses)."""
+                      hints: dict, checkpointed: bool) -> bool | None:
+    """Whether `mode` recomputes `node` (None: the solver chooses; it leaves a
+    `checkpointed` op, one that checkpointing a block recomputes, kept)."""
     if mode is None:
-        return None
+        return False if checkpointed else None
     if node.meta.get(BYTES, 0) == 0:
         return None  # a view's flag follows its base's (build_problem keeps them equal)
     if mode == "none" or region_output:
@@ -242,10 +243,8 @@ def restrict(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
                 elif role == "input":
                     wants.append((position, unrestricted(_input_wants(spec, roles, mesh))))
             wants = tuple(wants)
-        wanted = (_recompute_wanted(node, recompute, name in region_outputs, hints)
-                  if kind == "op" else None)
-        if wanted is None and name in table.checkpointed:
-            wanted = False  # the solver's own choice leaves checkpointing blocks out
+        wanted = (_recompute_wanted(node, recompute, name in region_outputs, hints,
+                                    name in table.checkpointed) if kind == "op" else None)
 
         key = (id(candidates), kind, wants, wanted)
         if key not in cache:
