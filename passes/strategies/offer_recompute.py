@@ -93,7 +93,9 @@ def offer_recompute(gm: fx.GraphModule, table: StrategyTable) -> StrategyTable:
     strategies = dict(table.strategies)
     eligible = {node.name for node in gm.graph.nodes
                 if recomputable(node, on_path, kept, from_block_inputs=True)}
-    plain = {node.name for node in gm.graph.nodes if recomputable(node, on_path, kept)}
+    # Recomputable from kept tensors alone implies from block inputs: test the eligible only.
+    plain = {node.name for node in gm.graph.nodes
+             if node.name in eligible and recomputable(node, on_path, kept)}
     checkpointed = set()
     for node in gm.graph.nodes:
         # A view of an eligible op's output carries the flag too (build_problem keeps it
