@@ -84,6 +84,9 @@ def _all_to_all(t: torch.Tensor, src_dim: int, dst_dim: int, n: int, group) -> t
     send = torch.stack(t.chunk(n, dst_dim))
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
+    del send  # not held while the result is laid out (`autopar.costs.staging`)
+    if src_dim == 0:
+        return recv.flatten(0, 1)  # the pieces are already in place
     return torch.cat(recv.unbind(0), dim=src_dim)
 
 

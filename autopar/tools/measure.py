@@ -24,8 +24,9 @@ and returns this rank's `Measurement` (`autopar.values.measurement`):
 - Peak memory over a step: on CUDA the allocator's own statistic
   (`reset_peak_memory_stats`, then `max_memory_allocated`). On CPU there is none: the
   profiler's memory events (`profile_memory=True`: every allocation and free of the CPU
-  allocator while it runs) summed in time order give the step's own peak above its start
-  (`allocation_peak`), to which `start_bytes` adds what is alive when the step starts:
+  allocator while it runs, on the threads it follows) give the blocks live at each moment,
+  and so the step's own peak above its start (`allocation_peak`; a free on a gloo thread,
+  which the profiler misses, ends its block when the address is allocated again), to which `start_bytes` adds what is alive when the step starts:
   `autopar.runtime.memory_probe.state_bytes` (parameters, gradients if kept, optimizer
   states, buffers) and the step's inputs. The profiler reports no free of a block
   allocated before it started, so a pre-existing tensor freed during the step is not
@@ -51,6 +52,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._C._profiler import _ExtraFields_Allocation
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from autopar.compiler import compile as compile_model
@@ -216,15 +218,42 @@ def _profiled_step(pm: nn.Module, inputs: tuple, optimizer, device: torch.device
 
 
 def allocation_peak(prof: profile) -> int:
-    """The highest running sum, in time order, of the CPU allocations (positive) and frees
-    (negative) `prof` recorded (`profile_memory=True`): the most bytes the profiled code
-    held at once above what was alive when profiling started; 0 if it never held more."""
-    events = [e for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
-    total = peak = 0
+    """The most bytes the code `prof` profiled (`profile_memory=True`) held at once on the
+    CPU above what was alive when profiling started (0 if it never held more): the
+    allocator's blocks, allocated and freed in time order (`held_peak`)."""
+    blocks: list[tuple[int, int, int]] = []  # (time, signed bytes, address) in tree order
+
+    def walk(node) -> None:
+        fields = node.extra_fields
+        if isinstance(fields, _ExtraFields_Allocation) and fields.device.type == "cpu":
+            blocks.append((node.start_time_ns, fields.alloc_size, fields.ptr))
+        for child in node.children:
+            walk(child)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
     # A stable sort: an allocation and a free at the same nanosecond keep their order.
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        total += event.nbytes()
+    return held_peak([(size, address) for _, size, address in
+                      sorted(blocks, key=lambda block: block[0])])
+
+
+def held_peak(events: list[tuple[int, int]]) -> int:
+    """The highest total of the blocks live at once over `events` (signed bytes, address)
+    in time order: an allocation (bytes > 0) makes its address live, a free ends it.
+
+    The profiler records the frees of the threads it follows only: gloo's worker threads
+    drop the last reference to a collective's buffers as often as the caller does, and
+    those frees are missing. The allocator never hands out an address that is still
+    allocated, so an allocation at a live address ends the block there first. A free of a
+    block allocated before profiling (none recorded) ends nothing: that block is not in
+    the total."""
+    live: dict[int, int] = {}
+    total = peak = 0
+    for size, address in events:
+        total -= live.pop(address, 0)
+        if size > 0:
+            live[address] = size
+            total += size
         peak = max(peak, total)
     return peak
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.costs import formulas
+from autopar.costs import formulas, staging
 from autopar.passes.problem.edge_costs import Background, EdgeRef, edge_seconds
 from autopar.passes.strategies.find_strategies import Strategy
 from autopar.values.mesh import Mesh
@@ -98,6 +98,7 @@ class EdgeCache:
         self._tables: dict[tuple, tuple] = {}
         self._held: dict[tuple, tuple] = {}
         self._local: dict[tuple, float] = {}  # (placements id, nbytes) -> local bytes
+        self._staged: dict[tuple, float] = {}  # (src id, dst id, nbytes) -> staging bytes
 
     def seconds(self, ref: EdgeRef, src: tuple[Strategy, ...], dst: tuple[Strategy, ...],
                 microbatches: int) -> EdgeSecondsTable:
@@ -193,7 +194,8 @@ class EdgeCache:
         consumer's step, the converted tensor a consumer that does not keep it reads (a
         parameter's, unless kept gathered); in the backward, at its consumer's backward,
         the gradient converted to the placement its producer needs, and a parameter's
-        copy gathered again for the backward (not kept gathered: ZeRO-3)."""
+        copy gathered again for the backward (not kept gathered: ZeRO-3); each conversion
+        with its staging buffers (`autopar.costs.staging`), a kept one's too."""
         nbytes = ref.tensor.nbytes
         key = (id(src), id(dst), ref.position, nbytes, "transients", ref.keeps,
                ref.requires_grad, ref.producer_is_parameter, ref.producer_off_path)
@@ -209,11 +211,14 @@ class EdgeCache:
         if ref.producer_is_parameter:
             copy &= (gathered < 0)[:, None]
         reads = np.where(copy, self._bytes(read, nbytes)[None, :], 0.0)
-        forward = np.zeros_like(reads) if ref.keeps else reads
-        backward = reads if ref.producer_is_parameter else np.zeros_like(reads)
+        staged = np.where(copy, self._staging(out, read, nbytes), 0.0)
+        forward = staged if ref.keeps else reads + staged
+        backward = reads + staged if ref.producer_is_parameter else np.zeros_like(reads)
         if ref.requires_grad:
             converted = needed[:, None] != arriving[None, :]
-            backward = backward + np.where(converted, self._bytes(needed, nbytes)[:, None], 0.0)
+            backward = backward + np.where(
+                converted, self._bytes(needed, nbytes)[:, None]
+                + self._staging(arriving, needed, nbytes).T, 0.0)
         rows, columns = np.ix_(producers.of, consumers.of)
         matrices = (forward[rows, columns], backward[rows, columns])
         self._held[key] = (src, dst, matrices)
@@ -229,6 +234,19 @@ class EdgeCache:
                     nbytes, self._placements[i], self.mesh.shape))
             values.append(found)
         return np.array(values, dtype=float)
+
+    def _staging(self, src: np.ndarray, dst: np.ndarray, nbytes) -> np.ndarray:
+        """Per (src id, dst id), the `staging_bytes` of converting a tensor of `nbytes`
+        between the two placements."""
+        values = np.empty((len(src), len(dst)))
+        for row, i in enumerate(src.tolist()):
+            for column, j in enumerate(dst.tolist()):
+                found = self._staged.get((i, j, nbytes))
+                if found is None:
+                    found = self._staged[(i, j, nbytes)] = staging.staging_bytes(
+                        nbytes, self._placements[i], self._placements[j], self.mesh.shape)
+                values[row, column] = found
+        return values
 
     def _id(self, placements) -> int:
         found = self._ids.get(placements)

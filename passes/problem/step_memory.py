@@ -25,7 +25,9 @@ its backward, `Timeline.freed`); `BackwardUsages` adds, as `EdgeUsage`s:
   recompute region (or of its last reader, later), which rebuilds the region, to its own;
 - converted (`EdgeCache.transients`): at a consumer's step, the converted tensor it reads
   and does not keep; at its backward, the gradient converted to the placement its producer
-  needs and a ZeRO-3 parameter's copy gathered again;
+  needs and a ZeRO-3 parameter's copy gathered again; each conversion with its staging
+  buffers (`autopar.costs.staging`: the pieces an all-to-all receives, a gather's result
+  before it is laid out along its dim);
 - ring blocks: a context-parallel attention's key and value block in hand and the one
   arriving (two of `Ring.kv_bytes`) at its step, each with its gradients
   (`Ring.grad_bytes`) at its backward;
@@ -37,9 +39,7 @@ its backward, `Timeline.freed`); `BackwardUsages` adds, as `EdgeUsage`s:
 Everything the backward adds is one micro-batch's and counted once: the backward runs one
 block at a time, however many micro-batches are in flight or blocks a folded node stands
 for. Usages of one end alone are carried by an edge usage constant along its other end, so
-the solver's relaxation of edge usages is exact for them. Not on the timeline: collective
-staging buffers (gloo's copy of an all-gather's output, the contiguous copy of a gather
-along a dim other than 0).
+the solver's relaxation of edge usages is exact for them.
 """
 
 from __future__ import annotations

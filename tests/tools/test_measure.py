@@ -11,7 +11,14 @@ from torch.profiler import ProfilerActivity, profile
 import autopar
 from autopar.runtime.launch import launch
 from autopar.runtime.memory_probe import state_bytes
-from autopar.tools.measure import all_ranks, allocation_peak, measure, start_bytes, train_step
+from autopar.tools.measure import (
+    all_ranks,
+    allocation_peak,
+    held_peak,
+    measure,
+    start_bytes,
+    train_step,
+)
 from autopar.values.measurement import (
     GROUPS,
     Measurement,
@@ -70,6 +77,14 @@ def test_a_tensor_freed_that_was_allocated_before_profiling_is_not_subtracted():
     # The true peak above the start is 1 block (2 made, 1 freed first); the method errs
     # high by the block it cannot see freed, as the module docstring says.
     assert _profiled_peak(step) == 2 * block
+
+
+def test_an_allocation_at_a_live_address_ends_the_block_whose_free_was_missed():
+    # 100 B at 1, 50 at 2 (peak 150); 1 is freed unseen and allocated again with 30:
+    # 80 live, then 2 freed: 30; a free of an address never allocated ends nothing.
+    events = [(100, 1), (50, 2), (30, 1), (-50, 2), (-70, 9), (40, 3)]
+    assert held_peak(events) == 150
+    assert held_peak(events + [(200, 2)]) == 30 + 40 + 200
 
 
 def test_the_peak_of_a_whole_step_agrees_with_mem_tracker():

@@ -6,6 +6,7 @@ solver bounds and in `predicted_memory`.
   problem's edge usages add up to it;
 - an `EdgeUsage` solved as nodes of its own (`autopar.solver.edge_usage`) gives the
   brute-force optimum, with ties, and the expanded problem's profiles are the original's;
+- a conversion's staging buffers are charged at its consumer's step;
 - a context-parallel attention's ring holds two blocks of keys and values at its step;
 - a plan made under a budget that binds charges copies, fits the budget with them, and
   `predicted_memory` splits its end of the forward.
@@ -23,6 +24,7 @@ import torch
 
 import autopar
 from autopar import Mesh
+from autopar.costs import formulas, staging
 from autopar.passes.capturing.annotate import annotate, size_hints
 from autopar.passes.capturing.capture import capture
 from autopar.passes.capturing.find_saved import find_saved
@@ -137,6 +139,28 @@ def test_edge_cache_held_equals_held_bytes_pair_by_pair(gpt_graph):
                               np.where(allowed[pair], values, 0)), pair
 
 
+@pytest.mark.parametrize("keeps", [False, True])
+def test_a_conversion_stages_its_buffers_at_its_consumer_step(keeps):
+    """Forward: a consumer that does not keep what it reads holds it at its step, and
+    every conversion its staging buffers (`autopar.costs.staging`) beside it; backward:
+    the gradient converted back, with its own."""
+    mesh = Mesh(MESH, ("a", "b"), hardware="h100-sxm")
+    cache = edge_cache.EdgeCache(mesh)
+    ref = _ref(keeps=keeps)
+    placements = [(Shard(1), R), (S0, Shard(1)), (R, R), (Shard(1), S0)]
+    src = tuple(Strategy(inputs=(), output=p) for p in placements)
+    dst = tuple(Strategy(inputs=(p,), output=p) for p in placements)
+    forward, backward = cache.transients(ref, src, dst)
+    for k, out in enumerate(placements):
+        for m, read in enumerate(placements):
+            read_bytes = 0 if out == read or keeps else formulas.local_bytes(
+                SPEC.nbytes, read, MESH)
+            staged = staging.staging_bytes(SPEC.nbytes, out, read, MESH)
+            assert forward[k, m] == read_bytes + staged, (out, read)
+    assert forward.max() > forward.min()  # some pairs stage more than others
+    assert (backward > 0).any()
+
+
 def test_a_ring_holds_two_blocks_of_keys_and_values_at_its_steps(gpt_graph):
     """Forward: the block in hand and the one arriving; backward: each with its gradients.
     What else the attention's steps hold (its inputs' conversions, the gradients it makes)
@@ -235,7 +259,7 @@ def test_usage_nodes_keep_every_assignment_and_its_profile():
 def test_a_binding_budget_charges_copies_and_predicted_memory_splits_the_peak():
     model, inputs = gpt.build()
     mesh = autopar.Mesh(MESH, ("dp", "tp"), hardware="cpu")
-    budget = 0.3 * 2181888.0  # test_memory_fidelity's GPT case
+    budget = 0.32 * 2181888.0  # test_memory_fidelity's GPT case
     plan = autopar.plan(model, mesh, inputs, memory_budget=budget, time_limit=2.0,
                         microbatches=1)
     assert plan.peak_memory_bytes <= budget
