@@ -3,17 +3,13 @@
 Every rank of the mesh measures at once (gloo CPU processes started by `autopar.launch`),
 so each figure is what a rank gets while the others are busy too: the device's kernels
 (`device.py`), then each collective kind over each mesh axis and the slowdown of compute
-beside communication (`links.py`). Each timing is a set of samples, each one call's
-mean over a batch of calls; a kernel's figure is the interquartile mean of the slowest
-rank's samples (a step waits for it), a collective's that of every rank's samples
-(`timing.py` says why); the figures are fitted to the cost model's formulas (`fit.py`:
-each intercept from the sizes it dominates, each slope from the others):
+beside communication (`links.py`). Each figure is the mean of its timings on each rank,
+then over the ranks (`timing.py` says why the mean); the figures are fitted to the cost
+model's formulas (`fit.py`):
 
 - `peak_flops` per dtype: the rate of the matmul fit t = t0 + 2n^3 / rate over the sizes;
   attention, convolution and transcendental (a tanh's elements per second) rates (fp32),
-  forward and backward, under `kernel_flops`; under `kernel_overhead_s`, each family's
-  intercept t0 (`fit.line`: from its time at size 1, and at any size under twice that)
-  beyond a bare dispatch timed in alternation with size 1;
+  forward and backward, under `kernel_flops`;
 - `memory_bandwidth`: the rate of the elementwise fit t = t0 + bytes / rate; under
   `kernel_bandwidth`, matmuls' when memory-bound (the batched matrix-vector fit's);
 - `launch_overhead_s`: an op recorded by autograd, per direction (the floor every kernel
@@ -29,10 +25,9 @@ each intercept from the sizes it dominates, each slope from the others):
   budget of plans, `reserve_bytes`).
 
 Every timing's spread (the larger of the relative range of the ranks' medians and of each
-rank's interquartile range over its median: the noise of the samples its figure is made
-of) is written under `measured.spread`, the figures of the timings under `measured`. The
-profile carries `format`, `version` and the `mesh` it was measured on:
-`Mesh(shape, names, hardware="file.json")` accepts it for that shape only.
+rank's interquartile range) is written under `measured.spread`, the timings themselves
+under `measured`. The profile carries `format`, `version` and the `mesh` it was measured
+on: `Mesh(shape, names, hardware="file.json")` accepts it for that shape only.
 """
 
 from __future__ import annotations
@@ -60,8 +55,8 @@ from autopar.tools.profile.device import (
     matvec_bytes,
 )
 from autopar.tools.profile.fit import alpha_beta, collective_fit, line, monotone
-from autopar.tools.profile.links import KINDS, link_figures, overlap_figures
-from autopar.tools.profile.timing import Timing, combined, pooled
+from autopar.tools.profile.links import KINDS, axis_figures, overlap_figures
+from autopar.tools.profile.timing import Timing, combined
 from autopar.values.hardware import BACKWARD, PROFILE_FORMAT, PROFILE_VERSION, HardwareProfile
 
 __all__ = ["Settings", "alpha_beta", "profile", "write_profile", "measure_rank"]
@@ -69,29 +64,25 @@ __all__ = ["Settings", "alpha_beta", "profile", "write_profile", "measure_rank"]
 
 @dataclass(frozen=True)
 class Settings:
-    """What one profile run measures: kernel and message sizes, samples per kernel
-    timing (`repeats`) and per collective (`rounds`). Each kernel family's sizes start at
-    1 (the launch alone: its fit's intercept). `quick` is the smallest run that still fits
-    every figure (tests)."""
+    """What one profile run measures: kernel and message sizes, timings per figure.
+    `quick` is the smallest run that still fits every figure (tests)."""
 
-    matmul_sizes: tuple[int, ...] = (1, 64, 256, 1024)
-    matvec_sizes: tuple[int, ...] = (64, 256, 512)
-    elementwise_sizes: tuple[int, ...] = (2**10, 2**18, 2**22)
-    transcendental_sizes: tuple[int, ...] = (1, 2**12, 2**18, 2**22)
+    matmul_sizes: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    matvec_sizes: tuple[int, ...] = (64, 128, 256, 512)
+    elementwise_sizes: tuple[int, ...] = (2**10, 2**14, 2**18, 2**22)
     optimizer_sizes: tuple[int, ...] = (2**8, 2**14, 2**18)
-    attention_sizes: tuple[int, ...] = (1, 32, 128, 512)
-    convolution_sizes: tuple[int, ...] = (1, 8, 32, 64)
-    message_bytes: tuple[int, ...] = (2**12, 2**18, 2**20, 2**22, 2**24, 2**25)
-    repeats: int = 5
-    rounds: int = 10
+    attention_sizes: tuple[int, ...] = (32, 128, 512)
+    convolution_sizes: tuple[int, ...] = (8, 16, 32, 64)
+    message_bytes: tuple[int, ...] = (2**10, 2**14, 2**16, 2**18, 2**20, 2**22, 2**25, 2**27)
+    repeats: int = 9
 
     @staticmethod
     def quick() -> Settings:
-        return Settings(matmul_sizes=(1, 64, 128), matvec_sizes=(64, 256),
-                        elementwise_sizes=(2**10, 2**16), transcendental_sizes=(1, 2**16),
-                        attention_sizes=(1, 32), convolution_sizes=(1, 8),
+        return Settings(matmul_sizes=(64, 128), matvec_sizes=(64, 256),
+                        elementwise_sizes=(2**10, 2**16),
+                        attention_sizes=(32, 128), convolution_sizes=(8, 32),
                         optimizer_sizes=(2**8, 2**18), message_bytes=(2**12, 2**18, 2**22),
-                        repeats=3, rounds=3)
+                        repeats=5)
 
 
 def measure_rank(rank: int, shape: tuple[int, ...], names: tuple[str, ...],
@@ -106,22 +97,13 @@ def measure_rank(rank: int, shape: tuple[int, ...], names: tuple[str, ...],
                 "overlap": None, "memory": _device_memory(device)}
     from torch.distributed.device_mesh import init_device_mesh
 
-    figures = device_figures(settings, seed=rank, device=device, align=dist.barrier,
-                             agree=_largest_over_ranks)
+    figures = device_figures(settings, seed=rank, device=device, align=dist.barrier)
 
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-    links = link_figures(mesh, names, shape, settings)
+    links = {name: axis_figures(mesh, name, n, settings)
+             for name, n in zip(names, shape) if n > 1}
     return {"device": figures, "links": links, "overlap": overlap_figures(settings.repeats),
             "memory": _device_memory(device)}
-
-
-def _largest_over_ranks(count: int) -> int:
-    """The largest of every rank's `count` (each rank calls this at once)."""
-    import torch.distributed as dist
-
-    value = torch.tensor([count])
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return int(value.item())
 
 
 def _device_memory(device: str) -> tuple[int, int]:
@@ -171,8 +153,7 @@ def profile(shape: tuple[int, ...], names: tuple[str, ...], *,
 
 
 class _Figures:
-    """The ranks' timings of one profile run, combined figure by figure (a collective's,
-    under "links", pooled over the ranks; any other the slowest rank's), each figure's
+    """The ranks' timings of one profile run, combined figure by figure, each figure's
     spread noted as it is read."""
 
     def __init__(self, ranks: list[dict]) -> None:
@@ -183,7 +164,7 @@ class _Figures:
             for key in path:
                 rank = rank[key]
             return rank
-        result = (pooled if path[0] == "links" else combined)([get(r) for r in self.ranks])
+        result = combined([get(r) for r in self.ranks])
         self.spread["/".join(map(str, path[1:] if path[0] == "device" else path))] = round(
             result.spread, 4)
         return result
@@ -192,7 +173,7 @@ class _Figures:
         sizes = self.ranks[0]
         for key in path:
             sizes = sizes[key]
-        return {size: self.timing((*path, size)).typical for size in sizes}
+        return {size: self.timing((*path, size)).mean for size in sizes}
 
 
 def _profile_dict(shape: tuple[int, ...], names: tuple[str, ...], ranks: list[dict],
@@ -200,10 +181,7 @@ def _profile_dict(shape: tuple[int, ...], names: tuple[str, ...], ranks: list[di
     figures = _Figures(ranks)
     matmul = {str(dtype).removeprefix("torch."): figures.curve(("device", f"matmul/{dtype}"))
               for dtype in MATMUL_DTYPES}
-    # curve -> the bare launch's time, measured beside the curve's smallest size.
-    launches = {name: figures.timing(("device", "launch", name)).typical
-                for name in ranks[0]["device"]["launch"]}
-    dispatch = {"matmul": launches[f"matmul/{torch.float32}"], **launches}
+    dispatch = figures.timing(("device", "launch")).mean
     # family -> (intercept, seconds per FLOP) of its fit; a backward does
     # BACKWARD_FLOPS_FACTOR times its forward's FLOPs.
     kernels = {"matmul": line({2 * n**3: t for n, t in matmul["float32"].items()})}
@@ -226,14 +204,14 @@ def _profile_dict(shape: tuple[int, ...], names: tuple[str, ...], ranks: list[di
                        for dtype, curve in matmul.items()},
         "kernel_flops": {family: 1 / slope for family, (_, slope) in kernels.items()
                          if family != "matmul"},
-        "kernel_overhead_s": {family: max(0.0, t0 - dispatch[family])
+        "kernel_overhead_s": {family: max(0.0, t0 - dispatch)
                               for family, (t0, _) in kernels.items()},
         "kernel_bandwidth": {"matmul": 1 / line({matvec_bytes(n): t for n, t in
                                                  figures.curve(("device", "matvec")).items()})[1]},
         **_memory(ranks, device, overhead),
         "memory_bandwidth": 1 / line({12 * n: t for n, t in elementwise.items()})[1],
         "compute_efficiency": 1.0, "memory_efficiency": 1.0,
-        "launch_overhead_s": figures.timing(("device", "autograd_op")).typical,
+        "launch_overhead_s": figures.timing(("device", "autograd_op")).mean,
         "optimizer_tensor_s": tensor_s, "optimizer_element_s": element_s,
         "overlap_slowdown": _slowdown(figures, ranks),
         # torch's default step: multi-tensor (foreach) on CUDA, one tensor at a time else.
@@ -243,8 +221,8 @@ def _profile_dict(shape: tuple[int, ...], names: tuple[str, ...], ranks: list[di
     }
     data["measured"] = {
         "matmul_s": matmul, "elementwise_s": elementwise, "adamw_s_per_tensor": adamw,
-        "copy_bytes_per_s": 2 * COPY_BYTES / figures.timing(("device", "copy")).typical,
-        "dispatch_s": statistics.median(launches.values()),
+        "copy_bytes_per_s": 2 * COPY_BYTES / figures.timing(("device", "copy")).mean,
+        "dispatch_s": dispatch,
         "allocator_overhead": overhead, "adamw_tensors": ADAMW_TENSORS,
         "collectives_s": {name: {kind: figures.curve(("links", name, kind))
                                  for kind in ranks[0]["links"][name]}
@@ -265,8 +243,8 @@ def _memory(ranks: list[dict], device: str, overhead: float) -> dict[str, int]:
 def _slowdown(figures: _Figures, ranks: list[dict]) -> float:
     if ranks[0]["overlap"] is None:
         return 0.0
-    alone = figures.timing(("overlap", 0)).typical
-    beside = figures.timing(("overlap", 1)).typical
+    alone = figures.timing(("overlap", 0)).mean
+    beside = figures.timing(("overlap", 1)).mean
     return max(0.0, beside / alone - 1)
 
 

@@ -1,9 +1,7 @@
 """What one device computes, measured on one rank while every other rank measures too.
 
 Each figure is a `Timing` of a kernel whose work is known from its size, so that the
-profile can turn it into a rate (the sizes are `Settings`'; those of matmuls, attention,
-convolution and tanh start at 1, where a call's time is almost all its per-launch
-overhead, the intercept of the family's fit):
+profile can turn it into a rate:
 
 - `matmul/<dtype>`: square matmuls, n x n by n x n (2 n^3 FLOPs), per size n;
 - `matvec/<n>`: a batched matrix-vector product, `MATVEC_BATCH` n x n matrices by n x 1
@@ -16,10 +14,9 @@ overhead, the intercept of the family's fit):
   `convolution/<side>`: an fp32 3x3 convolution of images side x side (`CONVOLUTION_SHAPE`);
   `attention.backward/<s>`, `convolution.backward/<side>`: their backwards alone, to
   every input (twice the forward's FLOPs, by the cost model's convention);
-- `launch/<curve>`: one op on one element (the dispatch floor), timed in alternation
-  with the smallest size of each matmul and kernel family curve (`_family_curve`);
-  `autograd_op`: an op of a chain recorded by autograd, its forward and backward, per op
-  (what an op costs the way training runs it);
+- `launch`: one op on one element (the dispatch floor); `autograd_op`: an op of a chain
+  recorded by autograd, its forward and backward, per op (what an op costs the way
+  training runs it);
 - `adamw/<e>`: torch's AdamW step over `ADAMW_TENSORS` tensors of e elements, per tensor;
 - `allocator_overhead`: what the allocator holds for many tensors of mixed sizes over
   their bytes, less one (the resident memory of a CPU process; reserved over allocated
@@ -39,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from autopar.tools.profile.timing import Timing, timed, timed_pair
+from autopar.tools.profile.timing import Timing, timed
 
 COPY_BYTES = 32 * 2**20
 ADAMW_TENSORS = 8
@@ -75,58 +72,49 @@ def convolution_flops(side: int) -> float:
 
 
 class _Kernels:
-    """The kernels one device times: `matmul`, `matvec`, `elementwise`, `copy`, `family`
-    and `launch` make a zero-argument call of one, which `time` (or `time_beside_launch`)
-    times; `autograd_op` and `adamw` time theirs, per op and per tensor. Each kernel's
-    calls cycle through copies of its inputs that together exceed `COLD_BYTES` (`pooled`),
-    so that a call reads inputs no recent call left in the caches, as a step's ops mostly
-    do."""
+    """The timed kernels of one device. Each kernel's calls cycle through copies of its
+    inputs that together exceed `COLD_BYTES` (`pooled`), so that a call reads inputs no
+    recent call left in the caches, as a step's ops mostly do."""
 
-    def __init__(self, device: str, repeats: int, align, agree) -> None:
+    def __init__(self, device: str, repeats: int, align) -> None:
         self.device, self.repeats, self.align = torch.device(device), repeats, align
-        self.agree = agree
         self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
 
     def randn(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.randn(*shape, dtype=dtype, device=self.device)
 
     def time(self, run) -> Timing:
-        return timed(run, self.repeats, sync=self.sync, align=self.align, agree=self.agree)
+        return timed(run, self.repeats, sync=self.sync, align=self.align)
 
-    def time_beside_launch(self, run) -> tuple[Timing, Timing]:
-        """`run` and the bare launch (`launch`) timed in alternation (`timed_pair`)."""
-        return timed_pair(run, self.launch(), self.repeats, sync=self.sync,
-                          align=self.align, agree=self.agree)
-
-    def pooled(self, kernel, make_inputs, nbytes: int | None = None):
-        """A call of `kernel(*inputs)`, each call on the next of enough sets of
+    def pooled(self, kernel, make_inputs, nbytes: int | None = None) -> Timing:
+        """`kernel(*inputs)` timed, each call on the next of enough sets of
         `make_inputs()` to hold `COLD_BYTES` (one set where one holds that much); a set
         holds its tensors' bytes, or `nbytes`."""
         first = make_inputs()
         nbytes = nbytes or sum(t.numel() * t.element_size() for t in first)
         sets = [first] + [make_inputs() for _ in range(min(MAX_COPIES, COLD_BYTES // nbytes))]
         cycle = itertools.cycle(sets)
-        return lambda: kernel(*next(cycle))
+        return self.time(lambda: kernel(*next(cycle)))
 
-    def matmul(self, n: int, dtype: torch.dtype):
+    def matmul(self, n: int, dtype: torch.dtype) -> Timing:
         return self.pooled(torch.mm, lambda: (self.randn(n, n, dtype=dtype),
                                               self.randn(n, n, dtype=dtype)))
 
-    def matvec(self, n: int):
+    def matvec(self, n: int) -> Timing:
         return self.pooled(torch.bmm, lambda: (self.randn(MATVEC_BATCH, n, n),
                                                self.randn(MATVEC_BATCH, n, 1)))
 
-    def elementwise(self, elements: int):
+    def elementwise(self, elements: int) -> Timing:
         return self.pooled(torch.add, lambda: (self.randn(elements), self.randn(elements)))
 
-    def copy(self):
+    def copy(self) -> Timing:
         source, target = self.randn(COPY_BYTES // 4), self.randn(COPY_BYTES // 4)
-        return lambda: target.copy_(source)
+        return self.time(lambda: target.copy_(source))
 
-    def family(self, name: str, size: int, *, backward: bool = False):
-        """A call of a kernel family's forward (or `backward`) at `size`: "attention" over
-        sequences of `size`, "convolution" of images `size` x `size`, "transcendental" (a
-        tanh) of `size` elements."""
+    def family(self, name: str, size: int, *, backward: bool = False) -> Timing:
+        """A kernel family's forward (or `backward`) at `size`: "attention" over sequences
+        of `size`, "convolution" of images `size` x `size`, "transcendental" (a tanh) of
+        `size` elements."""
         if name == "attention":
             batch, heads, dim = ATTENTION_SHAPE
             run, make_inputs = F.scaled_dot_product_attention, lambda: tuple(
@@ -143,10 +131,9 @@ class _Kernels:
             run, make_inputs = torch.tanh, lambda: (self.randn(size),)
         return self.backward(run, make_inputs) if backward else self.pooled(run, make_inputs)
 
-    def backward(self, forward, make_inputs):
-        """A call of the backward alone of `forward(*inputs)` to every input, from a
-        gradient of ones, each call on the next of a pool of graphs kept between calls
-        (`pooled`)."""
+    def backward(self, forward, make_inputs) -> Timing:
+        """The backward alone of `forward(*inputs)` to every input, from a gradient of
+        ones, each call on the next of a pool of graphs kept between calls (`pooled`)."""
         def graph() -> tuple[torch.Tensor, ...]:
             leaves = [t.requires_grad_() for t in make_inputs()]
             out = forward(*leaves)
@@ -155,10 +142,9 @@ class _Kernels:
         return self.pooled(lambda out, grad, *leaves: torch.autograd.grad(
             out, leaves, grad, retain_graph=True), graph)
 
-    def launch(self):
-        """A call of one op on one element: the dispatch floor."""
+    def launch(self) -> Timing:
         one = torch.zeros(1, device=self.device)
-        return lambda: one.add_(1)
+        return self.time(lambda: one.add_(1))
 
     def autograd_op(self) -> Timing:
         """Forward and backward of a chain of tiny ops, per op and direction."""
@@ -184,8 +170,7 @@ class _Kernels:
 
         # What one step touches: each weight, its gradient and AdamW's two states.
         nbytes = 4 * ADAMW_TENSORS * elements * 4
-        return self.time(self.pooled(lambda opt: opt.step(), optimizer, nbytes)).per(
-            ADAMW_TENSORS)
+        return self.pooled(lambda opt: opt.step(), optimizer, nbytes).per(ADAMW_TENSORS)
 
 
 def _resident_bytes() -> int:
@@ -216,41 +201,26 @@ def allocator_overhead(seed: int, device: str = "cpu") -> float:
     return max(0.0, grown / requested - 1) if before else 0.0
 
 
-def _family_curve(kernels: _Kernels, call_at, sizes) -> tuple[dict[int, Timing], Timing]:
-    """The timings of `call_at(n)` (a call of a kernel at size n) over `sizes`, and the
-    bare launch's, timed in alternation with the smallest size: that size's time is mostly
-    its launch, and the family's overhead beyond a dispatch is their difference."""
-    smallest, *others = sorted(sizes)
-    first, launch = kernels.time_beside_launch(call_at(smallest))
-    return {smallest: first, **{n: kernels.time(call_at(n)) for n in others}}, launch
-
-
-def device_figures(settings, seed: int, device: str = "cpu", align=lambda: None,
-                   agree=lambda count: count) -> dict:
+def device_figures(settings, seed: int, device: str = "cpu", align=lambda: None) -> dict:
     """This rank's compute timings on `device` (see the module docstring), by figure;
-    `align` (a barrier of the ranks) starts each timing on every rank at once, and `agree`
-    (the largest of the ranks' counts) gives every rank's timing as many calls (`timed`)."""
-    kernels = _Kernels(device, settings.repeats, align, agree)
-    figures: dict = {"launch": {}}
-    for dtype in MATMUL_DTYPES:
-        # Low-precision matmuls can be much slower than float32 on a CPU without units
-        # for them: their curve stops at LOW_PRECISION_LARGEST.
-        sizes = [n for n in settings.matmul_sizes
-                 if dtype == torch.float32 or n <= LOW_PRECISION_LARGEST]
-        name = f"matmul/{dtype}"
-        figures[name], figures["launch"][name] = _family_curve(
-            kernels, functools.partial(kernels.matmul, dtype=dtype), sizes)
-    figures["matvec"] = {n: kernels.time(kernels.matvec(n)) for n in settings.matvec_sizes}
-    figures["elementwise"] = {n: kernels.time(kernels.elementwise(n))
-                              for n in settings.elementwise_sizes}
-    figures["copy"] = kernels.time(kernels.copy())
+    `align` (a barrier of the ranks) starts each timing on every rank at once."""
+    kernels = _Kernels(device, settings.repeats, align)
+    # Low-precision matmuls can be much slower than float32 on a CPU without units for
+    # them: their curve stops at LOW_PRECISION_LARGEST.
+    figures: dict = {f"matmul/{dtype}": {n: kernels.matmul(n, dtype)
+                                         for n in settings.matmul_sizes
+                                         if dtype == torch.float32 or n <= LOW_PRECISION_LARGEST}
+                     for dtype in MATMUL_DTYPES}
+    figures["matvec"] = {n: kernels.matvec(n) for n in settings.matvec_sizes}
+    figures["elementwise"] = {n: kernels.elementwise(n) for n in settings.elementwise_sizes}
+    figures["copy"] = kernels.copy()
     for family, sizes in (("attention", settings.attention_sizes),
                           ("convolution", settings.convolution_sizes),
-                          ("transcendental", settings.transcendental_sizes)):
+                          ("transcendental", settings.elementwise_sizes)):
         for backward in (False, True):
-            name = family + (".backward" if backward else "")
-            figures[name], figures["launch"][name] = _family_curve(
-                kernels, functools.partial(kernels.family, family, backward=backward), sizes)
+            figures[family + (".backward" if backward else "")] = {
+                n: kernels.family(family, n, backward=backward) for n in sizes}
+    figures["launch"] = kernels.launch()
     figures["autograd_op"] = kernels.autograd_op()
     figures["adamw"] = {n: kernels.adamw(n) for n in settings.optimizer_sizes}
     figures["allocator_overhead"] = allocator_overhead(seed, device)

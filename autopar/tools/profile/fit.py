@@ -1,8 +1,8 @@
 """Fits of measured times to the cost model's formulas (`autopar.costs.formulas`).
 
-Every formula is affine in the size, t = a + b x, and each is fitted by `line`: its
-intercept (latency, overhead) from the sizes it dominates, its slope from the sizes the
-size term dominates, by least squares on relative residuals:
+Every formula is affine in the size, t = a + b x, so each fit is a least squares line;
+it weighs each point by 1 / t^2 (relative residuals), so that small sizes, where the
+intercept (latency, overhead) dominates, count as much as large ones:
 
     collective over n devices, B bytes    t = s alpha + s/n B / beta   (s = the kind's steps:
                                           2(n-1) all-reduce, n-1 all-gather, reduce-scatter,
@@ -10,46 +10,31 @@ size term dominates, by least squares on relative residuals:
     kernel of F FLOPs or bytes            t = overhead + F / rate
     optimizer step of k tensors, e elements each   t / k = t_tensor + e t_element
 
-A collective's timings are also kept, made non-decreasing in the size (`monotone`): the
-cost model reads between them (`CollectiveFit.time`).
+A collective's timings are also kept as they are, made non-decreasing in the size
+(`monotone`): the cost model reads between them (`CollectiveFit.time`).
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 
 from autopar.errors import HardwareError
 
 
 def line(points: Mapping[float, float]) -> tuple[float, float]:
-    """(intercept a, slope b) of t = a + b x through `points` {x: t}, at least two. With
-    t0 the time of the smallest x, the intercept dominates the sizes with t < 2 t0 (the
-    smallest one among them) and the size term the others (where there are none, every size
-    but the smallest): the line goes through the mean (x1, t1) of the first, and its slope
-    is fitted to the second by least squares on relative residuals (w = 1 / t^2):
-
-        b = sum w (x - x1)(t - t1) / sum w (x - x1)^2,    a = t1 - b x1
-
-    Why: a free intercept is a small difference of the large sizes' times, and their
-    noise moves it by as much as itself, where the sizes the intercept dominates measure
-    it directly; and t - t1 near the intercept is mostly noise, which would move the
-    slope. A negative intercept (the small sizes not the cheapest per unit) reads as 0,
-    with the slope refitted through the origin."""
-    t0 = points[min(points)]
-    near = {x: t for x, t in points.items() if t < 2 * t0}
-    far = {x: t for x, t in points.items() if x not in near}
-    if not far:
-        near, far = {min(points): t0}, {x: t for x, t in points.items() if x != min(points)}
-    x1, t1 = statistics.fmean(near), statistics.fmean(near.values())
-    weights = {x: 1 / t**2 for x, t in far.items()}
-    sum_xx = sum(w * (x - x1) ** 2 for x, w in weights.items())
-    slope = sum(w * (x - x1) * (far[x] - t1) for x, w in weights.items()) / sum_xx \
-        if sum_xx else 0.0
-    intercept = t1 - slope * x1
+    """(intercept, slope) of t = a + b x through `points` {x: t}, by least squares on
+    relative residuals; a negative intercept (noise at small sizes) reads as 0, with the
+    slope refitted through the origin."""
+    weights = {x: 1 / t**2 for x, t in points.items()}
+    total = sum(weights.values())
+    mean_x = sum(w * x for x, w in weights.items()) / total
+    mean_t = sum(w * points[x] for x, w in weights.items()) / total
+    spread = sum(w * (x - mean_x) ** 2 for x, w in weights.items())
+    slope = sum(w * (x - mean_x) * (points[x] - mean_t) for x, w in weights.items()) / spread
+    intercept = mean_t - slope * mean_x
     if intercept < 0:
-        weights = {x: 1 / t**2 for x, t in points.items()}
-        intercept, slope = 0.0, sum(w * x * points[x] for x, w in weights.items()) / sum(
+        intercept = 0.0
+        slope = sum(w * x * points[x] for x, w in weights.items()) / sum(
             w * x * x for x, w in weights.items())
     if slope <= 0:
         raise HardwareError("measured times do not grow with the size",

@@ -8,19 +8,12 @@ tensor, all-to-all of the stacked pieces, with the runtime's copies and bookkeep
 a send and receive between pairs of ranks, as pipeline stages and attention rings
 exchange. The message size is the per-rank buffer B of
 `autopar.costs.formulas`: the gathered output of an all-gather, the input of a reduce-
-scatter.
-
-Each sample of a collective is one batch of calls (`_sample`), each after a barrier of
-its group and a short burst of compute, timed call by call and averaged. A round takes one
-sample of every collective in turn, and the samples are the rounds' (`link_figures`):
-what moves a collective's time on cores shared by the ranks (their placement on the
-cores, the load beside them) changes over seconds, so samples taken back to back share
-it, and samples spread over the whole measurement average it out.
+scatter. Every timing starts after a barrier over the group and a short burst of compute
+(`_timed_collective`); the ranks' k-th timings are combined as the slowest's.
 """
 
 from __future__ import annotations
 
-import math
 import time
 
 import torch
@@ -29,19 +22,21 @@ import torch.distributed as dist
 from autopar.runtime.axis_ops import apply_step
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.steps import Step
-from autopar.tools.profile.timing import Timing
+from autopar.tools.profile.timing import Timing, timed
 from autopar.values.placement import Partial, Replicate, Shard
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send")
-# The least time of the calls in one sample of a collective: shorter than a kernel's
-# timing (`MIN_TIMING_S`), since what moves a collective's time most changes over seconds
-# (see the module docstring), which more samples spread over the run average out better
-# than longer ones.
-BATCH_S = 0.025
+# Untimed calls before a collective's timings: its first calls set up buffers and pairs.
+WARM_UP = 3
+# A message this large or larger is timed fewer times (each takes a good part of a second);
+# one below SMALL_BYTES more times: its mean is a latency with a long tail (a peer woken
+# late by the scheduler), which takes many samples to settle.
+LARGE_BYTES = 64 * 2**20
+SMALL_BYTES = 2**20
+SMALL_REPEATS = 8
 OVERLAP_MATMUL = 384
 BURST_MATMUL = 192
 OVERLAP_BYTES = 8 * 2**20
-OVERLAP_SAMPLES = 3
 
 
 # The placements the runtime converts for each kind (`autopar.runtime.axis_ops.apply_step`,
@@ -77,95 +72,64 @@ def _exchange(elements: int, group, position: int):
     return exchange
 
 
-def _after_burst(call, group, burst: torch.Tensor) -> float:
-    """Seconds of `call` after a barrier of `group` and a short burst of compute: in a
+def _timed_collective(call, group, repeats: int) -> Timing:
+    """`call` timed after a barrier and a short burst of compute on every rank: in a
     training step a collective follows compute, not an idle wait, and its time includes
-    waiting for a peer that is still computing. (Without the barrier, back-to-back calls
-    measure another regime: a gloo send and receive of 4 KiB between 2 ranks on 2 cores
-    took 0.2 ms after a barrier and 4 ms without.)"""
-    dist.barrier(group=group)
-    torch.mm(burst, burst)
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
-
-
-def _batch_calls(call, group, burst: torch.Tensor) -> int:
-    """The calls of `call` in one sample: enough to last `BATCH_S`, by the time of one call
-    after an untimed one (which sets up the group's buffers and pairs); the most any rank
-    of `group` asks for, since every rank of a group makes the same calls."""
-    _after_burst(call, group, burst)
-    once = _after_burst(call, group, burst)
-    calls = torch.tensor([max(1, math.ceil(BATCH_S / max(once, 1e-9)))])
-    dist.all_reduce(calls, op=dist.ReduceOp.MAX, group=group)
-    return int(calls.item())
-
-
-def _sample(call, group, calls: int, burst: torch.Tensor) -> float:
-    """One sample of a collective: `calls` calls (`_after_burst`), their mean time."""
-    return sum(_after_burst(call, group, burst) for _ in range(calls)) / calls
-
-
-def link_figures(mesh, names: tuple[str, ...], shape: tuple[int, ...], settings
-                 ) -> dict[str, dict[str, dict[int, Timing]]]:
-    """Timings {axis: {kind: {bytes: Timing}}} of every kind over every mesh axis of more
-    than one device, at each of `settings.message_bytes`: `settings.rounds` samples each,
-    one a round (see the module docstring). Sends pair group ranks 2k and 2k+1 (an odd
-    last rank of the group sits out, so a group of odd size has no send figures). Every
-    rank runs the same cases in the same order, as its groups' collectives need."""
+    waiting for a peer that is still computing."""
+    seconds = []
     burst = torch.randn(BURST_MATMUL, BURST_MATMUL)
-    cases = [(name, kind, nbytes) for name, n in zip(names, shape) if n > 1
-             for kind in KINDS if not (kind == "send" and n % 2)
-             for nbytes in settings.message_bytes]
-    sizes = dict(zip(names, shape))
+    for index in range(repeats + WARM_UP):
+        dist.barrier(group=group)
+        torch.mm(burst, burst)
+        start = time.perf_counter()
+        call()
+        if index >= WARM_UP:
+            seconds.append(time.perf_counter() - start)
+    return Timing.of(seconds)
 
-    # Each sample's tensors are made afresh: every case's held at once would take hundreds
-    # of MB per rank.
-    def made(case):
-        name, kind, nbytes = case
-        group = mesh.get_group(name)
-        position = dist.get_group_rank(group, dist.get_rank())
-        return _call(kind, nbytes, mesh, name, sizes[name], position), group
 
-    calls = {case: _batch_calls(*made(case), burst) for case in cases}
-    samples: dict = {case: [] for case in cases}
-    for _ in range(settings.rounds):
-        for case in cases:
-            samples[case].append(_sample(*made(case), calls[case], burst))
-    figures: dict = {}
-    for (name, kind, nbytes), seconds in samples.items():
-        figures.setdefault(name, {}).setdefault(kind, {})[nbytes] = Timing.of(seconds)
+def axis_figures(mesh, name: str, n: int, settings) -> dict[str, dict[int, Timing]]:
+    """Timings of every kind over mesh axis `name` of `n` devices, per message size. Sends
+    pair group ranks 2k and 2k+1 (an odd last rank of the group sits out, so a group of
+    odd size has no send figures)."""
+    group = mesh.get_group(name)
+    position = dist.get_group_rank(group, dist.get_rank())
+    figures: dict[str, dict[int, Timing]] = {}
+    for kind in KINDS:
+        if kind == "send" and n % 2:
+            continue
+        figures[kind] = {}
+        for nbytes in settings.message_bytes:
+            repeats = (SMALL_REPEATS * settings.repeats if nbytes < SMALL_BYTES
+                       else settings.repeats if nbytes < LARGE_BYTES
+                       else max(3, settings.repeats // 3))
+            call = _call(kind, nbytes, mesh, name, n, position)
+            figures[kind][nbytes] = _timed_collective(call, group, repeats)
     return figures
 
 
 def overlap_figures(repeats: int) -> tuple[Timing, Timing]:
     """(matmuls alone, the same matmuls while all-reduces over every rank run beside
-    them): the second over the first, less one, is how much communication slows compute.
-    They are sampled in pairs, alone then beside, each after a barrier of every rank, so
-    that the two samples of a pair find the cores in the same state (the load beside the
-    mesh changes over seconds); `OVERLAP_SAMPLES` pairs per repeat, each sample one burst
-    of matmuls (tens of ms)."""
+    them): the second over the first, less one, is how much communication slows compute."""
     a = torch.randn(OVERLAP_MATMUL, OVERLAP_MATMUL)
     buffers = [torch.zeros(OVERLAP_BYTES // 4) for _ in range(4)]
 
-    def compute() -> float:
-        start = time.perf_counter()
+    def compute() -> None:
         for _ in range(8):
             torch.mm(a, a)
-        return time.perf_counter() - start
 
-    def alone() -> float:
-        dist.barrier()
-        return compute()
-
-    def beside() -> float:
-        dist.barrier()
+    def beside() -> None:
         works = [dist.all_reduce(b, async_op=True) for b in buffers]
-        elapsed = compute()
+        start = time.perf_counter()
+        compute()
+        elapsed = time.perf_counter() - start
         for work in works:
             work.wait()
-        return elapsed
+        seconds.append(elapsed)
 
-    alone(), beside()  # the first all-reduces set up gloo's buffers
-    pairs = [(alone(), beside()) for _ in range(OVERLAP_SAMPLES * repeats)]
-    return Timing.of([p[0] for p in pairs]), Timing.of([p[1] for p in pairs])
+    alone = timed(compute, repeats)
+    seconds: list[float] = []
+    for _ in range(repeats + 1):
+        dist.barrier()
+        beside()
+    return alone, Timing.of(seconds[1:])
