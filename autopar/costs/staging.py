@@ -1,37 +1,30 @@
 """Staging buffers: what a redistribution holds for a moment beyond the tensor it hands
-on, one rank's bytes. Each collective step of `autopar.runtime.axis_ops`, with a the rank's
-bytes before it and b after it:
+on, one rank's bytes, as `autopar.runtime.axis_ops.apply_steps` runs its steps. With a a
+step's bytes before and b after:
 
-    all_reduce                          0   (reduces a copy in place: the copy is the result)
-    all_gather, reduce_scatter, dim 0   0   (into the result, from the input itself)
-    all_gather along another dim        b   (gathered along dim 0, then laid out: both held)
-    reduce_scatter along another dim    a   (the input laid out along dim 0 first)
-    all_to_all                          a   (the pieces sent, then those received, beside
-                                             the result they are laid out into)
+    all_reduce                    b          (reduces a copy in place)
+    all_gather, reduce_scatter    c + b      (into one buffer, along dim 0: the input is
+                                              first laid out dim first, a copy c = a,
+                                              unless it already is)
+    all_to_all                    2a, then a + b   (the pieces sent and those received;
+                                              then those received and the result laid out
+                                              from them, a view of them when the source
+                                              dim is 0)
+    local (slice, zero-fill)      b
 
-A conversion of several steps also holds each step's result while the next one runs, so
-over steps i = 1..k (s_i the staging above)
+A gather or reduce-scatter along a dim d other than 0 leaves its result laid out d first
+(a view of its buffer): the next such step along d reads it as it is, and the conversion
+ends with a copy into the usual layout, b held twice. Each step also holds its input
+while it runs when that is an earlier step's result (the conversion's own input is its
+producer's). Over the steps, the staging is the most held at once less the result:
 
-    staging = max_i ([i > 1] a_i + s_i + b_i) - b_k
-
-The input is not counted (its producer holds it), nor is the result (the consumer's
-read, charged as such); local steps (slicing, zero-filling) stage nothing beyond them.
+    staging = max over the steps (and the last copy) of what is held - b_last
 """
 
 from __future__ import annotations
 
 from autopar.costs.formulas import axis_collective, conversion_steps, local_bytes
 from autopar.values.placement import Placements, Shard
-
-
-def step_staging(kind: str | None, dim: int, before: float, after: float) -> float:
-    """The staging of one step of `kind` (None: local) along `dim`, `before` and `after`
-    bytes on the rank (module docstring)."""
-    if kind == "all_to_all":
-        return before
-    if dim == 0 or kind in (None, "all_reduce"):
-        return 0.0
-    return after if kind == "all_gather" else before
 
 
 def staging_bytes(nbytes: float, src: Placements, dst: Placements,
@@ -42,14 +35,26 @@ def staging_bytes(nbytes: float, src: Placements, dst: Placements,
     if not steps:
         return 0.0
     current = list(src)
+    front = None  # the dim the current tensor is laid out first along (None: as usual)
     peak = result = 0.0
     for position, (axis, before_placement, after_placement) in enumerate(steps):
         before = local_bytes(nbytes, tuple(current), mesh_shape)
         current[axis] = after_placement
         result = local_bytes(nbytes, tuple(current), mesh_shape)
-        moved = after_placement if isinstance(after_placement, Shard) else before_placement
-        dim = moved.dim if isinstance(moved, Shard) else 0
-        staged = step_staging(axis_collective(before_placement, after_placement), dim,
-                              before, result)
-        peak = max(peak, (before if position else 0.0) + staged + result)
+        kind = axis_collective(before_placement, after_placement)
+        held = (before if position else 0.0) + result
+        if kind == "all_to_all":
+            held += before
+            front = None
+        elif kind in ("all_gather", "reduce_scatter"):
+            moved = after_placement if isinstance(after_placement, Shard) else before_placement
+            dim = moved.dim
+            if front != dim and not (dim == 0 and front is None):
+                held += before
+            front = None if dim == 0 else dim
+        else:
+            front = None
+        peak = max(peak, held)
+    if front is not None:
+        peak = max(peak, 2 * result)
     return max(0.0, peak - result)

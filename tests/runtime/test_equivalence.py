@@ -35,7 +35,7 @@ from autopar.runtime.launch import launch
 EXAMPLES = ("examples.mlp", "examples.gpt", "examples.llama")
 MESHES = {(2,): ("x",), (4,): ("x",), (2, 2): ("dp", "tp")}
 # Fractions of the replicated plan's peak memory: below 1 forces sharding; lower forces more.
-BUDGETS = {(2,): (0.6,), (4,): (0.4,), (2, 2): (0.5, 0.3)}
+BUDGETS = {(2,): (0.6,), (4,): (0.4,), (2, 2): (0.5, 0.32)}
 
 
 @functools.cache

@@ -52,7 +52,7 @@ BUILDS = {
 MESHES = {(2,): ("x",), (2, 2): ("dp", "tp")}
 # Fractions of the replicated plan's peak memory: below 1 forces sharding; lower forces more.
 BUDGETS = {(2,): {"examples.bert": 0.6, "examples.moe": 0.6, "examples.resnet": 0.7},
-           (2, 2): {"examples.bert": 0.35, "examples.moe": 0.3, "examples.resnet": 0.4}}
+           (2, 2): {"examples.bert": 0.4, "examples.moe": 0.3, "examples.resnet": 0.42}}
 # layers.0.conv1 (conv2d_1) splits its output channels; layers.0.conv2 (conv2d_2) takes its
 # input split on channels (relu_1) and yields a summand.
 CHANNEL_SPLITS = (("conv2d_1", "S(1)"), ("relu_1", "S(1)"), ("conv2d_2", "P"))
