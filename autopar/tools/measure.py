@@ -26,7 +26,8 @@ and returns this rank's `Measurement` (`autopar.values.measurement`):
   profiler's memory events (`profile_memory=True`: every allocation and free of the CPU
   allocator while it runs, on the threads it follows) give the blocks live at each moment,
   and so the step's own peak above its start (`allocation_peak`; a free on a gloo thread,
-  which the profiler misses, ends its block when the address is allocated again), to which `start_bytes` adds what is alive when the step starts:
+  which the profiler misses, ends its block when the address is allocated again), to
+  which `start_bytes` adds what is alive when the step starts:
   `autopar.runtime.memory_probe.state_bytes` (parameters, gradients if kept, optimizer
   states, buffers) and the step's inputs. The profiler reports no free of a block
   allocated before it started, so a pre-existing tensor freed during the step is not
