@@ -188,8 +188,8 @@ def test_a_small_model_with_ample_memory_recomputes_nothing():
 @pytest.mark.xfail(strict=True, reason="since collective staging buffers are charged, the "
                    "pipeline of 8 micro-batches needs 0.56 GiB per GPU (it fits 0.4 GiB no "
                    "more), and within 0.55 to 0.6 GiB the plan without one steps faster "
-                   "(14.2 ms against 17.5): the pipeline search (issue 34) tries no fewer "
-                   "micro-batches in flight")
+                   "(14.2 ms against 17.5); the pipeline's memory is issue 34's to "
+                   "find")
 def test_a_slow_link_between_nodes_is_pipelined_across():
     """A 0.47 B-parameter GPT in bfloat16 (hidden 2048, 8 layers, 16 x 512 tokens) on 2 nodes
     of 8 H100s joined by 100 Gb/s Ethernet (12.5 GB/s per GPU, `h100-ethernet`), within
