@@ -47,8 +47,8 @@ def staging_bytes(nbytes: float, src: Placements, dst: Placements,
             held += before
             front = None
         elif kind in ("all_gather", "reduce_scatter"):
-            moved = after_placement if isinstance(after_placement, Shard) else before_placement
-            dim = moved.dim
+            dim = (after_placement if isinstance(after_placement, Shard)
+                   else before_placement).dim
             if front != dim and not (dim == 0 and front is None):
                 held += before
             front = None if dim == 0 else dim

@@ -74,7 +74,7 @@ def test_the_plans_recompute_several_ops(outcomes):
 
 
 @pytest.mark.xfail(strict=True, reason="since collective staging buffers are charged, the "
-                   "solver's GPT plans on (2, 2) within 0.32 to 0.40 of the replicated peak "
+                   "solver's GPT plans on (2, 2) within 0.33 to 0.40 of the replicated peak "
                    "recompute norms and activations whose inputs need no collective")
 def test_a_recomputed_op_runs_its_input_collectives_again(outcomes):
     """On (2, 2): the same transfer listed forward and backward of a recomputed op."""
