@@ -25,8 +25,8 @@ from autopar.errors import AutoparError
               help="a profile measured before: print how far each fitted figure moved")
 def profile_command(nproc, mesh_text, axis_names, out, quick, previous) -> None:
     """Measure compute (matmul, attention, convolution), memory-bound kernels, op overhead,
-    the optimizer step, each collective kind on each mesh axis and the slowdown of compute
-    beside communication on NPROC processes, and write the fitted profile to OUT."""
+    the optimizer step, each collective kind on each mesh axis and how much of communication
+    compute beside it hides on NPROC processes, and write the fitted profile to OUT."""
     from autopar.errors import HardwareError
     from autopar.tools.profile import Settings, profile, write_profile
 
@@ -71,7 +71,7 @@ def _describe(data: dict) -> str:
                  f"{noise('autograd_op')}")
     lines.append(f"AdamW step  {data['optimizer_tensor_s'] * 1e6:6.1f} us per tensor + "
                  f"{data['optimizer_element_s'] * 1e9:.2f} ns per element   {noise('adamw')}")
-    lines.append(f"compute beside communication: {data['overlap_slowdown']:.0%} slower")
+    lines.append(f"communication beside compute: {data['overlap_slowdown']:.0%} not hidden")
     for link in data["links"]:
         for kind, fit in link.get("collectives", {}).items():
             lines.append(f"axis {link['name']:5s} {kind:14s} {fit['bandwidth'] / 1e9:7.2f} GB/s, "

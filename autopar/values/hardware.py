@@ -159,8 +159,9 @@ class HardwareProfile:
     # parameter tensor and per element (`autopar.costs.formulas.optimizer_time`).
     optimizer_tensor_s: float | None = None
     optimizer_element_s: float | None = None
-    # How much slower compute runs while a collective runs beside it (0: not at all, the
-    # assumption of datasheet profiles; a measured profile's figure).
+    # The share of a background collective's time that the compute beside it does not hide
+    # (0: all of it hidden, the assumption of datasheet profiles; 1: none; a measured
+    # profile's figure: both run together against each alone).
     overlap_slowdown: float = 0.0
     # The kind of device the figures are of: "cuda" (fused kernels for composite ops) or
     # "cpu" (composite ops run as their parts: the cost model prices the kernels each op

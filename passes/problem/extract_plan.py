@@ -129,9 +129,9 @@ def _hidden(build: ProblemBuild, by_name, chosen, edges, sizes: dict[str, int]) 
     micro-batches G is the last one's, the busiest: the reductions deferred to it and its
     own. (The reductions of the last gradients the backward makes have little compute
     left to hide behind, the first gather none before it; C counts all of it, an
-    optimistic bound.) Compute beside communication runs slower by the profile's
-    `overlap_slowdown` s, which takes back s of the time hidden: the fractions are
-    scaled by 1 - s."""
+    optimistic bound.) The profile's `overlap_slowdown` s is the share of background
+    communication that compute beside it does not hide (both share the device): the
+    fractions are scaled by 1 - s."""
     mesh = build.mesh
     repeats = dict(zip(build.nodes, build.repeats))
     reductions = gathers = 0.0

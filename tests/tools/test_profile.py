@@ -15,7 +15,7 @@ import autopar
 from autopar.cli import main
 from autopar.costs import formulas
 from autopar.tools.profile import Settings, alpha_beta, profile, write_profile
-from autopar.tools.profile.fit import monotone
+from autopar.tools.profile.fit import exposed_share, monotone
 from autopar.values.hardware import CollectiveFit, LinkLevel
 from examples import mlp
 
@@ -41,7 +41,7 @@ def test_a_measured_profile_is_what_a_mesh_of_its_shape_plans_with(measured: Pat
                                         "all_to_all", "send"}
     assert all(f["bandwidth"] > 0 and f["latency"] >= 0 for f in link["collectives"].values())
     assert data["optimizer_element_s"] > 0 and data["optimizer_tensor_s"] >= 0
-    assert data["overlap_slowdown"] >= 0
+    assert 0 <= data["overlap_slowdown"] <= 1
     families = {"attention", "convolution", "transcendental"}
     assert set(data["kernel_flops"]) == families | {f"{f}.backward" for f in families}
     assert set(data["kernel_overhead_s"]) == set(data["kernel_flops"]) | {"matmul"}
@@ -76,6 +76,18 @@ def test_timings_that_fall_with_the_size_are_pooled_into_their_mean() -> None:
     assert monotone({1: 3.0, 2: 1.0, 4: 5.0}) == [(1, 2.0), (2, 2.0), (4, 5.0)]
     assert monotone({4: 3.0, 1: 1.0, 2: 2.0}) == [(1, 1.0), (2, 2.0), (4, 3.0)]
     assert monotone({1: 4.0, 2: 3.0, 3: 2.0}) == [(1, 3.0), (2, 3.0), (3, 3.0)]
+
+
+def test_the_exposed_share_is_what_running_side_by_side_fails_to_hide() -> None:
+    # 10 ms of compute beside 4 ms of communication: all hidden at 10, none at 14.
+    assert exposed_share(0.010, 0.004, 0.010) == 0.0
+    assert exposed_share(0.010, 0.004, 0.014) == pytest.approx(1.0)
+    assert exposed_share(0.010, 0.004, 0.011) == pytest.approx(0.25)
+    # The longer may be the communication; contention beyond serial hides nothing either.
+    assert exposed_share(0.004, 0.010, 0.012) == pytest.approx(0.5)
+    assert exposed_share(0.004, 0.010, 0.020) == 1.0
+    # Timing noise below the longer alone reads as all hidden.
+    assert exposed_share(0.010, 0.004, 0.009) == 0.0
 
 
 def test_a_link_prices_its_measured_sizes_by_their_timings() -> None:

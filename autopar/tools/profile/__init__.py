@@ -15,7 +15,8 @@ model's formulas (`fit.py`):
 - `launch_overhead_s`: an op recorded by autograd, per direction (the floor every kernel
   of a training step pays);
 - `optimizer_tensor_s`, `optimizer_element_s`: AdamW, t / tensor = t_tensor + e t_element;
-- `overlap_slowdown`: matmuls beside all-reduces over matmuls alone, less one;
+- `overlap_slowdown`: the share of background all-reduces that matmuls beside them do not
+  hide (`fit.exposed_share`: both together against each alone);
 - per mesh axis, one link level (innermost first, each spanning its axis and those inside
   it, the outermost unbounded) with the all-reduce fit as its bandwidth and latency and
   every kind's own fit under `collectives`, with its timings (`points`, made
@@ -54,7 +55,7 @@ from autopar.tools.profile.device import (
     device_figures,
     matvec_bytes,
 )
-from autopar.tools.profile.fit import alpha_beta, collective_fit, line, monotone
+from autopar.tools.profile.fit import alpha_beta, collective_fit, exposed_share, line, monotone
 from autopar.tools.profile.links import KINDS, axis_figures, overlap_figures
 from autopar.tools.profile.timing import Timing, combined
 from autopar.values.hardware import BACKWARD, PROFILE_FORMAT, PROFILE_VERSION, HardwareProfile
@@ -213,7 +214,7 @@ def _profile_dict(shape: tuple[int, ...], names: tuple[str, ...], ranks: list[di
         "compute_efficiency": 1.0, "memory_efficiency": 1.0,
         "launch_overhead_s": figures.timing(("device", "autograd_op")).mean,
         "optimizer_tensor_s": tensor_s, "optimizer_element_s": element_s,
-        "overlap_slowdown": _slowdown(figures, ranks),
+        "overlap_slowdown": _exposed_share(figures, ranks),
         # torch's default step: multi-tensor (foreach) on CUDA, one tensor at a time else.
         "multi_tensor_optimizer": torch.device(device).type == "cuda",
         "device": torch.device(device).type,
@@ -240,12 +241,10 @@ def _memory(ranks: list[dict], device: str, overhead: float) -> dict[str, int]:
             "usable_memory_bytes": int(free / share / (1 + overhead))}
 
 
-def _slowdown(figures: _Figures, ranks: list[dict]) -> float:
+def _exposed_share(figures: _Figures, ranks: list[dict]) -> float:
     if ranks[0]["overlap"] is None:
         return 0.0
-    alone = figures.timing(("overlap", 0)).mean
-    beside = figures.timing(("overlap", 1)).mean
-    return max(0.0, beside / alone - 1)
+    return exposed_share(*(figures.timing(("overlap", k)).mean for k in range(3)))
 
 
 def _link_levels(shape: tuple[int, ...], names: tuple[str, ...], figures: _Figures

@@ -10,6 +10,8 @@ intercept (latency, overhead) dominates, count as much as large ones:
     kernel of F FLOPs or bytes            t = overhead + F / rate
     optimizer step of k tensors, e elements each   t / k = t_tensor + e t_element
 
+(and `exposed_share`, what of background communication compute does not hide).
+
 A collective's timings are also kept as they are, made non-decreasing in the size
 (`monotone`): the cost model reads between them (`CollectiveFit.time`).
 """
@@ -77,3 +79,17 @@ def monotone(points: Mapping[float, float]) -> list[tuple[float, float]]:
             pools[-1][1] += count
     values = [total / count for total, count in pools for _ in range(count)]
     return list(zip(sorted(points), values))
+
+
+def exposed_share(compute: float, communicate: float, together: float) -> float:
+    """The share of background communication that compute beside it does not hide, from
+    the seconds of the compute alone C, the communication alone G and both run together T:
+
+        s = (T - max(C, G)) / min(C, G)      clamped to [0, 1]
+
+    0 when the shorter hides entirely under the longer, 1 when they take as long as one
+    after the other (or longer: contention hides nothing either)."""
+    shorter = min(compute, communicate)
+    if shorter <= 0:
+        return 0.0
+    return min(1.0, max(0.0, (together - max(compute, communicate)) / shorter))

@@ -1,6 +1,6 @@
 """What the links of a mesh move, measured on every rank at once: each collective kind
-over each mesh axis's process groups, per message size, and how much a collective running
-beside compute slows that compute.
+over each mesh axis's process groups, per message size, and how much of a collective
+running beside compute that compute hides.
 
 The collectives are the runtime's own steps (`autopar.runtime.axis_ops.apply_step`: torch.
 distributed's blocking all-reduce of a copy, all-gather and reduce-scatter into one
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from autopar.runtime.axis_ops import apply_step
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.steps import Step
-from autopar.tools.profile.timing import Timing, timed
+from autopar.tools.profile.timing import Timing
 from autopar.values.placement import Partial, Replicate, Shard
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send")
@@ -36,7 +36,8 @@ SMALL_BYTES = 2**20
 SMALL_REPEATS = 8
 OVERLAP_MATMUL = 384
 BURST_MATMUL = 192
-OVERLAP_BYTES = 8 * 2**20
+# Four all-reduces of this size take about as long as the matmuls on CPU processes.
+OVERLAP_BYTES = 2**18
 
 
 # The placements the runtime converts for each kind (`autopar.runtime.axis_ops.apply_step`,
@@ -108,9 +109,12 @@ def axis_figures(mesh, name: str, n: int, settings) -> dict[str, dict[int, Timin
     return figures
 
 
-def overlap_figures(repeats: int) -> tuple[Timing, Timing]:
-    """(matmuls alone, the same matmuls while all-reduces over every rank run beside
-    them): the second over the first, less one, is how much communication slows compute."""
+def overlap_figures(repeats: int) -> tuple[Timing, Timing, Timing]:
+    """(matmuls alone, all-reduces over every rank alone, both started together and waited
+    for): what running communication in the background of compute really hides, as a
+    step's overlapped gradient reductions and parameter gathers run. On a GPU they share
+    the device's memory bandwidth; on CPU processes they share the cores, so the
+    collective's copies and sums take time from the compute beside it."""
     a = torch.randn(OVERLAP_MATMUL, OVERLAP_MATMUL)
     buffers = [torch.zeros(OVERLAP_BYTES // 4) for _ in range(4)]
 
@@ -118,18 +122,27 @@ def overlap_figures(repeats: int) -> tuple[Timing, Timing]:
         for _ in range(8):
             torch.mm(a, a)
 
-    def beside() -> None:
+    def communicate() -> None:
+        for work in [dist.all_reduce(b, async_op=True) for b in buffers]:
+            work.wait()
+
+    def together() -> None:
         works = [dist.all_reduce(b, async_op=True) for b in buffers]
-        start = time.perf_counter()
         compute()
-        elapsed = time.perf_counter() - start
         for work in works:
             work.wait()
-        seconds.append(elapsed)
 
-    alone = timed(compute, repeats)
-    seconds: list[float] = []
+    return tuple(_started_together(run, repeats) for run in (compute, communicate, together))
+
+
+def _started_together(run, repeats: int) -> Timing:
+    """`run` timed once per repeat after a barrier, the first call untimed. (Not `timed`:
+    each rank would choose its own number of calls per timing, and ranks that call a
+    collective a different number of times wait for each other forever.)"""
+    seconds = []
     for _ in range(repeats + 1):
         dist.barrier()
-        beside()
-    return alone, Timing.of(seconds[1:])
+        start = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - start)
+    return Timing.of(seconds[1:])
