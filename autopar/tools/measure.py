@@ -6,7 +6,7 @@
 
 `measure(pm, inputs)` runs `warmup` untimed training steps (forward, which returns the
 loss; `loss.backward()`; the optimizer's `step()` and `zero_grad()`; the loss read, which
-waits for its all-reduce), then `steps` timed ones, then one step under torch.profiler,
+waits for its all-reduce), then `steps` timed ones, then `PROFILED_STEPS` under torch.profiler,
 and returns this rank's `Measurement` (`autopar.values.measurement`):
 
 - Step times: the timed steps run back to back, as training runs them, after one barrier
@@ -16,7 +16,7 @@ and returns this rank's `Measurement` (`autopar.values.measurement`):
   barrier before each costs its own wake-ups, and takes away what a rank that finished
   early gains by starting its next forward while the others finish their optimizer
   step (3 to 12 ms of a 37 to 73 ms GPT step on 2 CPU processes).
-- Op groups, from the profiled step: each op's own time (its children's excluded: CPU
+- Op groups, from the first profiled step: each op's own time (its children's excluded: CPU
   time, or on CUDA the device time of the kernels it launched), added to the group of the
   op and its callers: inside the optimizer's step (a `record_function` range that
   `measure` puts around `step()` and `zero_grad()`) "optimizer"; inside a collective
@@ -36,7 +36,10 @@ and returns this rank's `Measurement` (`autopar.values.measurement`):
   states, buffers) and the step's inputs. The profiler reports no free of a block
   allocated before it started, so a pre-existing tensor freed during the step is not
   subtracted (the peak errs high by it); memory allocated outside torch's CPU allocator
-  (gloo's own buffers) is not seen. `torch.distributed._tools.mem_tracker.MemTracker`
+  (gloo's own buffers) is not seen. Every error of that reading is high (a block counted
+  past its free, never a block missed), so the peak is the least over the profiled steps:
+  one step's reading of a GPT tensor-parallel step moved between 20.1 and 22.3 MiB from
+  run to run, with the gloo threads' timing. `torch.distributed._tools.mem_tracker.MemTracker`
   finds the same peak on a plain matmul chain, but is a dispatch mode around the whole
   step (autopar's `PendingSum` tensor subclass, the collectives, hooks) and refuses a
   module called on more than one step without resetting its statistics; the profiler's
@@ -82,6 +85,7 @@ from autopar.values.plan import Plan
 # profiler start-up is not waited for within the step; not counted in any group).
 OPTIMIZER_RANGE = "autopar.optimizer"
 BARRIER_RANGE = "autopar.barrier"
+PROFILED_STEPS = 3
 # Profiler names of collectives: torch's (c10d ops, the backends' own records, the
 # functional collectives) and autopar's autograd functions that run them (`Name` forward,
 # `NameBackward` backward).
@@ -96,7 +100,7 @@ def measure(pm: nn.Module, inputs: Iterable, *, steps: int = 10, warmup: int = 2
     """This rank's `Measurement` of `pm`'s training step on `inputs` (see the module
     docstring). Collective: every rank of `pm`'s mesh calls it, with the same `steps` and
     `warmup`. `optimizer` (default: AdamW over `pm.parameters()` at autopar's training
-    learning rate) is stepped `warmup + steps + 1` times, so `pm` trains as it is measured.
+    learning rate) is stepped `warmup + steps + PROFILED_STEPS` times, so `pm` trains as it is measured.
     `TrainingRunError` for `steps` below 1 or a negative `warmup`."""
     _check_counts(steps, warmup)
     inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
@@ -107,7 +111,10 @@ def measure(pm: nn.Module, inputs: Iterable, *, steps: int = 10, warmup: int = 2
         train_step(pm, inputs, optimizer)
     times = _timed_steps(pm, inputs, optimizer, device, steps)
     start = start_bytes(pm, optimizer, inputs)
-    wall, groups, peak, method = _profiled_step(pm, inputs, optimizer, device, start)
+    profiled = [_profiled_step(pm, inputs, optimizer, device, start)
+                for _ in range(PROFILED_STEPS)]
+    wall, groups, _, method = profiled[0]
+    peak = min(step[2] for step in profiled)
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     return Measurement(rank=rank, coordinate=tuple(getattr(pm, "coordinate", ())),
                        device=str(device), warmup=warmup, step_times_s=times,

