@@ -15,9 +15,9 @@ with the hand strategy the run used (`autopar.passes.strategies.restrict`: a rol
 axis and a recompute mode, solved as `autopar.plan(strategy=...)` solves the standard ones,
 here within the device's memory when some plan of the strategy fits): FSDP is "zero" on
 the mesh axis (a flat axis over all the GPUs, as FSDP2's one process group), FSDP x TP
-"zero" over the hosts and "tp" inside them, torchtitan's selective activation
-checkpointing autopar's "selective" recompute and its full checkpointing "full" (on one
-axis, "FSDP + full recompute" exactly). Profiles: `h100-grand-teton` (the H100s torchtitan
+"zero" over the hosts and "tp" inside them, torchtitan's op-level selective activation
+checkpointing autopar's "op" recompute (every second matmul of a block recomputed too)
+and its full checkpointing "full" (on one axis, "FSDP + full recompute" exactly). Profiles: `h100-grand-teton` (the H100s torchtitan
 ran on: 94 GB HBM2e at 2.4 TB/s, 500 W) and `a100-sxm`.
 
 The table: published tokens/s/GPU and memory (torchtitan's peak reserved GiB, where
@@ -119,15 +119,15 @@ class Published:
 CASES = {
     "8b-h100": Published(
         "Llama 3.1 8B, FSDP, selective op AC, eager", LLAMA_8B, 2, (8,), ("zero",),
-        "selective", "FSDP + selective recompute", "h100-grand-teton", "h100", 5762, 82.4,
+        "op", "FSDP + op-level selective recompute", "h100-grand-teton", "h100", 5762, 82.4,
         None, f"{DOC} @eaea6f6, Table 1 (8 H100)", mfu_embedding=False),
     "8b-h100-128": Published(
         "Llama 3.1 8B, FSDP, selective op AC, eager", LLAMA_8B, 2, (128,), ("zero",),
-        "selective", "FSDP + selective recompute", "h100-grand-teton", "h100", 5605, 67.0,
+        "op", "FSDP + op-level selective recompute", "h100-grand-teton", "h100", 5605, 67.0,
         None, f"{DOC} @eaea6f6, Table 3 (128 H100)", mfu_embedding=False),
     "8b-a100": Published(
-        "Llama 3 8B, FSDP, selective op AC", LLAMA_8B, 1, (64,), ("zero",), "selective",
-        "FSDP + selective recompute", "a100-sxm", "a100", 2973, None, 0.582,
+        "Llama 3 8B, FSDP, selective op AC", LLAMA_8B, 1, (64,), ("zero",), "op",
+        "FSDP + op-level selective recompute", "a100-sxm", "a100", 2973, None, 0.582,
         f"{DOC} @0413364 (64 A100 80 GB)"),
     "70b-a100": Published(
         "Llama 3 70B, FSDP, full AC", LLAMA_70B, 1, (64,), ("zero",), "full",

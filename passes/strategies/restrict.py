@@ -22,9 +22,13 @@ A hand strategy may also fix activation recomputation (`RECOMPUTE`): "none"; "fu
 op that may be recomputed is, except a block's results that later blocks read (the blocks'
 inputs are kept: checkpointing each block); "selective", the same but keeping the outputs
 of compute-heavy ops (matmuls, attention: more than `SELECTIVE_KEEP_FLOPS_PER_BYTE`), as
-Megatron's selective recomputation and torch's selective checkpointing policies do. Both
-recompute from a block's inputs (`StrategyTable.checkpointed` ops included); left free
-(None), the choice is the solver's among the other ops (`offer_recompute.searched`).
+Megatron's selective recomputation and torch's selective checkpointing policies do; "op",
+torchtitan's op-level selective checkpointing: as "selective", but of a block's matmuls
+(in program order) every second one is recomputed too, the first kept (torchtitan's policy
+saves every matmul but each second one a block runs, so that a Llama block recomputes its
+k, o and up projections). All three recompute from a block's inputs
+(`StrategyTable.checkpointed` ops included); left free (None), the choice is the solver's
+among the other ops (`offer_recompute.searched`).
 
 Everything else (activations, buffers, how each op splits its work within those bounds) is
 left to the solver, so the cheapest plan of the restricted table is the best plan of that
@@ -37,12 +41,14 @@ nothing.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sympy
 import torch.fx as fx
 
+from autopar.costs.formulas import kernel_family
 from autopar.errors import ShardingError
 from autopar.passes.capturing.annotate import size_hints
 from autopar.passes.strategies.find_strategies import Strategy, StrategyTable, op_spec
@@ -53,7 +59,7 @@ from autopar.values.placement import Placement, Replicate, Shard
 from autopar.values.specs import BYTES, FLOPS, ROLE, TENSOR, TensorSpec
 
 ROLES = ("dp", "zero", "dopt", "tp", "cp")
-RECOMPUTE = ("none", "full", "selective")
+RECOMPUTE = ("none", "full", "selective", "op")
 # Arithmetic intensity above which selective recomputation keeps an op's output: matmuls
 # and attention do hundreds of FLOPs per byte, norms and elementwise ops a few.
 SELECTIVE_KEEP_FLOPS_PER_BYTE = 16
@@ -138,9 +144,10 @@ def _keep_storage(candidates: tuple[Strategy, ...], wants: tuple[Want, ...],
 
 
 def _recompute_wanted(node: fx.Node, mode: str | None, region_output: bool,
-                      hints: dict, checkpointed: bool) -> bool | None:
+                      hints: dict, checkpointed: bool, matmul_ordinal: int = 0) -> bool | None:
     """Whether `mode` recomputes `node` (None: the solver chooses; it leaves a
-    `checkpointed` op, one that checkpointing a block recomputes, kept)."""
+    `checkpointed` op, one that checkpointing a block recomputes, kept). `matmul_ordinal`:
+    the node's place (from 1) among its block's matmuls, 0 for any other op."""
     if mode is None:
         return False if checkpointed else None
     if node.meta.get(BYTES, 0) == 0:
@@ -149,6 +156,8 @@ def _recompute_wanted(node: fx.Node, mode: str | None, region_output: bool,
         return False
     if mode == "full":
         return True
+    if mode == "op" and matmul_ordinal:
+        return matmul_ordinal % 2 == 0
     flops, nbytes = node.meta.get(FLOPS, 0), node.meta.get(BYTES, 0)
     # The ratio of two size formulas is a number when both scale alike; compare at sizes
     # the graph was captured with otherwise.
@@ -196,6 +205,19 @@ def _check_roles(roles: Sequence[str], mesh: Mesh, recompute: str | None) -> tup
     return roles
 
 
+def _matmul_ordinals(gm: fx.GraphModule) -> dict[str, int]:
+    """Each matmul's place (from 1) among the matmuls of its recompute region, in program
+    order (`formulas.kernel_family`: linear, mm, addmm, bmm, matmul, einsum)."""
+    ordinals: dict[str, int] = {}
+    counts: Counter[str] = Counter()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and kernel_family(node.target) == "matmul":
+            region = recompute_region(node)
+            counts[region] += 1
+            ordinals[node.name] = counts[region]
+    return ordinals
+
+
 def _region_outputs(gm: fx.GraphModule) -> set[str]:
     """Ops read by a node of another recompute region (a block's results)."""
     return {node.name for node in gm.graph.nodes if node.op == "call_function"
@@ -216,6 +238,7 @@ def restrict(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
                       if role == "cp" and not free_axes[axis])
     by_name = {node.name: node for node in gm.graph.nodes}
     region_outputs = _region_outputs(gm) if recompute is not None else set()
+    ordinals = _matmul_ordinals(gm) if recompute == "op" else {}
     hints = size_hints(gm)
 
     def unrestricted(wants: tuple[Want, ...]) -> tuple[Want, ...]:
@@ -244,7 +267,8 @@ def restrict(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
                     wants.append((position, unrestricted(_input_wants(spec, roles, mesh))))
             wants = tuple(wants)
         wanted = (_recompute_wanted(node, recompute, name in region_outputs, hints,
-                                    name in table.checkpointed) if kind == "op" else None)
+                                    name in table.checkpointed, ordinals.get(name, 0))
+                  if kind == "op" else None)
 
         key = (id(candidates), kind, wants, wanted)
         if key not in cache:

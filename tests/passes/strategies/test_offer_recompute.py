@@ -10,7 +10,12 @@ from autopar.passes.capturing.capture import capture
 from autopar.passes.capturing.find_saved import find_saved, kept_outputs
 from autopar.passes.capturing.gradient_path import gradient_path
 from autopar.passes.strategies.find_strategies import find_strategies
-from autopar.passes.strategies.offer_recompute import offer_recompute, recomputable, searched
+from autopar.passes.strategies.offer_recompute import (
+    offer_recompute,
+    recomputable,
+    recompute_region,
+    searched,
+)
 from autopar.passes.strategies.restrict import restrict
 from examples import gpt
 
@@ -45,3 +50,35 @@ def test_a_block_recomputes_from_inputs_nothing_keeps_and_nothing_else_does():
     free = restrict(gm, table, mesh, ("dp",)).table
     assert not any(s.recompute for s in free.strategies["add_1"])
     assert any(s.recompute for s in free.strategies["gelu"])
+
+
+def test_op_level_selective_recomputes_every_second_matmul_of_a_block():
+    """torchtitan's "op" policy: a block keeps its matmuls but each second one (q kept, k
+    recomputed, v kept, o recomputed, gate kept, up recomputed, down kept), attention kept,
+    its cheap ops recomputed; "selective" keeps every matmul. The k projection is counted
+    but stays kept: only the rotary embedding reads it, through views, and no op keeps it,
+    so recomputing it is not offered (`recomputable`)."""
+    from examples import llama
+
+    # Wide enough that a matmul does more than selective's FLOPs per byte.
+    model, inputs = llama.build(device="meta", layers=2, hidden=256, ffn=704, seq=64)
+    gm = annotate(capture(model, inputs))
+    mesh = Mesh((2,), ("x",), hardware="cpu")
+    table = offer_recompute(gm, find_strategies(gm, mesh))
+    op = restrict(gm, table, mesh, ("dp",), "op").table
+    selective = restrict(gm, table, mesh, ("dp",), "selective").table
+
+    def flags(restricted, names):
+        return [all(s.recompute for s in restricted.strategies[name]) for name in names]
+
+    for block in ("layers.0", "layers.1"):
+        matmuls = [n.name for n in gm.graph.nodes if n.op == "call_function"
+                   and str(n.target).startswith("aten.linear")
+                   and recompute_region(n).endswith(block)]
+        assert len(matmuls) == 7, matmuls
+        assert flags(op, matmuls) == [False, False, False, True, False, True, False]
+        assert not any(s.recompute for s in table.strategies[matmuls[1]])
+        assert not any(flags(selective, matmuls))
+    attention = [n.name for n in gm.graph.nodes if "scaled_dot_product" in str(n.target)]
+    assert attention and not any(any(s.recompute for s in op.strategies[name])
+                                 for name in attention)
