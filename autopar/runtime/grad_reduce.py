@@ -180,6 +180,11 @@ class GradientReducer:
                                         counter)
         return entry[1]
 
+    def whole_copies(self, parameters: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The step's gathered copies (`whole_copy`) of any of `parameters` made so far."""
+        ids = {id(p) for p in parameters}
+        return [entry[1] for entry in self._whole.values() if id(entry[0]) in ids]
+
     def _scatter_whole(self, key: int) -> None:
         if self.deferring:
             return

@@ -115,13 +115,16 @@ class StageModule(nn.Module):
         return sent[0] if self._is_last else tuple(sent)
 
     def parameters(self, recurse: bool = True):
-        """The parameters this stage reads (its owner holds them): the weight pass of a
-        schedule that splits the backward computes their gradients."""
+        """The parameters this stage reads (its owner holds them), and the step's gathered
+        copies of those gathered once per step (ZeRO-1, `GradientReducer.whole_copy`:
+        leaves of their own, which the parameters' gradients are reduced from): the weight
+        pass of a schedule that splits the backward computes their gradients."""
         owner = self._owner[0]
-        for slot in self._arguments:
-            value = owner.value(slot)
-            if isinstance(value, nn.Parameter) and value.requires_grad:
-                yield value
+        values = [owner.value(slot) for slot in self._arguments]
+        weights = [v for v in values if isinstance(v, nn.Parameter) and v.requires_grad]
+        yield from weights
+        if owner.context is not None:
+            yield from owner.context.reducer.whole_copies(weights)
 
     def _backward_starts(self) -> None:
         # Replicated parameters' gradient all-reduces wait for this stage's last micro-batch

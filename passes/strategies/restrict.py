@@ -144,10 +144,10 @@ def _keep_storage(candidates: tuple[Strategy, ...], wants: tuple[Want, ...],
 
 
 def _recompute_wanted(node: fx.Node, mode: str | None, region_output: bool,
-                      hints: dict, checkpointed: bool, matmul_ordinal: int = 0) -> bool | None:
+                      hints: dict, checkpointed: bool, ordinals: dict[str, int]) -> bool | None:
     """Whether `mode` recomputes `node` (None: the solver chooses; it leaves a
-    `checkpointed` op, one that checkpointing a block recomputes, kept). `matmul_ordinal`:
-    the node's place (from 1) among its block's matmuls, 0 for any other op."""
+    `checkpointed` op, one that checkpointing a block recomputes, kept). `ordinals`: each
+    matmul's place (from 1) among its block's matmuls (`_matmul_ordinals`)."""
     if mode is None:
         return False if checkpointed else None
     if node.meta.get(BYTES, 0) == 0:
@@ -156,8 +156,8 @@ def _recompute_wanted(node: fx.Node, mode: str | None, region_output: bool,
         return False
     if mode == "full":
         return True
-    if mode == "op" and matmul_ordinal:
-        return matmul_ordinal % 2 == 0
+    if mode == "op" and node.name in ordinals:
+        return ordinals[node.name] % 2 == 0
     flops, nbytes = node.meta.get(FLOPS, 0), node.meta.get(BYTES, 0)
     # The ratio of two size formulas is a number when both scale alike; compare at sizes
     # the graph was captured with otherwise.
@@ -267,8 +267,7 @@ def restrict(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
                     wants.append((position, unrestricted(_input_wants(spec, roles, mesh))))
             wants = tuple(wants)
         wanted = (_recompute_wanted(node, recompute, name in region_outputs, hints,
-                                    name in table.checkpointed, ordinals.get(name, 0))
-                  if kind == "op" else None)
+                                    name in table.checkpointed, ordinals) if kind == "op" else None)
 
         key = (id(candidates), kind, wants, wanted)
         if key not in cache:
