@@ -17,8 +17,9 @@ here within the device's memory when some plan of the strategy fits): FSDP is "z
 the mesh axis (a flat axis over all the GPUs, as FSDP2's one process group), FSDP x TP
 "zero" over the hosts and "tp" inside them, torchtitan's op-level selective activation
 checkpointing autopar's "op" recompute (every second matmul of a block recomputed too)
-and its full checkpointing "full" (on one axis, "FSDP + full recompute" exactly). Profiles: `h100-grand-teton` (the H100s torchtitan
-ran on: 94 GB HBM2e at 2.4 TB/s, 500 W) and `a100-sxm`.
+and its full checkpointing "full" (on one axis, "FSDP + full recompute" exactly).
+Profiles: `h100-grand-teton` (the H100s torchtitan ran on: 94 GB HBM2e at 2.4 TB/s, 500 W)
+and `a100-sxm`.
 
 The table: published tokens/s/GPU and memory (torchtitan's peak reserved GiB, where
 published), predicted (tokens a GPU takes per step over the predicted step time; the

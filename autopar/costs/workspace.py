@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 # The kernel families (`formulas.kernel_family`) that allocate a workspace.
 FAMILIES = frozenset({"convolution"})
 

@@ -6,8 +6,8 @@
 
 `measure(pm, inputs)` runs `warmup` untimed training steps (forward, which returns the
 loss; `loss.backward()`; the optimizer's `step()` and `zero_grad()`; the loss read, which
-waits for its all-reduce), then `steps` timed ones, then `PROFILED_STEPS` under torch.profiler,
-and returns this rank's `Measurement` (`autopar.values.measurement`):
+waits for its all-reduce), then `steps` timed ones, then `PROFILED_STEPS` under
+torch.profiler, and returns this rank's `Measurement` (`autopar.values.measurement`):
 
 - Step times: the timed steps run back to back, as training runs them, after one barrier
   of the default process group (the ranks start the first together); a step's time is
@@ -100,8 +100,8 @@ def measure(pm: nn.Module, inputs: Iterable, *, steps: int = 10, warmup: int = 2
     """This rank's `Measurement` of `pm`'s training step on `inputs` (see the module
     docstring). Collective: every rank of `pm`'s mesh calls it, with the same `steps` and
     `warmup`. `optimizer` (default: AdamW over `pm.parameters()` at autopar's training
-    learning rate) is stepped `warmup + steps + PROFILED_STEPS` times, so `pm` trains as it is measured.
-    `TrainingRunError` for `steps` below 1 or a negative `warmup`."""
+    learning rate) is stepped `warmup + steps + PROFILED_STEPS` times, so `pm` trains as it
+    is measured. `TrainingRunError` for `steps` below 1 or a negative `warmup`."""
     _check_counts(steps, warmup)
     inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
     if optimizer is None:

@@ -49,8 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch.fx as fx
 
-from autopar.costs import formulas
-from autopar.costs import workspace
+from autopar.costs import formulas, workspace
 from autopar.passes.capturing.gradient_path import tensor_outputs
 from autopar.passes.problem.edge_costs import EdgeRef
 from autopar.passes.strategies.offer_recompute import recompute_region

@@ -45,9 +45,10 @@ def recomputable(node: fx.Node, on_path: dict[str, bool],
     that nothing else keeps would hold that output instead of relu's. With
     `from_block_inputs`, inside a block (a recompute region, `recompute_region`)
     recomputation may also start from, and pass through, tensors nothing keeps, as torch's
-    checkpoint recomputes a region from its inputs: an input read as written (the output of an op on the gradient path) is kept
-    by the recipe, charged on the edge (`edge_costs.held_bytes`), and an output nothing
-    keeps that an op of the block reads as written would be kept by that op's recipe.
+    checkpoint recomputes a region from its inputs: an input read as written (the output of
+    an op on the gradient path) is kept by the recipe, charged on the edge
+    (`edge_costs.held_bytes`), and an output nothing keeps that an op of the block reads as
+    written would be kept by that op's recipe.
     The solver weighs what each choice holds against what it frees."""
     if not (node.op == "call_function" and on_path.get(node.name, False)
             and node.meta.get(BYTES, 0) != 0 and not draws_random_numbers(node)
