@@ -132,17 +132,7 @@ def overlap_figures(repeats: int) -> tuple[Timing, Timing, Timing]:
         for work in works:
             work.wait()
 
-    return tuple(_started_together(run, repeats) for run in (compute, communicate, together))
-
-
-def _started_together(run, repeats: int) -> Timing:
-    """`run` timed once per repeat after a barrier, the first call untimed. (Not `timed`:
-    each rank would choose its own number of calls per timing, and ranks that call a
-    collective a different number of times wait for each other forever.)"""
-    seconds = []
-    for _ in range(repeats + 1):
-        dist.barrier()
-        start = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - start)
-    return Timing.of(seconds[1:])
+    # One call per timing on every rank (`timed` would let each rank choose its own count,
+    # and ranks calling collectives a different number of times wait for each other).
+    return tuple(_timed_collective(run, None, repeats)
+                 for run in (compute, communicate, together))
