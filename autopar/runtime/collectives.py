@@ -139,12 +139,12 @@ class Collective(nn.Module):
     `linear_1__R_S0 = self.linear_1__R_S0(linear_1)`. Holds no state. With `overlapped`
     (a parameter whose edge only all-reduces its gradient), the all-reduce runs in the
     background of the backward (`autopar.runtime.grad_reduce`); with `kept_gathered` (a
-    parameter kept gathered whose edge is one all-gather and one reduce-scatter), the
-    gradient's reduce-scatter does too, and with `whole_gradient` as well the gathered copy
-    serves every micro-batch of the step (ZeRO-1, `GradientReducer.whole_copy`); with
-    `output` (an edge into the program's outputs
-    that only all-reduces), the result is a `PendingSum` whose all-reduce runs in the
-    background too (`autopar.runtime.pending`)."""
+    parameter gathered for its use, kept or gathered again for the backward, whose edge is
+    one all-gather and one reduce-scatter), the gradient's reduce-scatter does too, and
+    with `whole_gradient` as well the gathered copy serves every micro-batch of the step
+    (ZeRO-1, `GradientReducer.whole_copy`); with `output` (an edge into the program's
+    outputs that only all-reduces), the result is a `PendingSum` whose all-reduce runs in
+    the background too (`autopar.runtime.pending`)."""
 
     def __init__(self, redistribution: Redistribution, context: RankContext, *,
                  overlapped: bool = False, owned_gradient: bool = False,
@@ -190,9 +190,12 @@ class Collective(nn.Module):
                                                    self.context.mesh, self.context.counter)
         converted = self.context.prefetch.take(id(self)) if self.prefetched else None
         if self.kept_gathered:
-            return gather_kept(x, self.redistribution, self.context.mesh,
-                               self.context.counter, self.context.reducer,
-                               converted=converted)
+            out = gather_kept(x, self.redistribution, self.context.mesh, self.context.counter,
+                              self.context.reducer, converted=converted)
+            if self.redistribution.regather and out.requires_grad:
+                self.context.regather.track(out, x, self.redistribution.forward_steps,
+                                            self.context.mesh, self.context.counter)
+            return out
         if self.overlapped:
             return reduce_later(x, self._axis, self.context.mesh, self.context.counter,
                                 self.context.reducer, owned=self.owned_gradient)

@@ -17,12 +17,16 @@ tensor that nothing else holds (`owns_gradient`). An op that hands its incoming 
 as it is (`add`, `clone`, views) may share it with another branch of the backward, which
 must not see it summed: such gradients are always copied.
 
-A parameter stored sharded and kept gathered from its use to its backward (ZeRO-2) gets the
-same treatment when its edge is one all-gather and one reduce-scatter on the same axis
-(`scatterable`): `gather_kept` all-gathers it in the forward as `redistribute` would, and
-hands the gradient of the gathered copy to the reducer, which starts its reduce-scatter at
-once (one per gradient: packing several into one call would need them interleaved rank by
-rank) and adds this rank's chunk to the shard's `.grad` when the backward ends.
+A parameter stored sharded and gathered for its use, kept gathered to its backward (ZeRO-2)
+or gathered again there (ZeRO-3, the `Regather` scope), gets the same treatment when its
+edge is one all-gather and one reduce-scatter on the same axis (`scatterable`):
+`gather_kept` all-gathers it in the forward as `redistribute` would, and hands the
+gradient of the gathered copy to the reducer, which starts its reduce-scatter at once (one
+per gradient: packing several into one call would need them interleaved rank by rank) and
+adds this rank's chunk to the shard's `.grad` once it is done. At most
+`SCATTERS_IN_FLIGHT` run at once (FSDP's one reduce-scatter behind the next layer's
+backward): starting one more first completes the oldest, so that the whole gradients sent
+are freed as the backward goes, not all held to its end.
 
 In a step of several micro-batches (`autopar.runtime.microbatches`) the reducer also
 accumulates: while `deferring`, a replicated parameter's gradient is summed locally and
@@ -58,6 +62,10 @@ from autopar.runtime.counter import CommCounter
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.steps import Step
 
+# Reduce-scatters of gathered parameters' gradients running at once; each holds the whole
+# gradient it sends until it completes.
+SCATTERS_IN_FLIGHT = 2
+
 # Ops whose backward computes each tensor operand's gradient as a new tensor (a matmul,
 # convolution, embedding or normalization kernel, or a product), never as the incoming
 # gradient itself or a view of it.
@@ -85,13 +93,14 @@ def reducible(redistribution: Redistribution) -> bool:
 
 def scatterable(redistribution: Redistribution) -> bool:
     """Edges whose only collectives are one forward all-gather and one backward
-    reduce-scatter on the same mesh axis, not gathered again for the backward (local steps
-    may come before or after them): a parameter kept gathered (ZeRO-2) is read this way,
-    and `gather_kept` carries such edges out. The planner charges the same edges' scatter
-    as run in the background (`passes/problem/edge_costs.background_reductions`)."""
+    reduce-scatter on the same mesh axis (local steps may come before or after them; a
+    `regather` edge gathers again for the backward, through the `Regather` scope): a
+    parameter kept gathered (ZeRO-2) or gathered at its use (ZeRO-3) is read this way, and
+    `gather_kept` carries such edges out. The planner charges the same edges' scatter as
+    run in the background (`passes/problem/edge_costs.background_reductions`)."""
     forward = [s for s in redistribution.forward_steps if s.kind is not None]
     backward = [s for s in redistribution.backward_steps if s.kind is not None]
-    return (not redistribution.regather and len(forward) == 1 and len(backward) == 1
+    return (len(forward) == 1 and len(backward) == 1
             and forward[0].kind == "all_gather" and backward[0].kind == "reduce_scatter"
             and forward[0].axis == backward[0].axis)
 
@@ -119,10 +128,12 @@ class GradientReducer:
         self.deferring = False
         self._deferred: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._whole: dict[int, tuple] = {}
+        self._watching = False
 
     def _watch(self) -> None:
         # The first gradient of a backward pass: finish when the pass ends.
-        if not self._buckets and not self._in_flight and not self._scatters:
+        if not self._watching:
+            self._watching = True
             Variable._execution_engine.queue_callback(self.finish)
 
     def start(self, parameter: torch.Tensor, grad: torch.Tensor, axis: int,
@@ -209,23 +220,32 @@ class GradientReducer:
         step = steps[at]
         counter.record("reduce_scatter", axis_name(mesh, step.axis), "backward",
                        grad.numel() * grad.element_size())
+        while len(self._scatters) >= SCATTERS_IN_FLIGHT:
+            self._complete(self._scatters.pop(0))
         chunk, work, sent = start_reduce_scatter(grad, step.dst.dim, mesh.size(step.axis),
                                                  mesh.get_group(step.axis))
         self._scatters.append((parameter, chunk, work, sent, steps[at + 1:], mesh, counter))
 
+    @staticmethod
+    def _complete(scatter: tuple) -> None:
+        """Wait for a started reduce-scatter and add its chunk to its parameter's `.grad`."""
+        parameter, chunk, work, _, rest, mesh, counter = scatter
+        work.wait()
+        chunk = owned(apply_steps(chunk, rest, mesh, counter, "backward"))
+        if parameter.grad is None:
+            parameter.grad = chunk
+        else:
+            parameter.grad.add_(chunk)
+
     def finish(self) -> None:
         """Reduce what is left, wait for every all-reduce and reduce-scatter, add the
         results to the gradients."""
+        self._watching = False
         for key in list(self._buckets):
             self._launch(key)
         scatters, self._scatters = self._scatters, []
-        for parameter, chunk, work, _, rest, mesh, counter in scatters:
-            work.wait()
-            chunk = owned(apply_steps(chunk, rest, mesh, counter, "backward"))
-            if parameter.grad is None:
-                parameter.grad = chunk
-            else:
-                parameter.grad.add_(chunk)
+        for scatter in scatters:
+            self._complete(scatter)
         in_flight, self._in_flight = self._in_flight, []
         for bucket, flat, work in in_flight:
             work.wait()

@@ -206,10 +206,11 @@ class _Lowering:
         while hasattr(self.root, name):
             name += "_"
         parameter = producer_of(leaf).meta.get(ROLE) == "parameter"
-        # The edges the plan charges as reduced in the background (build_problem's
-        # `background_reductions`); a recomputed consumer's edge also gathers again there.
-        kept_gathered = (parameter and producer.gathered is not None and not dst.recompute
-                         and scatterable(redistribution))
+        # The edges the plan charges as reduced in the background (`edge_costs.
+        # background_reductions`): a parameter gathered at its use (ZeRO-3), or kept
+        # gathered (ZeRO-2) for a consumer not recomputed (one that is gathers it again).
+        kept_gathered = (parameter and scatterable(redistribution)
+                         and (producer.gathered is None or not dst.recompute))
         whole_gradient = kept_gathered and producer.whole_gradient
         module = Collective(
             redistribution, self.context, overlapped=parameter and reducible(redistribution),

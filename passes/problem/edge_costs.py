@@ -180,12 +180,17 @@ def _reads_gathered(src: Strategy, read, nbytes, mesh_shape: tuple[int, ...]) ->
             and formulas.redistribute(nbytes, src.gathered, read, mesh_shape) == ())
 
 
-def _gather_and_scatter(transfers: tuple[formulas.Transfer, ...]) -> bool:
+def _gather_and_scatter(transfers: tuple[formulas.Transfer, ...], *,
+                        again: bool = False) -> bool:
     """Whether `transfers` are one forward all-gather and one backward reduce-scatter on
-    the same axis (a kept-gathered parameter's edge the runtime overlaps)."""
-    return (len(transfers) == 2 and [(t.kind, t.backward) for t in transfers]
-            == [("all_gather", False), ("reduce_scatter", True)]
-            and transfers[0].axis == transfers[1].axis)
+    the same axis (a kept-gathered parameter's edge the runtime overlaps); with `again`,
+    or with the all-gather repeated in the backward between them (a parameter gathered at
+    its use and again for its backward or a recomputation)."""
+    kinds = [(t.kind, t.backward) for t in transfers]
+    return (kinds in ([("all_gather", False), ("reduce_scatter", True)],
+                      *([[("all_gather", False), ("all_gather", True),
+                          ("reduce_scatter", True)]] if again else []))
+            and len({t.axis for t in transfers}) == 1)
 
 
 def _replicated_reduction(transfers: tuple[formulas.Transfer, ...]) -> bool:
@@ -196,15 +201,16 @@ def background_reductions(ref: EdgeRef, src: Strategy, transfers: tuple[formulas
                           ) -> tuple[formulas.Transfer, ...]:
     """The edge's gradient reductions the runtime runs in the background of the rest of
     the backward: a replicated parameter's one all-reduce (as DDP's buckets), or the
-    reduce-scatter of a parameter kept gathered over one axis (ZeRO-1/2), whose edge is
-    that axis's all-gather and reduce-scatter alone (`autopar.runtime.grad_reduce` carries
-    out the same edges)."""
+    reduce-scatter of a parameter kept gathered over one axis (ZeRO-1/2) or gathered at
+    its use (ZeRO-3), whose edge is that axis's all-gather and reduce-scatter alone, the
+    gather repeated in the backward for ZeRO-3 (`autopar.runtime.grad_reduce` carries out
+    the same edges)."""
     if not ref.producer_is_parameter:
         return ()
     if _replicated_reduction(transfers):
         return transfers
-    if src.gathered is not None and _gather_and_scatter(transfers):
-        return transfers[1:]
+    if _gather_and_scatter(transfers, again=src.gathered is None):
+        return transfers[-1:]
     return ()
 
 

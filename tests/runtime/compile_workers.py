@@ -145,6 +145,43 @@ def _kept_gathered_case(rank: int, mesh, dim: int) -> dict:
             "left": len(reducer._scatters)}
 
 
+def regathered_async_against_sync(rank: int) -> dict:
+    """A chain of five (6, 6) layers whose weights are stored S(0) on 2 ranks, gathered at
+    each use and again for the backward (ZeRO-3, in a `Regather` scope), through the
+    synchronous edge and through the background one (`Collective(kept_gathered=True)`).
+    Reports the largest gradient difference, both counters, and the most reduce-scatters a
+    hook on each layer's output gradient saw in flight."""
+    from torch import nn
+
+    from autopar.runtime import Redistribution, device_mesh
+    from autopar.runtime.collectives import Collective, RankContext
+    from autopar.values.placement import Replicate, Shard
+
+    mesh = device_mesh(autopar.Mesh((2,), ("dp",), hardware="cpu"))
+    edge = Redistribution.for_edge((6, 6), torch.float32, (Shard(0),), (Replicate(),),
+                                   (Shard(0),), (2,), regather=True)
+    weights = [torch.randn((6, 6), generator=torch.Generator().manual_seed(i)).chunk(2)[rank]
+               for i in range(5)]
+    x = torch.randn((4, 6), generator=torch.Generator().manual_seed(10 + rank))
+    seen, grads, totals = [], [], []
+    for kept in (False, True):
+        context = RankContext(mesh)
+        edges = [Collective(edge, context, kept_gathered=kept) for _ in weights]
+        params = [nn.Parameter(w.clone()) for w in weights]
+        with context.regather:
+            h = x
+            for collective, param in zip(edges, params):
+                h = torch.tanh(h @ collective(param))
+                if kept:
+                    h.register_hook(lambda g, r=context.reducer: seen.append(len(r._scatters)))
+        h.square().sum().backward()
+        grads.append([p.grad for p in params])
+        totals.append(context.counter.totals())
+    return {"error": max(float((a - b).abs().max()) for a, b in zip(*grads)),
+            "sync": totals[0], "async": totals[1], "most_in_flight": max(seen),
+            "seen": len(seen)}
+
+
 def kept_gathered_async_against_sync(rank: int) -> list[dict]:
     """Per gathered dim (0 and 1) of an (8, 6) parameter stored S(d) on 2 ranks and kept
     gathered for a data-parallel use: two backward passes without zero_grad through

@@ -98,12 +98,14 @@ KEPT_GATHERED = Case("examples.mlp", build=(("batch", 64), ("hidden", 256), ("ff
                      constraints=(("linear", "S(0)"), ("linear_1", "S(0)")))
 
 
-def test_kept_gathered_weights_scattered_in_the_background_train_the_same():
+def test_gathered_weights_scattered_in_the_background_train_the_same():
     results = launch(train_all, 2, (KEPT_GATHERED,), (2,), ("x",), timeout=300.0)
     plan = autopar.Plan.from_dict(results[0][0].plan)
-    kept = {n.name for n in plan.nodes if n.gathered}
-    assert {"p_fc1_weight", "p_fc2_weight"} <= kept, plan.nodes
-    # One gather-and-scatter edge per kept-gathered parameter, each run in the background.
-    assert all(r[0].kept_gathered == len(kept) for r in results), results[0][0].code
+    # Stored sharded, gathered for a data-parallel use: kept gathered (ZeRO-2) or gathered
+    # again for the backward (ZeRO-3), as the budget lets the solver choose.
+    sharded = {n.name for n in plan.nodes if n.role == "parameter" and "S" in n.output}
+    assert {"p_fc1_weight", "p_fc2_weight"} <= sharded, plan.nodes
+    # One gather-and-scatter edge per sharded parameter, each run in the background.
+    assert all(r[0].kept_gathered == len(sharded) for r in results), results[0][0].code
     check_equivalence((KEPT_GATHERED,), results)
     check_bytes((KEPT_GATHERED,), results)

@@ -1,14 +1,19 @@
 """Replicated parameters' gradients reduced in the background of the backward: a gradient
 that fills a bucket alone is summed in place, and only when no other branch can hold it.
-Kept-gathered (ZeRO-2) parameters' gradients are reduce-scattered in the background too."""
+Kept-gathered (ZeRO-2) and regathered (ZeRO-3) parameters' gradients are reduce-scattered in
+the background too, a bounded number at once."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from compile_workers import kept_gathered_async_against_sync, large_gradients_accumulated
+from compile_workers import (
+    kept_gathered_async_against_sync,
+    large_gradients_accumulated,
+    regathered_async_against_sync,
+)
 
-from autopar.runtime.grad_reduce import owns_gradient
+from autopar.runtime.grad_reduce import SCATTERS_IN_FLIGHT, owns_gradient
 from autopar.runtime.launch import launch
 
 aten = torch.ops.aten
@@ -55,3 +60,19 @@ def test_kept_gathered_gradients_are_scattered_in_the_background_like_the_sync_p
             assert report["async_calls"][("reduce_scatter", "dp", "backward")] == 2, report
             assert report["seen"] == [(1, True), (1, False)], report
             assert report["left"] == 0, report
+
+
+def test_regathered_gradients_are_scattered_in_the_background_a_few_at_once():
+    # ZeRO-3: the background path gives the synchronous path's gradients and moves the same
+    # bytes (a forward gather and a reduce-scatter per weight, a backward regather of each
+    # but the first, which no op saves: the input needs no gradient), with no more than
+    # SCATTERS_IN_FLIGHT scatters holding their whole gradients at any time.
+    results = launch(regathered_async_against_sync, 2, timeout=120.0)
+    nbytes = 6 * 6 * 4
+    for report in results:
+        assert report["error"] <= 1e-6, report
+        assert report["async"] == report["sync"] == {
+            ("all_gather", "dp", "forward"): 5 * nbytes,
+            ("all_gather", "dp", "backward"): 4 * nbytes,
+            ("reduce_scatter", "dp", "backward"): 5 * nbytes}, report
+        assert report["seen"] == 5 and report["most_in_flight"] == SCATTERS_IN_FLIGHT, report
