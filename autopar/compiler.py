@@ -28,7 +28,14 @@ from autopar.passes.layout.split_microbatches import loss_weights, split_microba
 from autopar.passes.layout.split_stages import find_units, split_stages
 from autopar.passes.lowering.lower import lower
 from autopar.passes.strategies.find_strategies import is_decision
-from autopar.planning.entry import graph_digest, input_signature, plan_model
+from autopar.planning.deadline import Deadline
+from autopar.planning.entry import (
+    TIME_LIMIT,
+    check_time_limit,
+    graph_digest,
+    input_signature,
+    plan_model,
+)
 from autopar.planning.microbatches import micro_graph
 from autopar.runtime.collectives import RankContext
 from autopar.runtime.compile_on_call import CompileOnCall
@@ -131,7 +138,7 @@ def _rank_device(mesh: DeviceMesh | None) -> torch.device:
 
 def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | None = None,
             *, plan: Plan | None = None, memory_budget: float | None = None,
-            time_limit: float = 30.0, constraints: Mapping[str, str] | None = None,
+            time_limit: float = TIME_LIMIT, constraints: Mapping[str, str] | None = None,
             seed: int = 0, optimizer: object = None,
             master_weights: torch.dtype | None = None, microbatches: int | str = "auto",
             pipeline: Pipeline | str | bool = "auto",
@@ -176,13 +183,14 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
                        microbatches=microbatches, pipeline=pipeline, progress=progress)
         return _on_first_call(model, mesh, device, constraints, options,
                               replan=replan and plan is None)
+    deadline = Deadline.after(check_time_limit(time_limit))  # capture included
     gm = _captured(model, example_inputs)
     if plan is not None:
         check_plan(plan, gm, tuple(example_inputs), mesh)
     chosen = _agreed(lambda: plan or plan_model(
         model, gm, tuple(example_inputs), mesh, microbatches=microbatches,
         model_name=type(model).__name__, memory_budget=memory_budget,
-        time_limit=time_limit, constraints=constraints, seed=seed, optimizer=optimizer,
+        deadline=deadline, constraints=constraints, seed=seed, optimizer=optimizer,
         master_weights=master_weights, pipeline=pipeline, progress=progress), device)
     return assemble(model, gm, chosen, device, tuple(example_inputs))
 

@@ -15,8 +15,10 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 
 from autopar.costs.optimizer_state import optimizer_state
+from autopar.errors import ProblemFormatError
 from autopar.passes.capturing.annotate import annotate
 from autopar.passes.capturing.capture import capture
+from autopar.planning.deadline import Deadline
 from autopar.planning.graph import NO_RULE, STAGE
 from autopar.planning.hand_strategies import check_hand_strategy_names
 from autopar.planning.layout import plan_layout
@@ -25,9 +27,12 @@ from autopar.values.pipeline import Pipeline
 from autopar.values.plan import Plan
 from autopar.values.specs import TENSOR
 
+# Seconds a planning call may take by default, capture and every solve included.
+TIME_LIMIT = 30.0
+
 
 def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
-         memory_budget: float | None = None, time_limit: float = 30.0,
+         memory_budget: float | None = None, time_limit: float = TIME_LIMIT,
          dynamic_shapes=None, constraints: Mapping[str, str] | None = None,
          fold_layers: bool = True, seed: int = 0,
          hand_strategies: bool | tuple[str, ...] = False, strategy: str | None = None,
@@ -40,7 +45,9 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     `example_inputs` may live on the meta device (and the model too), so plans for large
     models need no memory. The plan minimises the modelled training step time such that
     every device holds at most `memory_budget` bytes (default: the hardware's memory
-    less its reserve, `HardwareProfile.reserve_bytes`).
+    less its reserve, `HardwareProfile.reserve_bytes`). `time_limit` bounds the whole
+    call, capture included, spread over its solves (`autopar.planning.deadline`); the
+    plan's `solver` report says how long it took and whether the limit cut a solve short.
     `constraints` pins named tensors' placements (see `autopar.passes.strategies.constrain`; with a
     pipeline, placements on the whole mesh replicated on the pipeline axis, each applied in
     the stage holding the tensor);
@@ -69,6 +76,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     `OptimizerError` for an optimizer whose state the cost model can't size, and
     `MicrobatchError` for a count of micro-batches the model's step can't be cut into.
     """
+    deadline = Deadline.after(check_time_limit(time_limit))
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
     check_hand_strategy_names(hand_strategies, mesh, strategy)
     say = progress or (lambda message: None)
@@ -84,7 +92,8 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
                           memory_budget=memory_budget, time_limit=time_limit,
                           constraints=constraints, fold_layers=fold_layers, seed=seed,
                           hand_strategies=hand_strategies, strategy=strategy, optimizer=state,
-                          recompute=recompute, pipeline=pipeline, progress=progress)
+                          recompute=recompute, pipeline=pipeline, progress=progress,
+                          deadline=deadline)
     return dataclasses.replace(made, warnings=_merge_warnings(made.warnings, raised))
 
 
@@ -109,16 +118,35 @@ def graph_digest(gm: fx.GraphModule) -> str:
 
 def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
                microbatches: int | str, pipeline: Pipeline | str | bool = "auto",
+               time_limit: float = TIME_LIMIT, deadline: Deadline | None = None,
                **options) -> Plan:
-    """`layout.plan_layout`'s plan, recording the example inputs it is for, and the warnings
+    """`layout.plan_layout`'s plan within `deadline` (by default `time_limit` seconds from
+    now), recording the example inputs it is for, the time it took, and the warnings
     raised while planning once each (`_warned_once`)."""
+    if deadline is None:
+        deadline = Deadline.after(check_time_limit(time_limit))
     raised: list[str] = []
     with _warned_once(raised):
         made = plan_layout(model, gm, example_inputs, mesh, microbatches=microbatches,
-                           pipeline=pipeline, **options)
+                           pipeline=pipeline, time_limit=deadline.seconds, deadline=deadline,
+                           **options)
+    solver = dataclasses.replace(made.solver, planning_s=deadline.spent(),
+                                 time_limit_s=deadline.seconds)
     return dataclasses.replace(made, inputs=input_signature(example_inputs),
-                               graph=graph_digest(gm),
+                               graph=graph_digest(gm), solver=solver,
                                warnings=_merge_warnings(made.warnings, raised))
+
+
+def check_time_limit(time_limit: object) -> float:
+    """`time_limit` as seconds; `ProblemFormatError` (as the solver says of its own) unless
+    it is a positive number."""
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) \
+            or not time_limit > 0 or time_limit == float("inf"):
+        raise ProblemFormatError(
+            "time_limit must be a positive number of seconds",
+            expected=f"e.g. {TIME_LIMIT:g} (the default)", got=repr(time_limit),
+            fix="pass time_limit=<seconds the whole planning may take>")
+    return float(time_limit)
 
 
 @contextmanager

@@ -27,6 +27,7 @@ from autopar.passes.strategies.constrain import constrain
 from autopar.passes.strategies.find_strategies import StrategyTable, find_strategies
 from autopar.passes.strategies.offer_recompute import offer_recompute, searched
 from autopar.passes.strategies.offer_whole_gradient import offer_whole_gradient
+from autopar.planning.deadline import Deadline
 from autopar.solver import Solution, min_peak_usage, solve
 from autopar.values.mesh import Mesh
 from autopar.values.plan import Plan
@@ -126,13 +127,13 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                overlap_rounds: int = OVERLAP_ROUNDS, charges: Background = Background(),
                edge_caches: EdgeCaches | None = None,
                progress: Callable[[str], None] | None = None,
-               tables: Tables | None = None) -> Plan:
+               tables: Tables | None = None, deadline: Deadline | None = None) -> Plan:
     """`plan` from the strategy pass on, for a graph already captured and annotated (with
     `microbatches` > 1, one micro-batch's graph, run that many times a step, holding
     `in_flight` micro-batches' activations at once: see `build_problem`; `least_memory`,
     `overlap_rounds`, `charges`: see `plan_table`; `edge_caches`: the planning call's, to
     share edge costs with its other problems; `tables`: `strategy_tables` of the same
-    arguments when the caller has made them)."""
+    arguments when the caller has made them; `deadline`: the planning call's)."""
     if tables is None:
         tables = strategy_tables(gm, mesh, fold_layers=fold_layers, constraints=constraints,
                                  recompute=recompute, microbatches=microbatches,
@@ -145,7 +146,7 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                       least_memory=least_memory, overlap_rounds=overlap_rounds,
                       charges=charges,
                       edge_cache=edge_caches.of(mesh) if edge_caches else None,
-                      progress=progress)
+                      progress=progress, deadline=deadline)
 
 
 def default_budget(mesh: Mesh, memory_budget: float | None) -> float:
@@ -162,7 +163,8 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                optimizer: OptimizerState = ADAMW, microbatches: int = 1, in_flight: int = 1,
                least_memory: bool = True, overlap_rounds: int = OVERLAP_ROUNDS,
                charges: Background = Background(), edge_cache: EdgeCache | None = None,
-               progress: Callable[[str], None] | None = None) -> Plan:
+               progress: Callable[[str], None] | None = None,
+               deadline: Deadline | None = None) -> Plan:
     """The cheapest plan choosing among `table`'s strategies (the problem, solve and
     extract passes), within `memory_budget` bytes per device (None: no limit), for a step
     of `microbatches` runs of `gm`, `in_flight` of them holding activations at once. Raises
@@ -178,6 +180,8 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     `overlap_rounds` solves, the later ones with half the time limit), and the plan with
     the least step time is returned. `edge_cache`: an
     `EdgeCache` of `mesh` to keep the edges' costs in (by default one of its own).
+    `deadline`: the planning call's, which caps each solve's `time_limit`
+    (`Deadline.solve_seconds`) and ends the rounds once it has passed.
     """
     say = progress or (lambda message: None)
     hints = size_hints(gm)
@@ -187,23 +191,33 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     # So are the edges' seconds: only the charges change.
     edges = edge_cache if edge_cache is not None else EdgeCache(mesh)
     best: Plan | None = None
+
+    def capped(seconds: float, rounds: int = 1) -> float:
+        # The rounds still to come share what is left: the later ones, charged closer to
+        # what the plan hides, tend to find the faster plans.
+        if deadline is None:
+            return seconds
+        return deadline.solve_seconds(min(seconds, deadline.left() / rounds))
+
     limit = time_limit
-    for _ in range(overlap_rounds):
+    for done in range(overlap_rounds):
         say(f"{STAGE} build_problem (background gradient reductions charged at "
             f"{charges.reductions:.0%}, parameter gathers at {charges.gathers:.0%})")
         build = build_problem(gm, table, mesh, memory_budget=memory_budget, hints=hints,
                               optimizer=optimizer, fold_layers=fold_layers,
                               charges=charges, saved=saved, edge_cache=edges,
                               microbatches=microbatches, in_flight=in_flight)
+        spent = "" if deadline is None else f"; {deadline.describe()}"
         say(f"{STAGE} solve ({build.problem.num_nodes} decisions, "
-            f"{build.problem.num_edges} edges)")
-        solution = solve(build.problem, time_limit=limit, seed=seed, progress=progress,
-                         repeatable=True)
+            f"{build.problem.num_edges} edges{spent})")
+        solution = solve(build.problem, time_limit=capped(limit, overlap_rounds - done),
+                         seed=seed,
+                         progress=progress, repeatable=True)
         if not solution.choices:
             if best is not None:  # the charges change no memory: only time can run out
                 break
             _infeasible(build, solution, model_name, memory_budget,
-                        time_limit if least_memory else None)
+                        capped(time_limit) if least_memory else None)
         say(f"{STAGE} extract_plan")
         plan = extract_plan(gm, build, solution, model_name=model_name, sizes=sizes,
                             warnings=warnings)
@@ -211,7 +225,8 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
             best = plan
         exposed = Background(plan.solver.exposed_reductions, plan.solver.exposed_gathers)
         if (abs(exposed.reductions - charges.reductions) < 0.02
-                and abs(exposed.gathers - charges.gathers) < 0.02):
+                and abs(exposed.gathers - charges.gathers) < 0.02) or (
+                    deadline is not None and deadline.passed()):
             break
         charges, limit = exposed, time_limit / 2
     assert best is not None

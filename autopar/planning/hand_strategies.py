@@ -25,6 +25,7 @@ from autopar.costs.optimizer_state import ADAMW, OptimizerState, optimizer_state
 from autopar.errors import InfeasiblePlanError, ShardingError
 from autopar.passes.strategies.find_strategies import StrategyTable, find_strategies
 from autopar.passes.strategies.restrict import RECOMPUTE, ROLES, Restriction, restrict
+from autopar.planning.deadline import Deadline
 from autopar.planning.graph import STAGE, default_budget, plan_graph, plan_table, strategy_tables
 from autopar.values.mesh import Mesh
 from autopar.values.placement import Partial, Placements, Replicate
@@ -286,27 +287,27 @@ def _gathers_note(plan: Plan, unsplit: tuple[str, ...]) -> str:
 
 def _solve_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, time_limit: float,
                  fold_layers: bool, seed: int, optimizer: OptimizerState,
-                 microbatches: int) -> Plan | str:
+                 microbatches: int, deadline: Deadline | None) -> Plan | str:
     """The cheapest plan of `table` with no memory limit, or why there is none."""
     try:
         return plan_table(gm, table, mesh, model_name=type(gm).__name__, memory_budget=None,
                           time_limit=time_limit, fold_layers=fold_layers, seed=seed,
-                          optimizer=optimizer, microbatches=microbatches)
+                          optimizer=optimizer, microbatches=microbatches, deadline=deadline)
     except InfeasiblePlanError as exc:
         return f"no plan within this restriction ({exc.got})"
 
 
 def single_device_record(gm: fx.GraphModule, mesh: Mesh, *, budget: float,
                          time_limit: float = 10.0, seed: int = 0,
-                         optimizer: OptimizerState = ADAMW,
-                         microbatches: int = 1) -> HandStrategyRecord:
+                         optimizer: OptimizerState = ADAMW, microbatches: int = 1,
+                         deadline: Deadline | None = None) -> HandStrategyRecord:
     """The step on one device of `mesh`'s hardware (every node replicated, nothing moved)."""
     one = Mesh((1,), (mesh.axis_names[0],), hardware=mesh.hardware)
     reference = HandStrategy(SINGLE_DEVICE, "the same step on one device (scaling reference)",
                              ("dp",))
     result = _solve_table(gm, find_strategies(gm, one), one, time_limit=time_limit,
                           fold_layers=True, seed=seed, optimizer=optimizer,
-                          microbatches=microbatches)
+                          microbatches=microbatches, deadline=deadline)
     if isinstance(result, str):
         return missing_record(reference, result)
     return plan_record(reference, result, budget, "")
@@ -318,14 +319,15 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
                              strategies: tuple[HandStrategy, ...] | None = None,
                              optimizer: OptimizerState = ADAMW, microbatches: int = 1,
                              progress: Callable[[str], None] | None = None,
-                             ) -> HandStrategyResults:
+                             deadline: Deadline | None = None) -> HandStrategyResults:
     """One record per hand strategy (default `standard_hand_strategies(mesh)`), then the
     `SINGLE_DEVICE` reference, for an annotated graph, and the fastest of their plans that
     fits in `memory_budget`.
 
     `table` is the graph's unconstrained strategy table when the caller has it (else it is
     found again); each strategy is solved with `time_limit`, `fold_layers`, `seed` and
-    `microbatches` (`gm` is then one micro-batch's graph) as the solver's plan was.
+    `microbatches` (`gm` is then one micro-batch's graph) as the solver's plan was, within
+    the planning call's `deadline`.
     Records of strategies that don't apply, or whose restriction admits
     no plan, have `step_time_s` None and a note saying why.
     """
@@ -346,7 +348,7 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
             restricted, unsplit = Restriction(pure.table, restricted.relaxed), pure.relaxed
         result = _solve_table(gm, restricted.table, mesh, time_limit=time_limit,
                               fold_layers=fold_layers, seed=seed, optimizer=optimizer,
-                              microbatches=microbatches)
+                              microbatches=microbatches, deadline=deadline)
         if isinstance(result, str):
             note = "; ".join(filter(None, (result, *notes)))
             records.append(missing_record(strategy, note))
@@ -361,7 +363,7 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
     say(f"{STAGE} hand strategy: {SINGLE_DEVICE}")
     records.append(single_device_record(gm, mesh, budget=memory_budget, time_limit=time_limit,
                                         seed=seed, optimizer=optimizer,
-                                        microbatches=microbatches))
+                                        microbatches=microbatches, deadline=deadline))
     return HandStrategyResults(tuple(records), fastest)
 
 
@@ -431,7 +433,8 @@ def _evaluated(tables, mesh: Mesh, asked: bool | tuple[str, ...],
         table=tables.found, strategies=asked_hand_strategies(asked, mesh),
         optimizer=optimizer_state(options.get("optimizer"),
                                   master_weights=options.get("master_weights")),
-        **_picked(options, ("time_limit", "fold_layers", "seed", "microbatches", "progress")))
+        **_picked(options, ("time_limit", "fold_layers", "seed", "microbatches", "progress",
+                            "deadline")))
 
 
 def _picked(options: dict, names: tuple[str, ...]) -> dict:

@@ -63,7 +63,8 @@ def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                              memory_budget=budget, micro=options["micro"],
                              progress=options.get("progress"),
                              mixing="accumulate" if isinstance(pipeline, Pipeline) else "refuse",
-                             constraints=options.get("constraints"))
+                             constraints=options.get("constraints"),
+                             deadline=options.get("deadline"))
 
     if pipeline != "auto":
         return pipelined()
@@ -88,7 +89,8 @@ def _with_megatron_3d(chosen: Plan, model: nn.Module, gm: fx.GraphModule,
                                time_limit=options.get("time_limit", 30.0),
                                fold_layers=options.get("fold_layers", True),
                                seed=options.get("seed", 0), optimizer=state,
-                               micro=options["micro"], progress=options.get("progress"))
+                               micro=options["micro"], progress=options.get("progress"),
+                               deadline=options.get("deadline"))
     records = list(chosen.hand_strategies)
     records.insert(max(0, len(records) - 1), record)  # before the single-device reference
     if adopt and plan is not None and not options.get("constraints") \
@@ -191,8 +193,10 @@ def _screened_best(plain: _Plain, *, least_memory: bool) -> Plan:
     except InfeasiblePlanError as error:
         failure = error
     count, batch = 2, batch_size(plain.gm) or 1
+    deadline = plain.options.get("deadline")
     while count <= min(batch, MAX_MICROBATCHES) and batch % count == 0 and (
-            best is None or best.peak_memory_bytes >= MEMORY_BINDS * plain.budget):
+            best is None or best.peak_memory_bytes >= MEMORY_BINDS * plain.budget
+            and not (deadline is not None and deadline.passed())):
         try:
             split = plain.micro.split(count)
         except MicrobatchError:
@@ -214,7 +218,8 @@ def _screened_best(plain: _Plain, *, least_memory: bool) -> Plan:
 def _in_full(plain: _Plain, best: Plan) -> Plan:
     """`best`, or its micro-batch count chosen by screening planned in full when that is
     no slower."""
-    if best.microbatches == 1:
+    deadline = plain.options.get("deadline")
+    if best.microbatches == 1 or deadline is not None and deadline.passed():
         return best
     try:  # the count chosen by screening, planned in full
         full = plain.planned(best.microbatches, plain.micro.split(best.microbatches),

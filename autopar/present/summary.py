@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autopar.present.report.layers import group_layers, layer_nodes, layer_pattern
+from autopar.present.report.overview import planning_time
 from autopar.present.report.units import ms as _ms_text
 from autopar.present.report.units import size as _size
 from autopar.values.measurement import Comparison, Measurement, compare, ranks_of
@@ -147,6 +148,7 @@ def _totals_table(plan: Plan) -> Table:
         ("optimizer", plan.optimizer),
         ("solver", f"{solver.status}, gap {solver.gap:.2%}, {solver.wall_time_s:.2f} s, "
                    f"{solver.decisions} decisions ({solver.tied} tied)"),
+        *((("planning time", planning_time(solver)),) if solver.time_limit_s else ()),
     ]
     for row in rows:
         table.add_row(*row)

@@ -46,28 +46,28 @@ def _grouped(usages: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For U (Ka x Kb) grouped by columns: (each column's group, the group of each node
     strategy (g, v) in order, its value v)."""
     columns, group_of = np.unique(usages.T, axis=0, return_inverse=True)
-    groups, values = [], []
-    for g, column in enumerate(columns):
-        distinct = np.unique(column)
-        groups.extend([g] * distinct.size)
-        values.extend(distinct.tolist())
-    return group_of.ravel(), np.array(groups, dtype=np.int64), np.array(values, dtype=float)
+    ordered = np.sort(columns, axis=1)
+    # Each row's distinct values in increasing order: where a sorted row changes.
+    distinct = np.ones(ordered.shape, dtype=bool)
+    distinct[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    groups, _ = np.nonzero(distinct)
+    return group_of.ravel(), groups.astype(np.int64), ordered[distinct].astype(float)
 
 
-def _node_of(usage: EdgeUsage) -> tuple[tuple[tuple[int, int, np.ndarray], ...], np.ndarray]:
-    """The node an edge usage becomes: its edges (other end; which end is first: 0 the
-    other, 1 the node; the cost matrix, 0 where consistent, inf elsewhere) and its usage
-    per strategy (see the module docstring)."""
-    a, b = usage.nodes
-    by_columns, by_rows = _grouped(usage.usages), _grouped(usage.usages.T)
+def _node_of(usages: np.ndarray) -> tuple[tuple[tuple[int, int, np.ndarray], ...], np.ndarray]:
+    """The node an edge usage of matrix `usages` becomes: its edges (which end of the edge
+    usage it joins, 0 or 1; which end of the edge is first: 0 that end, 1 the node; the
+    cost matrix, 0 where consistent, inf elsewhere) and its usage per strategy (see the
+    module docstring)."""
+    by_columns, by_rows = _grouped(usages), _grouped(usages.T)
     if by_rows[1].size < by_columns[1].size:  # group a's strategies instead
-        (group_of, groups, values), (grouped, other) = by_rows, (a, b)
-        matrix = usage.usages
+        (group_of, groups, values), (grouped, other) = by_rows, (0, 1)
+        matrix = usages
     else:
-        (group_of, groups, values), (grouped, other) = by_columns, (b, a)
-        matrix = usage.usages.T
+        (group_of, groups, values), (grouped, other) = by_columns, (1, 0)
+        matrix = usages.T
     # matrix[k_grouped, k_other]: the usage of each grouped strategy against the other side.
-    first = np.array([np.flatnonzero(group_of == g)[0] for g in range(groups.max() + 1)])
+    first = np.unique(group_of, return_index=True)[1]  # a strategy of each group
     consistent = matrix[first[groups]].T == values[None, :]  # [k_other, node strategy]
     # An edge of zeros only says nothing (U depends on the grouped side alone): left out.
     edges = [] if consistent.all() else [(other, 0, np.where(consistent, 0.0, math.inf))]
@@ -110,13 +110,19 @@ def with_usage_nodes(problem: ShardingProblem) -> ShardingProblem:
     costs, usages, intervals = list(problem.node_costs), list(problem.node_usages), \
         list(problem.intervals)
     edges, matrices = list(problem.edges), list(problem.edge_costs)
+    # Blocks repeat their edge usages: each distinct matrix is grouped once.
+    nodes: dict[tuple, tuple] = {}
     for u in problem.edge_usages:
-        node_edges, values = _node_of(u)
+        key = (u.usages.shape, u.usages.tobytes())
+        if key not in nodes:
+            nodes[key] = _node_of(u.usages)
+        node_edges, values = nodes[key]
         index = len(costs)
         costs.append(np.zeros(values.size))
         usages.append(values)
         intervals.append(u.interval)
-        for other, order, matrix in node_edges:
+        for end, order, matrix in node_edges:
+            other = u.nodes[end]
             edges.append((other, index) if order == 0 else (index, other))
             matrices.append(matrix)
     ties = problem.ties + _usage_ties(problem, n)

@@ -12,7 +12,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from autopar.solver.fold import chain_response, leaf_response, pareto_mask
+from autopar.solver.fold import (
+    SAMPLED_PAIRS,
+    chain_response,
+    leaf_response,
+    pareto_mask,
+    sampled_pairs,
+)
 from autopar.solver.graph import Fixed, Follows, Follows2, Usage, WorkGraph
 
 
@@ -143,7 +149,17 @@ class Eliminator:
     def _chain(self, i: int, a: int, b: int) -> bool:
         g = self.g
         usage = g.node_usage(i)
-        result = chain_response(g.matrix(a, i), g.costs[i], g.matrix(i, b), usage)
+        left, right = g.matrix(a, i), g.matrix(i, b)
+        if usage.shape[1] and left.shape[0] * right.shape[1] > SAMPLED_PAIRS:
+            # The response's usage must fall to one side; where it does not on a sample of
+            # the pairs (a usage of both ends: a node made of an edge usage), it does not
+            # on all of them, and they need not be built.
+            rows, cols = sampled_pairs(left.shape[0], right.shape[1])
+            trial = chain_response(left[rows], g.costs[i], right[:, cols], usage)
+            if trial is None or all(_side_usage(usage, *trial, axis) is None
+                                    for axis in (1, 0)):
+                return False
+        result = chain_response(left, g.costs[i], right, usage)
         if result is None:
             return False
         response, best = result

@@ -71,11 +71,16 @@ def chain_response(left: np.ndarray, cost: np.ndarray, right: np.ndarray,
     if usage.shape[1] and ka * kb > SAMPLED_PAIRS:
         # Most nodes under a memory limit have no dominant response: a failure on a few
         # pairs of neighbour choices says so without building every pair's responses.
-        rows, cols = (np.unique(np.linspace(0, n - 1, SAMPLED_SIDE).astype(int))
-                      for n in (ka, kb))
+        rows, cols = sampled_pairs(ka, kb)
         if _dominant_response(left[rows], cost, right[:, cols], usage) is None:
             return None
     return _dominant_response(left, cost, right, usage)
+
+
+def sampled_pairs(ka: int, kb: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, columns): a grid of at most SAMPLED_SIDE x SAMPLED_SIDE neighbour choices,
+    spread over `ka` x `kb`, on which a chain's response is checked first."""
+    return tuple(np.unique(np.linspace(0, n - 1, SAMPLED_SIDE).astype(int)) for n in (ka, kb))
 
 
 def _dominant_response(left: np.ndarray, cost: np.ndarray, right: np.ndarray,

@@ -27,6 +27,8 @@ from autopar.values.mesh import Mesh
 FORMAT_VERSION = 6
 # The hand strategy record of the same step on one device: the scaling reference.
 SINGLE_DEVICE = "single device"
+# A gap the planner's solves count as closed (`autopar.solver.budget.PLANNER_GAP`).
+CLOSED_GAP = 1e-3
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,8 @@ class SolverReport:
     """What the solver proved: objective (s), lower bound, relative gap, status, wall time;
     `exposed_reductions` and `exposed_gathers`: the fractions of the plan's background
     gradient reductions and parameter gathers its compute does not hide, the charges of a
-    further overlap round (`autopar.planning.graph.plan_table`)."""
+    further overlap round (`autopar.planning.graph.plan_table`). `planning_s`: the whole
+    planning call's seconds, against its `time_limit_s` (0: not recorded)."""
 
     objective: float
     bound: float
@@ -100,6 +103,14 @@ class SolverReport:
     tied: int
     exposed_reductions: float = 1.0
     exposed_gathers: float = 1.0
+    planning_s: float = 0.0
+    time_limit_s: float = 0.0
+
+    @property
+    def cut_short(self) -> bool:
+        """Whether the planning call's time limit ran out with this solve's gap open."""
+        return bool(self.time_limit_s) and self.planning_s >= self.time_limit_s \
+            and self.status != "optimal" and self.gap > CLOSED_GAP
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from autopar.passes.strategies.find_strategies import find_strategies
 from autopar.passes.strategies.offer_recompute import offer_recompute
 from autopar.passes.strategies.offer_whole_gradient import offer_whole_gradient
 from autopar.passes.strategies.restrict import restrict
+from autopar.planning.deadline import Deadline
 from autopar.planning.graph import plan_table, refined, screened
 from autopar.planning.hand_strategies import MEGATRON_3D, HandStrategy, missing_record, plan_record
 from autopar.planning.microbatches import MicroBatches
@@ -48,11 +49,13 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                 memory_budget: float, time_limit: float, fold_layers: bool, seed: int,
                 optimizer: OptimizerState, micro: MicroBatches | None = None,
                 edge_caches: EdgeCaches | None = None,
-                progress: Callable[[str], None] | None = None
+                progress: Callable[[str], None] | None = None,
+                deadline: Deadline | None = None
                 ) -> tuple[HandStrategyRecord, Plan | None]:
     """The Megatron 3D record and its plan (None when it doesn't apply or fit); `micro`
     splits the step and captures one micro-batch (`MicroBatches`: the planning call's, or
-    one of its own), and `edge_caches` are the planning call's (`graph.plan_graph`)."""
+    one of its own), and `edge_caches` and `deadline` are the planning call's
+    (`graph.plan_graph`)."""
     axis = pipeline_axis_3d(mesh) if mesh.ndim >= 2 else None
     inner_link = mesh.hardware.links[0].name
     if axis is None:
@@ -87,7 +90,8 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                           microbatches=microbatches, in_flight=in_flight, least_memory=False,
                           overlap_rounds=solve["overlap_rounds"],
                           charges=solve.get("charges", Background()),
-                          edge_cache=edge_caches.of(inner) if edge_caches else None)
+                          edge_cache=edge_caches.of(inner) if edge_caches else None,
+                          deadline=deadline)
 
     request = Pipeline(axis=mesh.axis_names[axis])
     for budget in (memory_budget, None):
@@ -95,7 +99,7 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
             plan = plan_pipeline(gm, mesh, request,
                                  plan_stage=plan_stage, memory_budget=budget,
                                  micro=micro or MicroBatches(model, example_inputs, gm),
-                                 progress=progress)
+                                 progress=progress, deadline=deadline)
         except InfeasiblePlanError:
             continue
         except (PipelineError, MicrobatchError) as error:

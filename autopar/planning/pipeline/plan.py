@@ -53,6 +53,7 @@ from autopar.passes.layout.split_stages import (
     unit_times,
 )
 from autopar.passes.strategies.constrain import pin_placements
+from autopar.planning.deadline import Deadline
 from autopar.planning.microbatches import MicroBatches
 from autopar.planning.pipeline.request import check_request, divisors
 from autopar.planning.pipeline.stages import candidate_plan, costed, holds, refined_stages
@@ -100,7 +101,8 @@ def pipeline_axis(mesh: Mesh, pipeline: Pipeline) -> int:
 def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
                   plan_stage: Callable[..., Plan], memory_budget: float | None, micro: MicroBatches,
                   progress: Callable[[str], None] | None = None, mixing: str = REFUSE,
-                  constraints: Mapping[str, str | Placements] | None = None) -> Plan:
+                  constraints: Mapping[str, str | Placements] | None = None,
+                  deadline: Deadline | None = None) -> Plan:
     """The fastest fitting pipelined plan of `gm` (a model's captured and annotated step) on
     `mesh` as `pipeline` asks (module docstring). `plan_stage(graph, mesh, *, memory_budget,
     microbatches, in_flight, constraints, refining=None)` plans one stage
@@ -114,6 +116,8 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
     change what a step computes) it raises `MicrobatchError`. `constraints` pin tensors as
     `plan`'s do, with placements on the whole mesh, replicated on the pipeline axis (which
     places stages): each stage that holds a pinned tensor plans it so on the other axes.
+    Once the planning call's `deadline` has passed, no more candidates are screened
+    than it takes to find one that fits.
     Raises `ShardingError` for a pin that names no tensor or splits over the pipeline axis,
     `PipelineError` for a request that can't run, `MicrobatchError` when the step can't be
     cut into micro-batches, `InfeasiblePlanError` when no candidate fits."""
@@ -124,7 +128,7 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
     check_request(pipeline, ranks, find_units(gm).count, batch)
     stager = _Stager(mesh, axis, inner, memory_budget, plan_stage, cache={},
                      pins=_stage_pins(gm, mesh, axis, constraints or {}))
-    best, failure, mixes = _search(gm, pipeline, micro, mixing, stager, batch, say)
+    best, failure, mixes = _search(gm, pipeline, micro, mixing, stager, batch, say, deadline)
     if best is None:
         if failure is not None:
             raise failure
@@ -173,7 +177,8 @@ class _Chosen:
 
 def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing: str,
             stager: _Stager, batch: int | None, say: Callable[[str], None],
-            ) -> tuple[_Chosen | None, Exception | None, dict[int, str]]:
+            deadline: Deadline | None) -> tuple[_Chosen | None, Exception | None,
+                                                 dict[int, str]]:
     """Branch and bound over the candidates (module docstring), round after round of
     micro-batch counts: the fastest candidate's screened plan (None if none fits), the last
     `InfeasiblePlanError` (None if none), and what mixes samples per accumulated count."""
@@ -188,7 +193,7 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
     # (stage count, samples each stage holds) of the candidates that did not fit: one whose
     # stages hold as many or more samples' activations does not fit either.
     overflowing: list[tuple[int, tuple[float, ...]]] = []
-    while counts:
+    while counts and not (best is not None and deadline is not None and deadline.passed()):
         before, candidates = best, []
         for m in counts:
             split = micro.split(m, mixing=mixing) if m > 1 else None
@@ -197,7 +202,7 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
             candidates += _candidates(
                 pipeline, m, ranks, devices, stager.mesh,
                 lambda split=split: gm if split is None else micro.graph(split))
-        best, failed = _screen(candidates, best, stager, batch, overflowing, say)
+        best, failed = _screen(candidates, best, stager, batch, overflowing, say, deadline)
         if failed is not None:
             failure = failed
         counts = _more_microbatches(counts, best.plan if best is not None else None, pipeline,
@@ -208,7 +213,8 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
 
 def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
             batch: int | None, overflowing: list[tuple[int, tuple[float, ...]]],
-            say: Callable[[str], None]) -> tuple[_Chosen | None, Exception | None]:
+            say: Callable[[str], None], deadline: Deadline | None,
+            ) -> tuple[_Chosen | None, Exception | None]:
     """`candidates` planned by screening solves in the order of their bounds, until one's
     bound is no better than the best plan (`best` so far): the best after them, and the last
     `InfeasiblePlanError` among them (None if none). A candidate that does not fit joins
@@ -216,8 +222,9 @@ def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
     failure: Exception | None = None
     for bound, m, schedule, count, graph, units, cuts in sorted(
             candidates, key=lambda c: c[0]):
-        if best is not None and bound >= best.plan.step_time_s:
-            break  # no later candidate can be faster (they are sorted by bound)
+        if best is not None and (bound >= best.plan.step_time_s or (
+                deadline is not None and deadline.passed())):
+            break  # no later candidate can be faster (they are sorted by bound), or no time
         held = _held_samples(schedule, m, stager.ranks, count, batch or m)
         if any(n == count and all(a >= b for a, b in zip(held, least))
                for n, least in overflowing):

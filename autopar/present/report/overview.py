@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autopar.present.report.units import esc, ms, size
-from autopar.values.plan import Plan
+from autopar.values.plan import Plan, SolverReport
 
 
 def overview_section(plan: Plan) -> str:
@@ -16,6 +16,7 @@ def overview_section(plan: Plan) -> str:
         ("optimizer step", ms(plan.optimizer_s)),
         ("peak memory", f"{size(plan.peak_memory_bytes)} of {size(plan.memory_limit_bytes)}"),
         ("solver", f"{solver.status}, gap {solver.gap:.2%}, {solver.wall_time_s:.2f} s"),
+        *((("planning time", planning_time(solver)),) if solver.time_limit_s else ()),
         ("decisions", f"{solver.decisions} ({solver.tied} tied)"),
     ]
     cells = "".join(f"<div><span class='dim'>{esc(k)}</span><b>{esc(v)}</b></div>"
@@ -25,3 +26,13 @@ def overview_section(plan: Plan) -> str:
             f'<div class="dim">{esc(plan.mesh.describe())} · one training step '
             f'(forward, backward, optimizer), per device</div><div class="stats">{cells}</div>'
             f'{f"<ul class=warnings>{warnings}</ul>" if warnings else ""}</section>')
+
+
+def planning_time(solver: SolverReport) -> str:
+    """The planning call's seconds against its time limit, and whether the limit cut the
+    plan's solve short."""
+    said = f"{solver.planning_s:.1f} s of a {solver.time_limit_s:g} s limit"
+    if solver.cut_short:
+        said += (f"; the limit ran out with the solver's gap {solver.gap:.2%} open "
+                 "(a larger time_limit may find a faster plan)")
+    return said

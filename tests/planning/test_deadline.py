@@ -1,0 +1,87 @@
+"""`time_limit` bounds a whole planning call (`autopar.planning.deadline`): each solve is
+capped by what is left, optional work stops once the deadline has passed, and the plan
+records the call's time."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import autopar
+from autopar.passes.capturing.annotate import annotate
+from autopar.passes.capturing.capture import capture
+from autopar.planning.deadline import LEAST_SOLVE_S, SOLVE_SHARE, Deadline
+from autopar.planning.entry import plan_model
+from autopar.planning.graph import STAGE
+from examples import gpt, mlp
+
+
+def test_a_solve_gets_a_share_of_the_limit_and_no_more_than_is_left():
+    fresh = Deadline.after(10.0)
+    assert fresh.solve_seconds(30.0) == pytest.approx(SOLVE_SHARE * 10.0)
+    assert fresh.solve_seconds(1.0) == 1.0
+    assert not fresh.passed() and 9.0 < fresh.left() <= 10.0
+    late = Deadline(time.monotonic() - 9.5, 10.0)
+    assert late.solve_seconds(30.0) == LEAST_SOLVE_S  # 0.5 s left, the least a solve gets
+    gone = Deadline(time.monotonic() - 100.0, 10.0)
+    assert gone.passed() and gone.left() == 0.0 and gone.solve_seconds(30.0) == LEAST_SOLVE_S
+
+
+def test_the_plan_records_the_calls_time_and_the_summary_prints_it():
+    model, inputs = mlp.build(batch=64, hidden=256, ffn=1024, device="meta")
+    mesh = autopar.Mesh((4,), ("dp",), hardware="h100-sxm")
+    plan = autopar.plan(model, mesh, inputs, time_limit=20)
+    assert plan.solver.time_limit_s == 20.0
+    assert 0.0 < plan.solver.planning_s < 20.0 and not plan.solver.cut_short
+    summary = autopar.summary(plan)
+    assert "planning time" in summary and "of a 20 s limit" in summary
+    restored = autopar.Plan.from_dict(plan.to_dict())
+    assert restored.solver.planning_s == plan.solver.planning_s
+
+
+def _rounds(messages: list[str]) -> int:
+    """Overlap rounds after the first: a problem built again right after a plan was
+    extracted, without finding strategies for another graph in between."""
+    stages = [m.split()[1] for m in messages if m.startswith(STAGE)]
+    return sum(a == "extract_plan" and b == "build_problem" for a, b in zip(stages, stages[1:]))
+
+
+def test_once_the_deadline_has_passed_no_optional_work_starts():
+    # A long-sequence GPT that fits only in micro-batches: with the deadline passed, the
+    # search still finds a plan that fits, but plans no further overlap round, tries no
+    # more micro-batch counts than it takes to fit and does not plan the chosen one again
+    # in full, as it does in time.
+    model, inputs = gpt.build(batch=8, seq=8192, hidden=256, heads=4, layers=2, vocab=512,
+                              device="meta")
+    mesh = autopar.Mesh((4,), ("dp",), hardware="h100-sxm")
+    gm = annotate(capture(model, inputs))
+    with pytest.raises(autopar.InfeasiblePlanError) as whole:
+        autopar.plan(model, mesh, inputs, memory_budget=1, recompute=False, microbatches=1)
+    budget = 0.7 * whole.value.min_bytes
+    runs = {}
+    for name, deadline in (("in time", None), ("late", Deadline(time.monotonic() - 100, 1))):
+        said: list[str] = []
+        made = plan_model(model, gm, inputs, mesh, microbatches="auto", model_name="gpt",
+                          memory_budget=budget, recompute=False, progress=said.append,
+                          deadline=deadline)
+        runs[name] = (made, said)
+    late, said = runs["late"]
+    assert late.microbatches > 1 and late.peak_memory_bytes <= budget
+    assert _rounds(said) == 0
+    counts = [m for m in said if "micro-batches of" in m]
+    assert len(counts) == len(set(counts)) and len(counts) <= 2  # no re-plan in full
+    in_time, said = runs["in time"]
+    counts = [m for m in said if "micro-batches of" in m]
+    assert len(counts) > len(set(counts))  # in time, the chosen count is planned in full
+    assert in_time.step_time_s <= late.step_time_s
+    assert late.solver.time_limit_s == 1.0 and late.solver.planning_s > 1.0
+
+
+@pytest.mark.parametrize("limit", [0, -5.0, "10", float("inf"), True])
+def test_a_time_limit_that_is_not_a_positive_number_is_refused_before_planning(limit):
+    model, inputs = mlp.build(batch=8, hidden=16, ffn=32, device="meta")
+    mesh = autopar.Mesh((2,), ("dp",), hardware="h100-sxm")
+    with pytest.raises(autopar.ProblemFormatError) as info:
+        autopar.plan(model, mesh, inputs, time_limit=limit)
+    assert "time_limit" in str(info.value) and "fix:" in str(info.value)
