@@ -216,8 +216,10 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
         if not solution.choices:
             if best is not None:  # the charges change no memory: only time can run out
                 break
+            # The least memory is searched for with the solve's own limit: an answer of
+            # the deadline's last seconds would be a loose upper bound, not the least.
             _infeasible(build, solution, model_name, memory_budget,
-                        capped(time_limit) if least_memory else None)
+                        time_limit if least_memory else None)
         say(f"{STAGE} extract_plan")
         plan = extract_plan(gm, build, solution, model_name=model_name, sizes=sizes,
                             warnings=warnings)

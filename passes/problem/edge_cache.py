@@ -98,7 +98,7 @@ class EdgeCache:
         self._tables: dict[tuple, tuple] = {}
         self._held: dict[tuple, tuple] = {}
         self._local: dict[tuple, float] = {}  # (placements id, nbytes) -> local bytes
-        self._staged: dict[tuple, float] = {}  # (src id, dst id, nbytes) -> staging bytes
+        self._staged: dict[tuple, float] = {}  # (src id, dst id) -> staging bytes per byte
 
     def seconds(self, ref: EdgeRef, src: tuple[Strategy, ...], dst: tuple[Strategy, ...],
                 microbatches: int) -> EdgeSecondsTable:
@@ -237,16 +237,19 @@ class EdgeCache:
 
     def _staging(self, src: np.ndarray, dst: np.ndarray, nbytes) -> np.ndarray:
         """Per (src id, dst id), the `staging_bytes` of converting a tensor of `nbytes`
-        between the two placements."""
-        values = np.empty((len(src), len(dst)))
-        for row, i in enumerate(src.tolist()):
-            for column, j in enumerate(dst.tolist()):
-                found = self._staged.get((i, j, nbytes))
+        between the two placements: `nbytes` times that of one byte (every term is a local
+        size, the tensor's bytes over its pieces), each distinct pair computed once."""
+        sources, src_at = np.unique(src, return_inverse=True)
+        targets, dst_at = np.unique(dst, return_inverse=True)
+        per_byte = np.empty((len(sources), len(targets)))
+        for row, i in enumerate(sources.tolist()):
+            for column, j in enumerate(targets.tolist()):
+                found = self._staged.get((i, j))
                 if found is None:
-                    found = self._staged[(i, j, nbytes)] = staging.staging_bytes(
-                        nbytes, self._placements[i], self._placements[j], self.mesh.shape)
-                values[row, column] = found
-        return values
+                    found = self._staged[(i, j)] = staging.staging_bytes(
+                        1.0, self._placements[i], self._placements[j], self.mesh.shape)
+                per_byte[row, column] = found
+        return nbytes * per_byte[np.ix_(src_at.ravel(), dst_at.ravel())]
 
     def _id(self, placements) -> int:
         found = self._ids.get(placements)
