@@ -47,6 +47,14 @@ def test_fidelity() -> None:
     assert "step time: median |pred/meas - 1|" in out and "over 1 cases" in out
 
 
+def test_planning_time() -> None:
+    out = run_quick("planning_time.py")
+    assert "| case | planned in (s) | step (s) | MFU | GiB | layout | gap |" in out
+    number = r"\d+\.\d+"
+    assert has_line(rf"^\| tiny \| {number} of 5 \| {number} \| {number} \|", out)
+    assert has_line(rf"^\| tiny x2 \| {number} of 10 \| .* step ratio {number}$", out)
+
+
 def test_published() -> None:
     out = run_quick("published.py")
     assert "## 8b-h100: Llama 3.1 8B" in out

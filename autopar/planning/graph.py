@@ -197,7 +197,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
         # what the plan hides, tend to find the faster plans.
         if deadline is None:
             return seconds
-        return deadline.solve_seconds(min(seconds, deadline.left() / rounds))
+        return deadline.solve_seconds(seconds, 1 / rounds)
 
     limit = time_limit
     for done in range(overlap_rounds):
