@@ -9,10 +9,10 @@ rounds) but no more than its part of what is left, and optional work (another ov
 round, another candidate) is skipped once nothing is left. A solve the call cannot do
 without (the first plan, a search that has no plan that fits yet) still gets `LATE_SHARE`
 of what it asked for once the deadline has passed, and never less than `LEAST_SOLVE_S`:
-a solve too short to find a plan that fits would only turn a late plan into an error. What runs outside the solver
-(capture, building problems, the solver's exact reductions) is not cut short either: a
-call can end after its deadline, and its plan says when it did
-(`SolverReport.planning_s`, `.time_limit_s`).
+a solve too short to find a plan that fits would only turn a late plan into an error.
+What runs outside the solver (capture, building problems, the solver's exact reductions)
+is not cut short either: a call can end after its deadline, and its plan says when it
+did (`SolverReport.planning_s`, `.time_limit_s`).
 """
 
 from __future__ import annotations

@@ -42,39 +42,36 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
          progress: Callable[[str], None] | None = None) -> Plan:
     """Choose how every op and tensor of `model` is split over `mesh`.
 
-    `example_inputs` may live on the meta device (and the model too), so plans for large
-    models need no memory. The plan minimises the modelled training step time such that
-    every device holds at most `memory_budget` bytes (default: the hardware's memory
-    less its reserve, `HardwareProfile.reserve_bytes`). `time_limit` bounds the whole
-    call, capture included, spread over its solves (`autopar.planning.deadline`); the
-    plan's `solver` report says how long it took and whether the limit cut a solve short.
-    `constraints` pins named tensors' placements (see `autopar.passes.strategies.constrain`; with a
-    pipeline, placements on the whole mesh replicated on the pipeline axis, each applied in
-    the stage holding the tensor);
-    `fold_layers` makes identical blocks share one decision. With `hand_strategies`, the
-    plan also carries the standard hand-written strategies (data parallel, ZeRO-3, Megatron,
-    data x tensor, and with recomputation) costed the same way (`autopar.planning.hand_strategies`),
-    which costs one more solve each; a tuple of their names carries those only.
-    `strategy` names one to plan with instead of the solver's free choice.
-    `optimizer` is what the model is trained with: a torch optimizer class,
-    `(class, options)` or state bytes per parameter element (default AdamW;
-    `autopar.costs.optimizer_state`), stepping a `master_weights` copy (e.g. torch.float32 for a
-    bfloat16 model) when given. `recompute` lets the solver recompute
-    activations in the backward instead of keeping them. `microbatches` runs a step as
-    that many micro-batches one after the other (gradient accumulation: one micro-batch's
-    activations at a time, against smaller matmuls and collectives repeated per
-    micro-batch); "auto" tries more of them while the plan of fewer holds most of the
-    memory budget, and keeps the fastest plan (see `layout.plan_unpipelined`). `pipeline` cuts the
-    model into stages of consecutive blocks over one mesh axis (`autopar.Pipeline`: axis,
-    stages, micro-batches, schedule; `autopar.planning.pipeline.plan`); "auto" (the default) also
-    plans a pipeline over the axis named "pp" when the mesh has one and keeps it when it
-    is faster, False never pipelines. `progress` receives a
-    message as each pass starts (prefixed `STAGE`) and the solver's progress lines. Each
-    distinct warning raised while planning is issued once, at the end, and kept in the
-    plan's `warnings` (which its summary prints). Raises
-    `InfeasiblePlanError` with the least memory any plan needs when nothing fits,
-    `OptimizerError` for an optimizer whose state the cost model can't size, and
-    `MicrobatchError` for a count of micro-batches the model's step can't be cut into.
+    `example_inputs` may live on the meta device (and the model too), so plans for large models
+    need no memory. The plan minimises the modelled training step time such that every device
+    holds at most `memory_budget` bytes (default: the hardware's memory less its reserve,
+    `HardwareProfile.reserve_bytes`). `time_limit` bounds the whole call, spread over its
+    solves (`autopar.planning.deadline`; `plan.solver` says more). `constraints` pins named
+    tensors' placements (see `autopar.passes.strategies.constrain`; with a pipeline, placements
+    on the whole mesh replicated on the pipeline axis, each applied in the stage holding the
+    tensor); `fold_layers` makes identical blocks share one decision. With `hand_strategies`,
+    the plan also carries the standard hand-written strategies (data parallel, ZeRO-3,
+    Megatron, data x tensor, and with recomputation) costed the same way
+    (`autopar.planning.hand_strategies`), which costs one more solve each; a tuple of their
+    names carries those only. `strategy` names one to plan with instead of the solver's free
+    choice. `optimizer` is what the model is trained with: a torch optimizer class, `(class,
+    options)` or state bytes per parameter element (default AdamW;
+    `autopar.costs.optimizer_state`), stepping a `master_weights` copy (e.g. torch.float32 for
+    a bfloat16 model) when given. `recompute` lets the solver recompute activations in the
+    backward instead of keeping them. `microbatches` runs a step as that many micro-batches one
+    after the other (gradient accumulation: one micro-batch's activations at a time, against
+    smaller matmuls and collectives repeated per micro-batch); "auto" tries more of them while
+    the plan of fewer holds most of the memory budget, and keeps the fastest plan (see
+    `layout.plan_unpipelined`). `pipeline` cuts the model into stages of consecutive blocks
+    over one mesh axis (`autopar.Pipeline`: axis, stages, micro-batches, schedule;
+    `autopar.planning.pipeline.plan`); "auto" (the default) also plans a pipeline over the axis
+    named "pp" when the mesh has one and keeps it when it is faster, False never pipelines.
+    `progress` receives a message as each pass starts (prefixed `STAGE`) and the solver's
+    progress lines. Each distinct warning raised while planning is issued once, at the end, and
+    kept in the plan's `warnings` (which its summary prints). Raises `InfeasiblePlanError` with
+    the least memory any plan needs when nothing fits, `OptimizerError` for an optimizer whose
+    state the cost model can't size, and `MicrobatchError` for a count of micro-batches the
+    model's step can't be cut into.
     """
     deadline = Deadline.after(check_time_limit(time_limit))
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
@@ -89,11 +86,10 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
             microbatches = 1  # a symbolic batch has no divisors to try
         made = plan_model(model, annotate(gm), tuple(example_inputs), mesh,
                           microbatches=microbatches, model_name=type(model).__name__,
-                          memory_budget=memory_budget, time_limit=time_limit,
+                          memory_budget=memory_budget, deadline=deadline,
                           constraints=constraints, fold_layers=fold_layers, seed=seed,
                           hand_strategies=hand_strategies, strategy=strategy, optimizer=state,
-                          recompute=recompute, pipeline=pipeline, progress=progress,
-                          deadline=deadline)
+                          recompute=recompute, pipeline=pipeline, progress=progress)
     return dataclasses.replace(made, warnings=_merge_warnings(made.warnings, raised))
 
 

@@ -178,27 +178,16 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     full; a refinement starts from the fractions its screening plan left exposed), each
     next one at the fractions the previous plan left exposed (`Background`; at most
     `overlap_rounds` solves, the later ones with half the time limit), and the plan with
-    the least step time is returned. `edge_cache`: an
-    `EdgeCache` of `mesh` to keep the edges' costs in (by default one of its own).
-    `deadline`: the planning call's, which caps each solve's `time_limit`
-    (`Deadline.solve_seconds`) and ends the rounds once it has passed.
+    the least step time is returned. `edge_cache`: an `EdgeCache` of `mesh` for the edges'
+    costs (default: its own). `deadline`: the call's, capping each solve and the rounds.
     """
     say = progress or (lambda message: None)
     hints = size_hints(gm)
     sizes = {str(k): v for k, v in hints.items()}
     warnings = _unruled_warnings(gm, table)
-    saved = find_saved(gm)  # the same for every round
-    # So are the edges' seconds: only the charges change.
+    saved = find_saved(gm)  # the same for every round, as are the edges' seconds
     edges = edge_cache if edge_cache is not None else EdgeCache(mesh)
     best: Plan | None = None
-
-    def capped(seconds: float, rounds: int = 1) -> float:
-        # The rounds still to come share what is left: the later ones, charged closer to
-        # what the plan hides, tend to find the faster plans.
-        if deadline is None:
-            return seconds
-        return deadline.solve_seconds(seconds, 1 / rounds)
-
     limit = time_limit
     for done in range(overlap_rounds):
         say(f"{STAGE} build_problem (background gradient reductions charged at "
@@ -207,12 +196,8 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                               optimizer=optimizer, fold_layers=fold_layers,
                               charges=charges, saved=saved, edge_cache=edges,
                               microbatches=microbatches, in_flight=in_flight)
-        spent = "" if deadline is None else f"; {deadline.describe()}"
-        say(f"{STAGE} solve ({build.problem.num_nodes} decisions, "
-            f"{build.problem.num_edges} edges{spent})")
-        solution = solve(build.problem, time_limit=capped(limit, overlap_rounds - done),
-                         seed=seed,
-                         progress=progress, repeatable=True)
+        solution = _solved(build, limit, seed=seed, progress=progress, deadline=deadline,
+                           rounds=overlap_rounds - done)
         if not solution.choices:
             if best is not None:  # the charges change no memory: only time can run out
                 break
@@ -226,13 +211,29 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
         if best is None or plan.step_time_s < best.step_time_s:
             best = plan
         exposed = Background(plan.solver.exposed_reductions, plan.solver.exposed_gathers)
-        if (abs(exposed.reductions - charges.reductions) < 0.02
-                and abs(exposed.gathers - charges.gathers) < 0.02) or (
-                    deadline is not None and deadline.passed()):
+        late = deadline is not None and deadline.passed()
+        if late or (abs(exposed.reductions - charges.reductions) < 0.02
+                    and abs(exposed.gathers - charges.gathers) < 0.02):
             break
         charges, limit = exposed, time_limit / 2
     assert best is not None
     return best
+
+
+def _solved(build: ProblemBuild, seconds: float, *, seed: int,
+            progress: Callable[[str], None] | None, deadline: Deadline | None,
+            rounds: int) -> Solution:
+    """One round's solve, for `seconds` capped by `deadline`, where the `rounds` still to
+    come share what is left (the later ones, charged closer to what the plan hides, tend
+    to find the faster plans)."""
+    say = progress or (lambda message: None)
+    spent = "" if deadline is None else f"; {deadline.describe()}"
+    say(f"{STAGE} solve ({build.problem.num_nodes} decisions, "
+        f"{build.problem.num_edges} edges{spent})")
+    if deadline is not None:
+        seconds = deadline.solve_seconds(seconds, 1 / rounds)
+    return solve(build.problem, time_limit=seconds, seed=seed, progress=progress,
+                 repeatable=True)
 
 
 def _infeasible(build: ProblemBuild, solution: Solution, model_name: str,

@@ -50,12 +50,9 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                 optimizer: OptimizerState, micro: MicroBatches | None = None,
                 edge_caches: EdgeCaches | None = None,
                 progress: Callable[[str], None] | None = None,
-                deadline: Deadline | None = None
-                ) -> tuple[HandStrategyRecord, Plan | None]:
+                deadline: Deadline | None = None) -> tuple[HandStrategyRecord, Plan | None]:
     """The Megatron 3D record and its plan (None when it doesn't apply or fit); `micro`
-    splits the step and captures one micro-batch (`MicroBatches`: the planning call's, or
-    one of its own), and `edge_caches` and `deadline` are the planning call's
-    (`graph.plan_graph`)."""
+    (the call's `MicroBatches`, or its own), `edge_caches`, `deadline`: the call's."""
     axis = pipeline_axis_3d(mesh) if mesh.ndim >= 2 else None
     inner_link = mesh.hardware.links[0].name
     if axis is None:
@@ -82,8 +79,8 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
 
             table = constrain(graph, table, inner, constraints)
         restricted = restrict(graph, table, inner, roles, strategy.recompute).table
-        limits = {"time_limit": time_limit}
-        solve = screened(limits) if refining is None else refined(limits, refining)
+        solve = (screened({"time_limit": time_limit}) if refining is None
+                 else refined({"time_limit": time_limit}, refining))
         return plan_table(graph, restricted, inner, model_name=type(model).__name__,
                           memory_budget=memory_budget, time_limit=solve["time_limit"],
                           fold_layers=fold_layers, seed=seed, optimizer=optimizer,
