@@ -24,7 +24,7 @@ from autopar.planning.hand_strategies import check_hand_strategy_names
 from autopar.planning.layout import plan_layout
 from autopar.values.mesh import Mesh
 from autopar.values.pipeline import Pipeline
-from autopar.values.plan import Plan
+from autopar.values.plan import CLOSED_GAP, Plan
 from autopar.values.specs import TENSOR
 
 # Seconds a planning call may take by default, capture and every solve included.
@@ -126,8 +126,10 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
         made = plan_layout(model, gm, example_inputs, mesh, microbatches=microbatches,
                            pipeline=pipeline, time_limit=deadline.seconds, deadline=deadline,
                            **options)
-    solver = dataclasses.replace(made.solver, planning_s=deadline.spent(),
-                                 time_limit_s=deadline.seconds)
+    solver = dataclasses.replace(
+        made.solver, planning_s=deadline.spent(), time_limit_s=deadline.seconds,
+        cut_short=deadline.passed() and made.solver.status != "optimal"
+        and made.solver.gap > CLOSED_GAP)
     return dataclasses.replace(made, inputs=input_signature(example_inputs),
                                graph=graph_digest(gm), solver=solver,
                                warnings=_merge_warnings(made.warnings, raised))

@@ -232,8 +232,11 @@ def _solved(build: ProblemBuild, seconds: float, *, seed: int,
         f"{build.problem.num_edges} edges{spent})")
     if deadline is not None:
         seconds = deadline.solve_seconds(seconds, 1 / rounds)
-    return solve(build.problem, time_limit=seconds, seed=seed, progress=progress,
-                 repeatable=True)
+    solution = solve(build.problem, time_limit=seconds, seed=seed, progress=progress,
+                     repeatable=True)
+    if deadline is not None:
+        deadline.charge(seconds, optimal=solution.status in ("optimal", "infeasible"))
+    return solution
 
 
 def _infeasible(build: ProblemBuild, solution: Solution, model_name: str,
