@@ -185,11 +185,6 @@ def test_a_small_model_with_ample_memory_recomputes_nothing():
 
 
 @pytest.mark.slow  # about a minute: the plan without a pipeline tries 1-8 micro-batches
-@pytest.mark.xfail(strict=True, reason="since collective staging buffers are charged, the "
-                   "pipeline of 8 micro-batches needs 0.56 GiB per GPU (it fits 0.4 GiB no "
-                   "more), and within 0.55 to 0.6 GiB the plan without one steps faster "
-                   "(14.2 ms against 17.5); the pipeline's memory is issue 34's to "
-                   "find")
 def test_a_slow_link_between_nodes_is_pipelined_across():
     """A 0.47 B-parameter GPT in bfloat16 (hidden 2048, 8 layers, 16 x 512 tokens) on 2 nodes
     of 8 H100s joined by 100 Gb/s Ethernet (12.5 GB/s per GPU, `h100-ethernet`), within
@@ -204,7 +199,7 @@ def test_a_slow_link_between_nodes_is_pipelined_across():
     model, inputs = gpt.build(vocab=32000, seq=512, hidden=2048, heads=16, layers=8, batch=16,
                               device="meta", dtype=torch.bfloat16)
     mesh = autopar.Mesh((2, 8), ("pp", "tp"), hardware="h100-ethernet")
-    plan = autopar.plan(model, mesh, inputs, time_limit=60, memory_budget=0.4 * 2**30)
+    plan = autopar.plan(model, mesh, inputs, memory_budget=0.4 * 2**30)
     assert plan.pipeline is not None
     assert plan.pipeline.ranks == 2 and plan.pipeline.microbatches >= 2
     pipeline_traffic = {kind for kind, axis, _ in plan.comm_bytes() if axis == "pp"}

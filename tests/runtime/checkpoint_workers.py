@@ -43,10 +43,16 @@ def build(example: str, seed: int):
 def plan_for(example: str, layout: Layout, **options) -> dict:
     model, inputs = build(example, 0)
     mesh = autopar.Mesh(layout.shape, layout.axes, hardware="cpu")
-    plan = autopar.plan(model, mesh, inputs, time_limit=5.0, pipeline=layout.pipeline,
+    # 15 solver seconds for the whole call: the plans these cases were written for (moe's
+    # plan at 5 s, with attention projections stored S(1) on dp, resumes 1e-7 apart from
+    # the run it was saved from: docs/DESIGN.md, "Not yet built").
+    plan = autopar.plan(model, mesh, inputs, time_limit=15.0, pipeline=layout.pipeline,
                         **options)
     if layout.budget is not None:
-        plan = autopar.plan(model, mesh, inputs, time_limit=5.0, pipeline=layout.pipeline,
+        # 15 solver seconds for the whole call: the plans these cases were written for (moe's
+    # plan at 5 s, with attention projections stored S(1) on dp, resumes 1e-7 apart from
+    # the run it was saved from: docs/DESIGN.md, "Not yet built").
+    plan = autopar.plan(model, mesh, inputs, time_limit=15.0, pipeline=layout.pipeline,
                             memory_budget=layout.budget * plan.peak_memory_bytes, **options)
     return plan.to_dict()
 
