@@ -49,10 +49,7 @@ def plan_for(example: str, layout: Layout, **options) -> dict:
     plan = autopar.plan(model, mesh, inputs, time_limit=15.0, pipeline=layout.pipeline,
                         **options)
     if layout.budget is not None:
-        # 15 solver seconds for the whole call: the plans these cases were written for (moe's
-    # plan at 5 s, with attention projections stored S(1) on dp, resumes 1e-7 apart from
-    # the run it was saved from: docs/DESIGN.md, "Not yet built").
-    plan = autopar.plan(model, mesh, inputs, time_limit=15.0, pipeline=layout.pipeline,
+        plan = autopar.plan(model, mesh, inputs, time_limit=15.0, pipeline=layout.pipeline,
                             memory_budget=layout.budget * plan.peak_memory_bytes, **options)
     return plan.to_dict()
 
