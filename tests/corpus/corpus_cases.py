@@ -78,7 +78,7 @@ def plan_model(name: str) -> Planned:
         budget = BUDGET * replicated_peak(name)
         model, inputs = corpus_models.build(name)
         plan = autopar.plan(model, autopar.Mesh(SHAPE, AXES, hardware="cpu"), inputs,
-                            memory_budget=budget, time_limit=5.0, microbatches=1)
+                            memory_budget=budget, time_limit=15.0, microbatches=1)
     except autopar.AutoparError as error:
         return Planned(name, None, f"{type(error).__name__}: {error}")
     return Planned(name, plan.to_dict())
