@@ -124,6 +124,9 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
 # these shares of the time limit.
 EDGE_USAGE_SHARES = (0.25, 0.25, 0.5)
 LOWER_LIMITS = 4
+# When none of the relaxation's answers fits, this share of the exact phase's looks for any
+# answer that fits, costs aside, for the exact solve to start from.
+FIT_SHARE = 0.25
 
 
 def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, workers: int,
@@ -132,7 +135,8 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
     them at its least over its first end (`edge_usage.relaxation`: its optimum is the
     answer when it fits, and its bound holds); unless that answer fits, the relaxation
     again under lower limits (`_lower_limits`); then exactly, started from the cheapest
-    answer that fits. Each phase gets its share of the limit (`EDGE_USAGE_SHARES`)."""
+    answer that fits (or, when none does, any that fits: `FIT_SHARE`). Each phase gets its
+    share of the limit (`EDGE_USAGE_SHARES`)."""
     start, shares = time.monotonic(), [share * time_limit for share in EDGE_USAGE_SHARES]
     options = dict(seed=seed, workers=workers, progress=progress, repeatable=repeatable)
     relaxed_problem = with_usage_nodes(relaxation(problem))
@@ -142,9 +146,15 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
         return dataclasses.replace(relaxed, wall_time=time.monotonic() - start)
     answers = [relaxed] + _lower_limits(problem, relaxed_problem, relaxed, shares[1],
                                         options)
+    start_from = _best_fit(problem, answers)
+    if start_from is None:  # costs aside, any answer that fits, to start from
+        found = solve(_cost_free(problem, problem.usage_limit),
+                      time_limit=shares[2] * FIT_SHARE, **options)
+        start_from = _best_fit(problem, [_truncated(found, problem)])
+        shares[2] *= 1 - FIT_SHARE
     expanded = with_usage_nodes(problem)
     exact = solve(expanded, time_limit=shares[2],
-                  initial=_completed(expanded, _best_fit(problem, answers)), **options)
+                  initial=_completed(expanded, start_from), **options)
     best = _best_fit(problem, [*answers, _truncated(exact, problem)])
     bound = max(relaxed.bound, exact.bound)
     if best is None:

@@ -18,7 +18,8 @@ Per parameter node, with `stored = local_bytes(nbytes, output)` (its dtype) and
                    ZeRO-1: uses x 2 x local_bytes(nbytes, gathered), copies and their gradients)
 
 so `gathered` is what is left of `memory_bytes` after the first three (0 unless the node is
-kept gathered). Buffers, constants and user inputs are held whole-step at their placement
+kept gathered). A frozen parameter (`gradient_path.trained` false) has no gradient nor
+optimizer states: only the first line and the gathered copies. Buffers, constants and user inputs are held whole-step at their placement
 (`buffers`, `inputs`: `memory_bytes`). An op on the gradient path keeps its output from its
 op to the end of the forward: `activations` sums their `memory_bytes` (views count 0 there),
 less `copies`;
@@ -61,7 +62,7 @@ from torch import fx, nn
 
 from autopar.costs.optimizer_state import ADAMW, OptimizerState
 from autopar.passes.capturing.find_saved import find_saved
-from autopar.passes.capturing.gradient_path import gradient_path
+from autopar.passes.capturing.gradient_path import gradient_path, trained
 from autopar.passes.problem.build_problem import kept_reads, stored_parameter_bytes, tensor_leaves
 from autopar.passes.problem.edge_costs import copy_bytes
 from autopar.passes.strategies.find_strategies import producer_of
@@ -204,13 +205,16 @@ def _parameter(name: str, node: fx.Node, memory_bytes: float, placements,
     spec: TensorSpec = node.meta[TENSOR]
     stored, states = map(float, stored_parameter_bytes(spec, placements, mesh_shape,
                                                        optimizer))
-    gathered = memory_bytes - 2 * stored - states
+    gradient = stored
+    if not trained(node):  # frozen: no gradient, master copy or optimizer states
+        gradient = states = 0.0
+    gathered = memory_bytes - stored - gradient - states
     if gathered < -_SLACK:
         raise ValueError(
             f"parameter {name}: the plan counts {memory_bytes:.0f} bytes, less than its piece, "
-            f"gradient and {optimizer.describe()} states ({2 * stored + states:.0f}): the plan "
-            "was made for another optimizer")
-    return ParameterMemory(node.meta[NAMES][0], stored, stored, states,
+            f"gradient and {optimizer.describe()} states ({stored + gradient + states:.0f}): "
+            "the plan was made for another optimizer")
+    return ParameterMemory(node.meta[NAMES][0], stored, gradient, states,
                            gathered if gathered > _SLACK else 0.0)
 
 

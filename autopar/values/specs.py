@@ -6,6 +6,9 @@ read them. Meta keys (all prefixed `autopar_`):
 - `autopar_role` (capture): "parameter", "buffer", "constant", "input", "op" or "output".
 - `autopar_names` (capture): for parameters, buffers and constants, every fully qualified
   name the tensor has in the model (tied weights have several), first one canonical.
+- `autopar_frozen` (capture): True on a parameter the model does not train (its
+  `requires_grad` is False, as a frozen embedding's): it has no gradient, optimizer state
+  or optimizer step, and carries no gradient.
 - `autopar_module` (capture): dotted path of the innermost module that produced the node
   ("" at top level), e.g. "layers.3.attn"; the unit for grouping and layer folding.
 - `autopar_tensor` (annotate): the `TensorSpec` of the node's value, a tuple of them for a
@@ -36,6 +39,7 @@ import torch
 
 ROLE = "autopar_role"
 NAMES = "autopar_names"
+FROZEN = "autopar_frozen"
 MODULE = "autopar_module"
 TENSOR = "autopar_tensor"
 FLOPS = "autopar_flops"

@@ -50,7 +50,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from autopar.errors import CaptureError, LossError
 from autopar.passes.capturing.repeat_blocks import capture_repeated
 from autopar.rules import DECOMPOSITIONS
-from autopar.values.specs import MODULE, NAMES, ROLE
+from autopar.values.specs import FROZEN, MODULE, NAMES, ROLE
 
 CONSTANTS = "autopar_constants"
 CALL_SPEC = "autopar_call_spec"
@@ -118,6 +118,8 @@ def _trace(model: nn.Module, example_inputs: tuple,
                 node.meta[NAMES] = state[role][target]
                 if role == "constant":
                     constants[node.meta[NAMES][0]] = program.constants[target]
+                if role == "parameter":
+                    node.meta[FROZEN] = not model.get_parameter(target).requires_grad
         else:
             node.meta[ROLE] = "output" if node.op == "output" else "op"
         node.meta[MODULE] = _module_path(node)

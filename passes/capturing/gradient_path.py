@@ -1,9 +1,10 @@
 """Gradient-path pass: which nodes carry a gradient in the backward.
 
-Reads `autopar_role`, `autopar_tensor` and `autopar_boundary`; returns a dict, writes
-nothing. A node is on the gradient path when its value depends on a parameter through
-floating-point values and ops that pass gradients: integer and boolean results (indices,
-masks) and factories (`zeros_like(x)` depends on x's shape only) carry none. In a pipeline
+Reads `autopar_role`, `autopar_frozen`, `autopar_tensor` and `autopar_boundary`; returns a
+dict, writes nothing. A node is on the gradient path when its value depends on a trained
+parameter (`trained`: not a frozen one) through floating-point values and ops that pass
+gradients: integer and boolean results (indices, masks) and factories (`zeros_like(x)`
+depends on x's shape only) carry none. In a pipeline
 stage's graph, a floating-point input the previous stage sends (`autopar_boundary`) carries
 a gradient too: the one the stage sends back.
 """
@@ -13,17 +14,17 @@ from __future__ import annotations
 import torch.fx as fx
 
 from autopar.rules import factories
-from autopar.values.specs import BOUNDARY, ROLE, TENSOR, TensorSpec
+from autopar.values.specs import BOUNDARY, FROZEN, ROLE, TENSOR, TensorSpec
 
 
 def gradient_path(gm: fx.GraphModule) -> dict[str, bool]:
-    """Which nodes' values depend on a parameter through floating-point values and ops that
-    pass gradients, so carry a gradient. Integer and boolean results (indices, masks) carry
-    none, whatever they were computed from."""
+    """Which nodes' values depend on a trained parameter through floating-point values and
+    ops that pass gradients, so carry a gradient. Integer and boolean results (indices,
+    masks) carry none, whatever they were computed from."""
     on_path: dict[str, bool] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            on_path[node.name] = node.meta.get(ROLE) == "parameter" or (
+            on_path[node.name] = trained(node) or (
                 bool(node.meta.get(BOUNDARY)) and any(
                     is_differentiable(spec) for spec in tensor_outputs(node)))
         elif node.op == "output":
@@ -33,6 +34,11 @@ def gradient_path(gm: fx.GraphModule) -> dict[str, bool]:
                 on_path[n.name] for n in node.all_input_nodes) and any(
                 is_differentiable(spec) for spec in tensor_outputs(node))
     return on_path
+
+
+def trained(node: fx.Node) -> bool:
+    """Whether `node` is a parameter the optimizer steps: not one frozen (`autopar_frozen`)."""
+    return node.meta.get(ROLE) == "parameter" and not node.meta.get(FROZEN, False)
 
 
 def passes_gradient(node: fx.Node) -> bool:

@@ -73,6 +73,7 @@ from autopar.passes.capturing.gradient_path import (
     is_differentiable,
     passes_gradient,
     tensor_outputs,
+    trained,
 )
 from autopar.passes.capturing.trace_kernels import priced_kernels
 from autopar.passes.problem.edge_cache import EdgeCache
@@ -253,16 +254,17 @@ def parameter_step_time(spec: TensorSpec, placements, mesh: Mesh, optimizer: Opt
 
 
 def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer: OptimizerState,
-                    saving_uses: int, uses: int, *, gradient: bool = True) -> float:
+                    saving_uses: int, uses: int, *, gradient: bool = True,
+                    trained: bool = True) -> float:
     """Bytes one rank holds for a parameter: its stored piece, gradient (unless not
-    `gradient`), master copy and optimizer states (all stored as `strategy.output`), plus,
-    when it is kept gathered, one gathered copy for each use that saves it for the backward
-    (ZeRO-2), or a gathered copy and its whole gradient for each of its `uses` (ZeRO-1,
-    kept for the step)."""
+    `gradient`), master copy and optimizer states (all stored as `strategy.output`; a frozen
+    parameter, not `trained`, has only its piece), plus, when it is kept gathered, one
+    gathered copy for each use that saves it for the backward (ZeRO-2), or a gathered copy
+    and its whole gradient for each of its `uses` (ZeRO-1, kept for the step)."""
     stored, states = stored_parameter_bytes(spec, strategy.output, mesh.shape, optimizer)
-    total = (2 if gradient else 1) * stored + states
+    total = (2 if gradient else 1) * stored + states if trained else stored
     if strategy.gathered is not None:
-        copies = 2 * uses if strategy.whole_gradient else saving_uses
+        copies = (2 if trained else 1) * uses if strategy.whole_gradient else saving_uses
         total += copies * formulas.local_bytes(spec.nbytes, strategy.gathered, mesh.shape)
     return total
 
@@ -285,7 +287,7 @@ class _Builder:
         self.index = {name: i for i, name in enumerate(self.order)}
         self.timeline = Timeline(
             len(self.order), tuple(i for i, name in enumerate(self.order)
-                                   if self.by_name[name].meta.get(ROLE) == "parameter"),
+                                   if trained(self.by_name[name])),
             per_tensor=not mesh.hardware.multi_tensor_optimizer, in_flight=in_flight)
         self.on_path = gradient_path(gm)
         self.saved = saved
@@ -303,7 +305,7 @@ class _Builder:
         """`node_cost` of each of `strategies`, computed once for the nodes that have them
         and are alike in all it reads (the nodes of repeated blocks)."""
         if node.meta.get(ROLE) == "parameter":
-            reads: tuple = ("parameter", tensor_outputs(node)[0])
+            reads: tuple = ("parameter", tensor_outputs(node)[0], trained(node))
         elif node.op != "call_function":
             reads = ("no op",)
         else:
@@ -320,7 +322,7 @@ class _Builder:
         """`node_usage` of each of `strategies`, computed once for the nodes that have them
         and are alike in all it reads."""
         name = node.name
-        reads = (node.meta.get(ROLE), node.op, tensor_outputs(node),
+        reads = (node.meta.get(ROLE), trained(node), node.op, tensor_outputs(node),
                  self.saving_uses.get(name, 0), self.uses.get(name, 0),
                  _number(node.meta.get(BYTES, 0), self.hints) == 0, self.saved.get(name),
                  self.kept.get(name), self.owned.get(name), self.on_path.get(name))
@@ -335,8 +337,10 @@ class _Builder:
 
     def node_cost(self, node: fx.Node, strategy: Strategy) -> float:
         """Seconds of a step: an op's compute over every micro-batch; a parameter's
-        optimizer step, once (`parameter_step_time`)."""
+        optimizer step, once (`parameter_step_time`; none for a frozen one)."""
         if node.meta.get(ROLE) == "parameter":
+            if not trained(node):
+                return 0.0
             return float(parameter_step_time(tensor_outputs(node)[0], strategy.output,
                                              self.mesh, self.optimizer))
         return self.microbatches * float(op_time(
@@ -358,7 +362,8 @@ class _Builder:
             return float(parameter_bytes(tensor_outputs(node)[0], strategy, self.mesh,
                                          self.optimizer, self.saving_uses.get(node.name, 0),
                                          self.uses.get(node.name, 0),
-                                         gradient=not self.timed_gradients))
+                                         gradient=not self.timed_gradients,
+                                         trained=trained(node)))
         held = sum(formulas.local_bytes(s.nbytes, strategy.output, self.mesh.shape)
                    for s in tensor_outputs(node)) if node.op != "output" else 0
         if role in STORED_ROLES or role == "input":

@@ -20,7 +20,7 @@ import sympy
 import torch.fx as fx
 
 from autopar.costs import formulas
-from autopar.passes.capturing.gradient_path import tensor_outputs
+from autopar.passes.capturing.gradient_path import tensor_outputs, trained
 from autopar.passes.problem.build_problem import (
     ProblemBuild,
     op_compute_time,
@@ -52,7 +52,7 @@ def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound,
     total = count * sympy.sympify(op_time(
         node, strategy, mesh, differentiable=build.requires_grad[node.name],
         size=sympy.sympify))
-    if node.meta.get(ROLE) == "parameter":
+    if trained(node):
         total += parameter_step_time(tensor_outputs(node)[0], strategy.output, mesh,
                                      build.optimizer)
     for ref, src, dst in inbound:
@@ -234,7 +234,7 @@ def _memory_bytes(i: int, node: fx.Node, strategy, build: ProblemBuild,
     """The bytes node `i` holds (its usage in the problem, once), a parameter's with its
     gradient, which the problem may count over an interval of its own."""
     usage = float(build.problem.node_usages[i][solution.choices[i]]) / build.held_repeats[i]
-    if build.timed_gradients and node.meta.get(ROLE) == "parameter":
+    if build.timed_gradients and trained(node):
         usage += float(formulas.local_bytes(tensor_outputs(node)[0].nbytes, strategy.output,
                                             build.mesh.shape))
     return usage

@@ -429,6 +429,31 @@ def _frozen_bn(g):
     return model, (_randn(g, 3, 32, 32), _labels(g))
 
 
+class FrozenEncoder(nn.Module):
+    """Fine-tuning a classifier on a pretrained encoder kept frozen: its embedding and first
+    layer do not train (`requires_grad_(False)`), the layer above them and the head do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 32)
+        self.encoder = nn.Linear(32, 64)
+        self.adapter = nn.Linear(64, 64)
+        self.head = nn.Linear(64, CLASSES)
+        for frozen in (self.embed, self.encoder):
+            frozen.requires_grad_(False)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        hidden = torch.relu(self.encoder(self.embed(ids)))
+        pooled = torch.relu(self.adapter(hidden)).mean(dim=1)
+        return F.cross_entropy(self.head(pooled), labels)
+
+
+@_model("frozen_encoder", "a classifier fine-tuned on a frozen embedding and layer: "
+        "parameters without gradients")
+def _frozen_encoder(g):
+    return FrozenEncoder(), (_ids(g), _labels(g))
+
+
 class DropoutMLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -4,7 +4,7 @@ replicated peak and trained 3 AdamW steps next to the single-process model.
 The whole corpus trains only with `pytest --corpus` (about 5 minutes on 2 cores);
 the default run trains `QUICK`, one model of each kind that has its own machinery (batch
 norm in training mode, a tied-weight encoder-decoder with a cache in its output, dropout, a
-dict output). Every model is held to:
+dict output, frozen parameters). Every model is held to:
 - loss and every gradient within `autopar.tools.training.Tolerance()` of the plain model's at
   every step (a model with dropout from the same generator state: see random_ops);
 - the bytes each collective moved equal to the plan's, on every rank;
@@ -21,7 +21,7 @@ import pytest
 
 from autopar.runtime.launch import launch
 
-QUICK = ("cnn", "t5", "mlp_dropout", "dict_output")
+QUICK = ("cnn", "t5", "mlp_dropout", "dict_output", "frozen_encoder")
 
 
 @pytest.fixture(scope="module")
