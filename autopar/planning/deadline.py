@@ -64,3 +64,8 @@ class Deadline:
 
     def describe(self) -> str:
         return f"{self.allotted:.1f} of {self.seconds:g} solver s allotted"
+
+
+def expired(deadline: Deadline | None) -> bool:
+    """Whether a call's `deadline` has no seconds left (never without one)."""
+    return deadline is not None and deadline.passed()

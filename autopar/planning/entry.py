@@ -22,9 +22,10 @@ from autopar.planning.deadline import Deadline
 from autopar.planning.graph import NO_RULE, STAGE
 from autopar.planning.hand_strategies import check_hand_strategy_names
 from autopar.planning.layout import plan_layout
+from autopar.solver.budget import PLANNER_GAP
 from autopar.values.mesh import Mesh
 from autopar.values.pipeline import Pipeline
-from autopar.values.plan import CLOSED_GAP, Plan
+from autopar.values.plan import Plan
 from autopar.values.specs import TENSOR
 
 # Seconds a planning call may take by default, capture and every solve included.
@@ -129,7 +130,7 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     solver = dataclasses.replace(
         made.solver, planning_s=deadline.spent(), time_limit_s=deadline.seconds,
         cut_short=deadline.passed() and made.solver.status != "optimal"
-        and made.solver.gap > CLOSED_GAP)
+        and made.solver.gap > PLANNER_GAP)
     return dataclasses.replace(made, inputs=input_signature(example_inputs),
                                graph=graph_digest(gm), solver=solver,
                                warnings=_merge_warnings(made.warnings, raised))

@@ -27,7 +27,7 @@ from autopar.passes.strategies.constrain import constrain
 from autopar.passes.strategies.find_strategies import StrategyTable, find_strategies
 from autopar.passes.strategies.offer_recompute import offer_recompute, searched
 from autopar.passes.strategies.offer_whole_gradient import offer_whole_gradient
-from autopar.planning.deadline import Deadline
+from autopar.planning.deadline import Deadline, expired
 from autopar.solver import Solution, min_peak_usage, solve
 from autopar.values.mesh import Mesh
 from autopar.values.plan import Plan
@@ -211,7 +211,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
         if best is None or plan.step_time_s < best.step_time_s:
             best = plan
         exposed = Background(plan.solver.exposed_reductions, plan.solver.exposed_gathers)
-        late = deadline is not None and deadline.passed()
+        late = expired(deadline)
         if late or (abs(exposed.reductions - charges.reductions) < 0.02
                     and abs(exposed.gathers - charges.gathers) < 0.02):
             break

@@ -15,6 +15,7 @@ from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError, 
 from autopar.passes.capturing.capture import loss_output
 from autopar.passes.layout.split_microbatches import batch_size
 from autopar.passes.problem.edge_cache import EdgeCaches
+from autopar.planning.deadline import expired
 from autopar.planning.graph import STAGE, default_budget, refined, screened
 from autopar.planning.hand_strategies import MEGATRON_3D, plan_compared
 from autopar.planning.microbatches import MicroBatches
@@ -196,7 +197,7 @@ def _screened_best(plain: _Plain, *, least_memory: bool) -> Plan:
     deadline = plain.options.get("deadline")
     while count <= min(batch, MAX_MICROBATCHES) and batch % count == 0 and (
             best is None or best.peak_memory_bytes >= MEMORY_BINDS * plain.budget
-            and not (deadline is not None and deadline.passed())):
+            and not expired(deadline)):
         try:
             split = plain.micro.split(count)
         except MicrobatchError:
@@ -219,7 +220,7 @@ def _in_full(plain: _Plain, best: Plan) -> Plan:
     """`best`, or its micro-batch count chosen by screening planned in full when that is
     no slower."""
     deadline = plain.options.get("deadline")
-    if best.microbatches == 1 or deadline is not None and deadline.passed():
+    if best.microbatches == 1 or expired(deadline):
         return best
     try:  # the count chosen by screening, planned in full
         full = plain.planned(best.microbatches, plain.micro.split(best.microbatches),

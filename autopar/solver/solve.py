@@ -130,13 +130,14 @@ FIT_SHARE = 0.25
 
 
 def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, workers: int,
-                      progress: Callable[[str], None] | None, repeatable: bool) -> Solution:
+                      progress: Callable[[str], None] | None, repeatable: bool,
+                      any_fit: bool = True) -> Solution:
     """`solve` of a problem with edge usages (`edge_usage.py`'s docstring): with each of
     them at its least over its first end (`edge_usage.relaxation`: its optimum is the
     answer when it fits, and its bound holds); unless that answer fits, the relaxation
     again under lower limits (`_lower_limits`); then exactly, started from the cheapest
-    answer that fits (or, when none does, any that fits: `FIT_SHARE`). Each phase gets its
-    share of the limit (`EDGE_USAGE_SHARES`)."""
+    answer that fits (or, when none does and `any_fit`, any that fits: `FIT_SHARE`). Each
+    phase gets its share of the limit (`EDGE_USAGE_SHARES`)."""
     start, shares = time.monotonic(), [share * time_limit for share in EDGE_USAGE_SHARES]
     options = dict(seed=seed, workers=workers, progress=progress, repeatable=repeatable)
     relaxed_problem = with_usage_nodes(relaxation(problem))
@@ -147,9 +148,9 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
     answers = [relaxed] + _lower_limits(problem, relaxed_problem, relaxed, shares[1],
                                         options)
     start_from = _best_fit(problem, answers)
-    if start_from is None:  # costs aside, any answer that fits, to start from
-        found = solve(_cost_free(problem, problem.usage_limit),
-                      time_limit=shares[2] * FIT_SHARE, **options)
+    if start_from is None and any_fit:  # costs aside, any answer that fits, to start from
+        found = _with_edge_usages(_cost_free(problem, problem.usage_limit),
+                                  shares[2] * FIT_SHARE, any_fit=False, **options)
         start_from = _best_fit(problem, [_truncated(found, problem)])
         shares[2] *= 1 - FIT_SHARE
     expanded = with_usage_nodes(problem)

@@ -19,11 +19,11 @@ Per parameter node, with `stored = local_bytes(nbytes, output)` (its dtype) and
 
 so `gathered` is what is left of `memory_bytes` after the first three (0 unless the node is
 kept gathered). A frozen parameter (`gradient_path.trained` false) has no gradient nor
-optimizer states: only the first line and the gathered copies. Buffers, constants and user inputs are held whole-step at their placement
-(`buffers`, `inputs`: `memory_bytes`). An op on the gradient path keeps its output from its
-op to the end of the forward: `activations` sums their `memory_bytes` (views count 0 there),
-less `copies`;
-a recomputed op keeps none of its outputs (the backward rebuilds them). With one
+optimizer states: only the first line and the gathered copies. Buffers, constants and user
+inputs are held whole-step at their placement (`buffers`, `inputs`: `memory_bytes`). An op
+on the gradient path keeps its output from its op to the end of the forward:
+`activations` sums their `memory_bytes` (views count 0 there), less `copies`; a recomputed
+op keeps none of its outputs (the backward rebuilds them). With one
 micro-batch, the gradients are made in the backward: counted in `gradients`, not in
 `total`. An op off the gradient path (a
 mask, a position table) lives until its last use: it counts (`transient`) only when that

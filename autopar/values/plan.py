@@ -27,8 +27,6 @@ from autopar.values.mesh import Mesh
 FORMAT_VERSION = 6
 # The hand strategy record of the same step on one device: the scaling reference.
 SINGLE_DEVICE = "single device"
-# A gap the planner's solves count as closed (`autopar.solver.budget.PLANNER_GAP`).
-CLOSED_GAP = 1e-3
 
 
 @dataclass(frozen=True)

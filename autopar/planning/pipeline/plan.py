@@ -53,7 +53,7 @@ from autopar.passes.layout.split_stages import (
     unit_times,
 )
 from autopar.passes.strategies.constrain import pin_placements
-from autopar.planning.deadline import Deadline
+from autopar.planning.deadline import Deadline, expired
 from autopar.planning.microbatches import MicroBatches
 from autopar.planning.pipeline.request import check_request, divisors
 from autopar.planning.pipeline.stages import candidate_plan, costed, holds, refined_stages
@@ -193,7 +193,7 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
     # (stage count, samples each stage holds) of the candidates that did not fit: one whose
     # stages hold as many or more samples' activations does not fit either.
     overflowing: list[tuple[int, tuple[float, ...]]] = []
-    while counts and not (best is not None and deadline is not None and deadline.passed()):
+    while counts and not (best is not None and expired(deadline)):
         before, candidates = best, []
         for m in counts:
             split = micro.split(m, mixing=mixing) if m > 1 else None
@@ -223,7 +223,7 @@ def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
     for bound, m, schedule, count, graph, units, cuts in sorted(
             candidates, key=lambda c: c[0]):
         if best is not None and (bound >= best.plan.step_time_s or (
-                deadline is not None and deadline.passed())):
+                expired(deadline))):
             break  # no later candidate can be faster (they are sorted by bound), or no time
         held = _held_samples(schedule, m, stager.ranks, count, batch or m)
         if any(n == count and all(a >= b for a, b in zip(held, least))
