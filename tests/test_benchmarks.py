@@ -1,7 +1,7 @@
 """Benchmarks do not rot: every script in benchmarks/ runs with `--quick` (the same code on
 the smallest sizes) as a fresh process from the repository root, exits with status 0 and
 prints its table. 2 to 3.5 minutes on 2 shared cores, the ones that start gloo ranks
-(checkpoint, memory fidelity, overhead, pipeline bubble) taking most of it."""
+(checkpoint, memory fidelity, overhead, pipeline bubble, stage memory) taking most of it."""
 
 from __future__ import annotations
 
@@ -86,6 +86,18 @@ def test_iopddl(tmp_path: Path) -> None:
     assert (tmp_path / "G-0.log").read_text()
 
 
+def test_solver_family(tmp_path: Path) -> None:
+    out = run_quick("solver_family.py", "--logs", str(tmp_path))
+    assert has_line(r"^instance\s+nodes\s+strategies\s+limit\s+cost\s+best\s+points\s+"
+                    r"status\s+time\s+limit$", out)
+    # Two generated instances, 4 s each; every answer fits, and scores at most 1 point.
+    for name, nodes in (("0-03-462", 462), ("0-06-1066", 1066)):
+        assert has_line(rf"^{name}\s+{nodes}\s+\d+\s+\S+\s+\d+\s+\d+\*?\s+[01]\.\d{{4}}\s+"
+                        r"(feasible|optimal)\s+\d+\.\ds\s+4s$", out), name
+        assert (tmp_path / f"{name}.log").read_text()
+    assert "average points over 2 instances" in out and has_line(r"runs past their limit: 0", out)
+
+
 def test_large_models() -> None:
     out = run_quick("large_models.py")
     assert "## tiny Llama shape" in out and "predicted step" in out
@@ -103,6 +115,17 @@ def test_memory_fidelity() -> None:
     # Parameters and optimizer states: measured as predicted, to the byte.
     assert len(re.findall(r"^\s+parameters\s+(\d+)\s+\1\s+1\.000$", out, re.MULTILINE)) == 2
     assert len(re.findall(r"^\s+optimizer\s+(\d+)\s+\1\s+1\.000$", out, re.MULTILINE)) == 2
+
+
+def test_stage_memory() -> None:
+    out = run_quick("stage_memory.py")
+    assert "on a 2x2 (pp, tp) mesh of gloo processes" in out
+    assert has_line(r"^\| schedule \| micro-batches \| pp rank \| in flight \| predicted MiB", out)
+    # One row per pipeline rank: the stage's micro-batches in flight (1F1B: 2, then 1).
+    for rank, held in ((0, 2), (1, 1)):
+        assert has_line(rf"^\| 1F1B \| 4 \| {rank} \| {held} \| \d+\.\d+ \| \d+\.\d+ \| "
+                        r"\d\.\d\d \|$", out), rank
+    assert has_line(r"^per stage: median \|pred/meas - 1\| \d+\.\d%, worst \d+\.\d%", out)
 
 
 def test_overhead() -> None:

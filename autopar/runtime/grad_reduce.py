@@ -117,7 +117,8 @@ class GradientReducer:
         self.bucket_bytes = bucket_bytes
         self._buckets: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._meshes: dict[tuple[int, int], DeviceMesh] = {}
-        self._in_flight: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor,
+        # Started all-reduces: (parameters with their gradients' shapes, flat, work).
+        self._in_flight: list[tuple[list[tuple[torch.Tensor, torch.Size]], torch.Tensor,
                                     object]] = []
         # Started reduce-scatters: (parameter, its chunk once waited on, work, the buffer
         # sent, the local steps after the scatter, mesh, counter).
@@ -170,9 +171,10 @@ class GradientReducer:
 
     def _all_reduce(self, bucket: list[tuple[torch.Tensor, torch.Tensor]], flat: torch.Tensor,
                     mesh: DeviceMesh, axis: int) -> None:
-        """Start summing `flat` (`bucket`'s gradients end to end) in place over `axis`."""
+        """Start summing `flat` (`bucket`'s gradients end to end) in place over `axis`.
+        Only the gradients' shapes are kept: each is freed once copied into `flat`."""
         work = dist.all_reduce(flat, group=mesh.get_group(axis), async_op=True)
-        self._in_flight.append((bucket, flat, work))
+        self._in_flight.append(([(p, g.shape) for p, g in bucket], flat, work))
 
     def whole_copy(self, key: int, shard: torch.Tensor, redistribution: Redistribution,
                    mesh: DeviceMesh, counter: CommCounter) -> torch.Tensor:
@@ -252,8 +254,9 @@ class GradientReducer:
             _hand_out(bucket, flat)
 
 
-def _hand_out(bucket: list[tuple[torch.Tensor, torch.Tensor]], flat: torch.Tensor) -> None:
-    """Add each of `bucket`'s summed gradients (end to end in `flat`) to its parameter's
+def _hand_out(bucket: list[tuple[torch.Tensor, torch.Size]], flat: torch.Tensor) -> None:
+    """Add each of `bucket`'s summed gradients (end to end in `flat`, of the shapes the
+    bucket lists) to its parameter's
     `.grad`. A `.grad` not yet set becomes a view into `flat` (a new buffer each step, so no
     later step writes into it): copying it out measured 2-3 ms per step on a 4 MB bucket,
     more than the whole gap to DDP. That holds no byte more than the gradients only when
@@ -263,9 +266,9 @@ def _hand_out(bucket: list[tuple[torch.Tensor, torch.Tensor]], flat: torch.Tenso
     fresh = [parameter.grad is None for parameter, _ in bucket]
     share = all(fresh) and len({id(parameter) for parameter, _ in bucket}) == len(bucket)
     offset = 0
-    for parameter, grad in bucket:
-        summed = flat[offset:offset + grad.numel()].view_as(grad)
-        offset += grad.numel()
+    for parameter, shape in bucket:
+        summed = flat[offset:offset + shape.numel()].view(shape)
+        offset += shape.numel()
         if parameter.grad is None:
             parameter.grad = summed if share else summed.clone()
         else:

@@ -36,7 +36,9 @@ class _Accumulated(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        gradients = ctx.gradients
+        # Handed over, not kept: autograd then takes each gradient as the parameter's
+        # `.grad` instead of copying it, and no second copy lives on until the loss goes.
+        gradients, ctx.gradients = ctx.gradients, None
         if bool(grad != 1):
             gradients = [None if g is None else g * grad for g in gradients]
         return None, None, *gradients

@@ -123,9 +123,11 @@ class ProblemBuild:
 
 def timed_gradients(microbatches: int, in_flight: int) -> bool:
     """Whether parameters' gradients have an interval of their own, outside their nodes'
-    usages: with one micro-batch the backward makes them; with more they are accumulated
-    from the first and held the whole step."""
-    return microbatches == 1 and in_flight == 1
+    usages: when every forward of the step runs before the first backward (one micro-batch,
+    or all of them in flight: GPipe, a pipeline rank's warm-up that covers the step), the
+    backward makes them; otherwise a forward runs while they are held, accumulated from
+    the first backward on, so they count the whole step."""
+    return microbatches <= in_flight
 
 
 def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
@@ -319,7 +321,13 @@ class _Builder:
                            lambda: [self.node_cost(node, s) for s in strategies])
 
     def node_usages(self, node: fx.Node, strategies: tuple[Strategy, ...]) -> np.ndarray:
-        """`node_usage` of each of `strategies`, computed once for the nodes that have them
+        """The usage of each of `strategies` over the node's `interval`: its `own_usages`
+        times its `microbatch_copies`."""
+        own, copies = self.own_usages(node, strategies), self.microbatch_copies(node)
+        return own if copies == 1 else own * copies
+
+    def own_usages(self, node: fx.Node, strategies: tuple[Strategy, ...]) -> np.ndarray:
+        """`own_usage` of each of `strategies`, computed once for the nodes that have them
         and are alike in all it reads."""
         name = node.name
         reads = (node.meta.get(ROLE), trained(node), node.op, tensor_outputs(node),
@@ -327,7 +335,7 @@ class _Builder:
                  _number(node.meta.get(BYTES, 0), self.hints) == 0, self.saved.get(name),
                  self.kept.get(name), self.owned.get(name), self.on_path.get(name))
         return self._array((id(strategies), "usage", reads), lambda: [
-            self.node_usage(node, s) for s in strategies])
+            self.own_usage(node, s) for s in strategies])
 
     def _array(self, key: tuple, values) -> np.ndarray:
         found = self.arrays.get(key)
@@ -347,14 +355,23 @@ class _Builder:
             node, strategy, self.mesh, differentiable=self.on_path[node.name],
             size=lambda value: _number(value, self.hints)))
 
-    def node_usage(self, node: fx.Node, strategy: Strategy) -> float:
-        """Bytes the node holds while live: a parameter with its gradient and optimizer
-        state, once; an activation (a user or boundary input, or an op on the gradient
-        path) once per micro-batch in flight."""
-        usage = self._usage(node, strategy)
-        per_microbatch = node.meta.get(ROLE) == "input" or (
-            node.op == "call_function" and self.on_path[node.name])
-        return usage * self.in_flight if per_microbatch else usage
+    def own_usage(self, node: fx.Node, strategy: Strategy) -> float:
+        """Bytes the node holds while live, for one micro-batch: a parameter with its
+        gradient and optimizer state; an activation (a user or boundary input, what an op
+        keeps)."""
+        return self._usage(node, strategy)
+
+    def microbatch_copies(self, node: fx.Node) -> int:
+        """How many micro-batches' `own_usage` the node's interval holds: state, once; a
+        user or boundary input, each in flight; what an op on the gradient path keeps, each
+        in flight but, when more than one is, the one whose backward runs first, which frees
+        it at the op's backward (`step_memory.BackwardUsages.current`; the others' are held
+        to the end of the backward, `Timeline.freed`)."""
+        if node.meta.get(ROLE) == "input":
+            return self.in_flight
+        if node.op == "call_function" and self.on_path[node.name]:
+            return self.in_flight - 1 if self.in_flight > 1 else 1
+        return 1
 
     def _usage(self, node: fx.Node, strategy: Strategy) -> float:
         role = node.meta.get(ROLE)

@@ -232,8 +232,11 @@ def _node_plan(i: int, name: str, node: fx.Node, strategy, build: ProblemBuild,
 def _memory_bytes(i: int, node: fx.Node, strategy, build: ProblemBuild,
                   solution: Solution) -> float:
     """The bytes node `i` holds (its usage in the problem, once), a parameter's with its
-    gradient, which the problem may count over an interval of its own."""
+    gradient, and an op's for every micro-batch in flight: the problem may count either
+    over an interval of its own (`timed_gradients`, `BackwardUsages.current`)."""
     usage = float(build.problem.node_usages[i][solution.choices[i]]) / build.held_repeats[i]
+    if build.in_flight > 1 and node.op == "call_function" and build.requires_grad[node.name]:
+        usage *= build.in_flight / (build.in_flight - 1)
     if build.timed_gradients and trained(node):
         usage += float(formulas.local_bytes(tensor_outputs(node)[0].nbytes, strategy.output,
                                             build.mesh.shape))

@@ -107,9 +107,25 @@ class BackwardUsages:
             self.region_end[recompute_region(builder.by_name[name])] = i
 
     def all(self) -> tuple[EdgeUsage, ...]:
-        usages = (*self.made(), *self.held(), *self.parameters(), *self.converted(),
-                  *self.rings(), *self.workspaces())
+        usages = (*self.current(), *self.made(), *self.held(), *self.parameters(),
+                  *self.converted(), *self.rings(), *self.workspaces())
         return tuple(u for u in usages if u.usages.any())
+
+    def current(self):
+        """With several micro-batches in flight, what each op on the gradient path keeps for
+        the one whose backward runs first, from the op's step to its backward: freed there,
+        while the others' are held to the backward's end (`_Builder.microbatch_copies`)."""
+        b, timeline = self.b, self.timeline
+        if timeline.in_flight == 1:
+            return
+        for name in b.order:
+            node = b.by_name[name]
+            if node.op != "call_function" or not b.on_path[name] or name not in self.first_input:
+                continue
+            index = b.index[name]
+            own = b.own_usages(node, b.table.strategies[name]) * b.repeats[index]
+            yield self._one_end(self.first_input[name], name, own,
+                                (index, timeline.backward_step(index) + 1))
 
     def made(self):
         """At each op's backward, its inputs' gradients at the placements it reads."""
