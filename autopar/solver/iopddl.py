@@ -1,4 +1,4 @@
-"""Read sharding problems in the IOPDDL contest format (`.json` or `.json.gz`).
+"""Read and write sharding problems in the IOPDDL contest format (`.json` or `.json.gz`).
 
 The format: `{"problem": {"name", "nodes": {"intervals", "costs", "usages"},
 "edges": {"nodes", "costs"}, "usage_limit"}}`, edge costs flattened row-major. A cost of
@@ -92,3 +92,38 @@ def load_iopddl(path: str | Path) -> ShardingProblem:
                            edges=tuple(tuple(p) if isinstance(p, list) else p for p in pairs),
                            edge_costs=matrices, usage_limit=limit,
                            name=str(name) or path.name.split(".")[0])
+
+
+def _numbers(values: np.ndarray) -> list:
+    """JSON numbers of the contest's files: inf as FORBIDDEN, integral values as ints."""
+    finite = np.isfinite(values)
+    if np.array_equal(values[finite], np.round(values[finite])):
+        return np.where(finite, values, FORBIDDEN).astype(np.int64).tolist()
+    return [FORBIDDEN if math.isinf(v) else v for v in values.tolist()]
+
+
+def write_iopddl(problem: ShardingProblem, path: str | Path) -> Path:
+    """Write `problem` in the contest's JSON format (gzip-compressed when `path` ends in
+    .gz), so that `load_iopddl(path)` gives it back; the format holds neither ties nor edge
+    usages, so a problem with either raises `ProblemFormatError`."""
+    if problem.ties or problem.edge_usages:
+        raise ProblemFormatError("the IOPDDL format holds neither ties nor edge usages",
+                                 expected="a problem without them", got="ties or edge usages",
+                                 fix="write a problem of the contest's kind")
+    document = {"problem": {
+        "name": problem.name,
+        "nodes": {"intervals": [list(iv) for iv in problem.intervals],
+                  "costs": [_numbers(c) for c in problem.node_costs],
+                  "usages": [_numbers(u) for u in problem.node_usages]},
+        "edges": {"nodes": [list(e) for e in problem.edges],
+                  "costs": [_numbers(m.ravel()) for m in problem.edge_costs]},
+        "usage_limit": _numbers(np.array([problem.usage_limit]))[0]
+        if problem.usage_limit is not None else None}}
+    path = Path(path)
+    text = json.dumps(document, separators=(",", ":"))
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt", encoding="utf-8", compresslevel=6) as handle:
+            handle.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
