@@ -324,7 +324,9 @@ class _Builder:
         """The usage of each of `strategies` over the node's `interval`: its `own_usages`
         times its `microbatch_copies`."""
         own, copies = self.own_usages(node, strategies), self.microbatch_copies(node)
-        return own if copies == 1 else own * copies
+        if copies == 1:
+            return own
+        return self._array((id(own), "copies", copies), lambda: own * copies)
 
     def own_usages(self, node: fx.Node, strategies: tuple[Strategy, ...]) -> np.ndarray:
         """`own_usage` of each of `strategies`, computed once for the nodes that have them
@@ -355,12 +357,6 @@ class _Builder:
             node, strategy, self.mesh, differentiable=self.on_path[node.name],
             size=lambda value: _number(value, self.hints)))
 
-    def own_usage(self, node: fx.Node, strategy: Strategy) -> float:
-        """Bytes the node holds while live, for one micro-batch: a parameter with its
-        gradient and optimizer state; an activation (a user or boundary input, what an op
-        keeps)."""
-        return self._usage(node, strategy)
-
     def microbatch_copies(self, node: fx.Node) -> int:
         """How many micro-batches' `own_usage` the node's interval holds: state, once; a
         user or boundary input, each in flight; what an op on the gradient path keeps, each
@@ -373,7 +369,10 @@ class _Builder:
             return self.in_flight - 1 if self.in_flight > 1 else 1
         return 1
 
-    def _usage(self, node: fx.Node, strategy: Strategy) -> float:
+    def own_usage(self, node: fx.Node, strategy: Strategy) -> float:
+        """Bytes the node holds while live, for one micro-batch: a parameter with its
+        gradient and optimizer state; an activation (a user or boundary input, what an op
+        keeps)."""
         role = node.meta.get(ROLE)
         if role == "parameter":
             return float(parameter_bytes(tensor_outputs(node)[0], strategy, self.mesh,
