@@ -186,11 +186,12 @@ class _Plain:
 def _screened_best(plain: _Plain, *, least_memory: bool) -> Plan:
     """The best plan of the "auto" search (`plan_unpipelined`'s docstring): the whole step
     planned in full, then twice as many micro-batches screened while memory binds; raises
-    the whole step's `InfeasiblePlanError` when no count fits."""
+    the whole step's `InfeasiblePlanError` when no count fits (searching for the least
+    memory a plan needs only then: another count usually fits)."""
     best: Plan | None = None
     failure: InfeasiblePlanError | None = None
     try:
-        best = plain.planned(1, None, least_memory=least_memory)
+        best = plain.planned(1, None, least_memory=False)
     except InfeasiblePlanError as error:
         failure = error
     count, batch = 2, batch_size(plain.gm) or 1
@@ -212,7 +213,9 @@ def _screened_best(plain: _Plain, *, least_memory: bool) -> Plan:
         best, count = candidate, count * 2
     if best is None:
         assert failure is not None
-        raise failure
+        if not least_memory:
+            raise failure
+        return plain.planned(1, None, least_memory=True)  # raises, with the least memory
     return best
 
 

@@ -156,7 +156,8 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
     expanded = with_usage_nodes(problem)
     exact = solve(expanded, time_limit=shares[2],
                   initial=_completed(expanded, start_from), **options)
-    best = _best_fit(problem, [*answers, _truncated(exact, problem)])
+    best = _best_fit(problem, [*answers, *filter(None, [start_from]),
+                               _truncated(exact, problem)])
     bound = max(relaxed.bound, exact.bound)
     if best is None:
         return Solution((), math.inf, bound, exact.status if exact.status == "infeasible"
