@@ -183,7 +183,7 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
                        microbatches=microbatches, pipeline=pipeline, progress=progress)
         return _on_first_call(model, mesh, device, constraints, options,
                               replan=replan and plan is None)
-    deadline = Deadline.after(check_time_limit(time_limit))  # capture included
+    deadline = Deadline(check_time_limit(time_limit))  # capture included
     gm = _captured(model, example_inputs)
     if plan is not None:
         check_plan(plan, gm, tuple(example_inputs), mesh)

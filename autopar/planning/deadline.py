@@ -38,10 +38,6 @@ class Deadline:
         self.seconds, self.allotted = float(seconds), float(allotted)
         self._start = time.monotonic()
 
-    @staticmethod
-    def after(seconds: float) -> Deadline:
-        return Deadline(seconds)
-
     def spent(self) -> float:
         """Wall seconds since the call started."""
         return time.monotonic() - self._start

@@ -74,7 +74,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     state the cost model can't size, and `MicrobatchError` for a count of micro-batches the
     model's step can't be cut into.
     """
-    deadline = Deadline.after(check_time_limit(time_limit))
+    deadline = Deadline(check_time_limit(time_limit))
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
     check_hand_strategy_names(hand_strategies, mesh, strategy)
     say = progress or (lambda message: None)
@@ -121,7 +121,7 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     now), recording the example inputs it is for, the time it took, and the warnings
     raised while planning once each (`_warned_once`)."""
     if deadline is None:
-        deadline = Deadline.after(check_time_limit(time_limit))
+        deadline = Deadline(check_time_limit(time_limit))
     raised: list[str] = []
     with _warned_once(raised):
         made = plan_layout(model, gm, example_inputs, mesh, microbatches=microbatches,

@@ -211,9 +211,8 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
         if best is None or plan.step_time_s < best.step_time_s:
             best = plan
         exposed = Background(plan.solver.exposed_reductions, plan.solver.exposed_gathers)
-        late = expired(deadline)
-        if late or (abs(exposed.reductions - charges.reductions) < 0.02
-                    and abs(exposed.gathers - charges.gathers) < 0.02):
+        if expired(deadline) or (abs(exposed.reductions - charges.reductions) < 0.02
+                                 and abs(exposed.gathers - charges.gathers) < 0.02):
             break
         charges, limit = exposed, time_limit / 2
     assert best is not None

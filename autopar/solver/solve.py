@@ -147,17 +147,15 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
         return dataclasses.replace(relaxed, wall_time=time.monotonic() - start)
     answers = [relaxed] + _lower_limits(problem, relaxed_problem, relaxed, shares[1],
                                         options)
-    start_from = _best_fit(problem, answers)
-    if start_from is None and any_fit:  # costs aside, any answer that fits, to start from
+    if _best_fit(problem, answers) is None and any_fit:  # costs aside, any that fits
         found = _with_edge_usages(_cost_free(problem, problem.usage_limit),
                                   shares[2] * FIT_SHARE, any_fit=False, **options)
-        start_from = _best_fit(problem, [_truncated(found, problem)])
+        answers.append(_truncated(found, problem))
         shares[2] *= 1 - FIT_SHARE
     expanded = with_usage_nodes(problem)
     exact = solve(expanded, time_limit=shares[2],
-                  initial=_completed(expanded, start_from), **options)
-    best = _best_fit(problem, [*answers, *filter(None, [start_from]),
-                               _truncated(exact, problem)])
+                  initial=_completed(expanded, _best_fit(problem, answers)), **options)
+    best = _best_fit(problem, [*answers, _truncated(exact, problem)])
     bound = max(relaxed.bound, exact.bound)
     if best is None:
         return Solution((), math.inf, bound, exact.status if exact.status == "infeasible"

@@ -238,6 +238,25 @@ def op_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bo
                                    differentiable=differentiable))
 
 
+def held_copies(node: fx.Node, on_path: bool, in_flight: int) -> int:
+    """How many micro-batches' own usage `node` holds: state, once; a user or boundary
+    input, or what an op on the gradient path (`on_path`) keeps, each of the `in_flight`."""
+    if node.meta.get(ROLE) == "input" or (node.op == "call_function" and on_path):
+        return in_flight
+    return 1
+
+
+def microbatch_copies(node: fx.Node, on_path: bool, in_flight: int) -> int:
+    """How many of its `held_copies` the node's own interval holds: all, but for an op
+    on the gradient path with more than one micro-batch in flight the one whose backward
+    runs first, which frees it at the op's backward (`step_memory.BackwardUsages.current`;
+    the others' are held to the end of the backward, `Timeline.freed`)."""
+    copies = held_copies(node, on_path, in_flight)
+    if node.op == "call_function" and copies > 1:
+        return copies - 1
+    return copies
+
+
 def stored_parameter_bytes(spec: TensorSpec, placements, mesh_shape: tuple[int, ...],
                            optimizer: OptimizerState) -> tuple[float, float]:
     """(bytes of a parameter's stored piece, which its gradient has too; bytes of its
@@ -323,7 +342,8 @@ class _Builder:
     def node_usages(self, node: fx.Node, strategies: tuple[Strategy, ...]) -> np.ndarray:
         """The usage of each of `strategies` over the node's `interval`: its `own_usages`
         times its `microbatch_copies`."""
-        own, copies = self.own_usages(node, strategies), self.microbatch_copies(node)
+        own = self.own_usages(node, strategies)
+        copies = microbatch_copies(node, self.on_path[node.name], self.in_flight)
         if copies == 1:
             return own
         return self._array((id(own), "copies", copies), lambda: own * copies)
@@ -356,18 +376,6 @@ class _Builder:
         return self.microbatches * float(op_time(
             node, strategy, self.mesh, differentiable=self.on_path[node.name],
             size=lambda value: _number(value, self.hints)))
-
-    def microbatch_copies(self, node: fx.Node) -> int:
-        """How many micro-batches' `own_usage` the node's interval holds: state, once; a
-        user or boundary input, each in flight; what an op on the gradient path keeps, each
-        in flight but, when more than one is, the one whose backward runs first, which frees
-        it at the op's backward (`step_memory.BackwardUsages.current`; the others' are held
-        to the end of the backward, `Timeline.freed`)."""
-        if node.meta.get(ROLE) == "input":
-            return self.in_flight
-        if node.op == "call_function" and self.on_path[node.name]:
-            return self.in_flight - 1 if self.in_flight > 1 else 1
-        return 1
 
     def own_usage(self, node: fx.Node, strategy: Strategy) -> float:
         """Bytes the node holds while live, for one micro-batch: a parameter with its

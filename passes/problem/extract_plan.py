@@ -23,6 +23,8 @@ from autopar.costs import formulas
 from autopar.passes.capturing.gradient_path import tensor_outputs, trained
 from autopar.passes.problem.build_problem import (
     ProblemBuild,
+    held_copies,
+    microbatch_copies,
     op_compute_time,
     op_ring,
     op_time,
@@ -235,8 +237,8 @@ def _memory_bytes(i: int, node: fx.Node, strategy, build: ProblemBuild,
     gradient, and an op's for every micro-batch in flight: the problem may count either
     over an interval of its own (`timed_gradients`, `BackwardUsages.current`)."""
     usage = float(build.problem.node_usages[i][solution.choices[i]]) / build.held_repeats[i]
-    if build.in_flight > 1 and node.op == "call_function" and build.requires_grad[node.name]:
-        usage *= build.in_flight / (build.in_flight - 1)
+    on_path, in_flight = build.requires_grad[node.name], build.in_flight
+    usage *= held_copies(node, on_path, in_flight) / microbatch_copies(node, on_path, in_flight)
     if build.timed_gradients and trained(node):
         usage += float(formulas.local_bytes(tensor_outputs(node)[0].nbytes, strategy.output,
                                             build.mesh.shape))

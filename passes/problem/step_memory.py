@@ -114,7 +114,7 @@ class BackwardUsages:
     def current(self):
         """With several micro-batches in flight, what each op on the gradient path keeps for
         the one whose backward runs first, from the op's step to its backward: freed there,
-        while the others' are held to the backward's end (`_Builder.microbatch_copies`)."""
+        while the others' are held to the backward's end (`build_problem.microbatch_copies`)."""
         b, timeline = self.b, self.timeline
         if timeline.in_flight == 1:
             return

@@ -17,7 +17,7 @@ from examples import gpt, mlp
 
 
 def test_a_solve_gets_a_share_of_the_budget_and_is_charged_its_limit():
-    fresh = Deadline.after(10.0)
+    fresh = Deadline(10.0)
     assert fresh.solve_seconds(10.0) == 10.0  # all that is left
     assert fresh.solve_seconds(10.0, 0.5) == 5.0  # one of two rounds to come
     assert fresh.solve_seconds(1.0) == 1.0 and not fresh.passed()
