@@ -23,8 +23,9 @@ a third of t each: `FORWARD_SHARE`, `WEIGHT_SHARE`). A stage holds
 the activations of the micro-batches in flight on its rank at the peak (`in_flight`):
 GPipe all m (every forward runs before the first backward); 1F1B min(m, p - r) on rank r
 (its warm-up forwards plus the one in steady state); Interleaved1F1B
-min(v m, (v - 1) p + 2 (p - 1 - r) + 1) stage-forwards on rank r, torch's own warm-up
-count, shared by its v stages; InterleavedZeroBubble as many (fewer warm-up forwards, but
+min(v m, (v - 1) q + 2 (p - 1 - r) + 1) stage-forwards on rank r (q = m / max(1, m // p)
+micro-batches a round), torch's own warm-up count plus one, each stage holding those of its
+rounds (`_interleaved_held`); InterleavedZeroBubble as many (fewer warm-up forwards, but
 each deferred weight pass keeps its micro-batch's weight-gradient inputs: ZB-H1 holds
 1F1B's peak).
 
@@ -36,7 +37,6 @@ runtime needs to hand each stage the user inputs it reads (cut or whole): refuse
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,17 +75,34 @@ def bubble(stage_times: Sequence[float], microbatches: int, ranks: int,
 
 
 def in_flight(schedule: Schedule, microbatches: int, ranks: int, rank: int,
-              virtual: int) -> int:
-    """Micro-batches whose activations each stage of pipeline rank `rank` holds at the
-    peak (module docstring)."""
+              virtual: int, chunk: int = 0) -> int:
+    """Micro-batches whose activations stage `chunk` of pipeline rank `rank` (its stage
+    chunk * ranks + rank) holds at the rank's peak (module docstring)."""
     m = microbatches
     if schedule.name in ("GPipe", "LoopedBFS"):  # every forward before the first backward
         return m
     if virtual == 1:
         return min(m, ranks - rank)
-    forwards = min(virtual * m, (virtual - 1) * ranks + 2 * (ranks - 1 - rank) + 1)
-    return math.ceil(forwards / virtual)
+    return _interleaved_held(m, ranks, rank, virtual)[chunk]
 
+
+def _interleaved_held(m: int, ranks: int, rank: int, virtual: int) -> tuple[int, ...]:
+    """Each stage's micro-batches held when rank `rank` of an interleaved schedule first
+    holds the most, in torch's order of its operations: the warm-up's forwards, then a
+    forward and a backward in turn; forwards take the stages in rounds of
+    `per_round` micro-batches, first stage first, backwards last stage first."""
+    per_round = m // max(1, m // ranks)
+    warmup = min((virtual - 1) * per_round + 2 * (ranks - 1 - rank), m * virtual)
+    held, most = [0] * virtual, (0,) * virtual
+    backwards = 0
+    for forward in range(m * virtual):
+        held[(forward // per_round) % virtual] += 1
+        if sum(held) > sum(most):
+            most = tuple(held)
+        if forward >= warmup:
+            held[virtual - 1 - (backwards // per_round) % virtual] -= 1
+            backwards += 1
+    return most
 
 
 @dataclass(frozen=True)
@@ -124,7 +141,8 @@ def timeline(stage_times: Sequence[float], microbatches: int, ranks: int,
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * ranks
     held = [0] * ranks
-    limit = [virtual * in_flight(schedule, m, ranks, r, virtual) for r in range(ranks)]
+    limit = [sum(in_flight(schedule, m, ranks, r, virtual, c) for c in range(virtual))
+             for r in range(ranks)]
     pending = {r: [(kind, k, j) for j in range(m) for k in range(r, stages, ranks)
                    for kind in kinds] for r in range(ranks)}
     slots: list[Slot] = []

@@ -133,8 +133,8 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
                       progress: Callable[[str], None] | None, repeatable: bool,
                       any_fit: bool = True) -> Solution:
     """`solve` of a problem with edge usages (`edge_usage.py`'s docstring): with each of
-    them at its least over its first end (`edge_usage.relaxation`: its optimum is the
-    answer when it fits, and its bound holds); unless that answer fits, the relaxation
+    them at its least over its first end (`edge_usage.relaxation`: its answer is the
+    problem's when it fits, and its bound holds); unless that answer fits, the relaxation
     again under lower limits (`_lower_limits`); then exactly, started from the cheapest
     answer that fits (or, when none does and `any_fit`, any that fits: `FIT_SHARE`). Each
     phase gets its share of the limit (`EDGE_USAGE_SHARES`)."""
@@ -142,8 +142,10 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
     options = dict(seed=seed, workers=workers, progress=progress, repeatable=repeatable)
     relaxed_problem = with_usage_nodes(relaxation(problem))
     relaxed = _truncated(solve(relaxed_problem, time_limit=shares[0], **options), problem)
-    fits = _best_fit(problem, [relaxed])
-    if relaxed.status == "infeasible" or (relaxed.status == "optimal" and fits is not None):
+    if relaxed.status == "infeasible" or _best_fit(problem, [relaxed]) is not None:
+        # An answer of the relaxation that fits is one of the problem's at the same cost,
+        # and the relaxation's optimum bounds the problem's: the exact search (larger, its
+        # moves blocked by the usage nodes' ties) would start from it and rarely do better.
         return dataclasses.replace(relaxed, wall_time=time.monotonic() - start)
     answers = [relaxed] + _lower_limits(problem, relaxed_problem, relaxed, shares[1],
                                         options)

@@ -314,7 +314,8 @@ def _held_samples(schedule: Schedule, microbatches: int, ranks: int, count: int,
     """The samples whose activations each of `count` stages holds at once: micro-batches
     in flight (`pipeline.in_flight`) times the samples of one."""
     virtual = count // ranks
-    return tuple(in_flight(schedule, microbatches, ranks, rank_of(k, ranks), virtual)
+    return tuple(in_flight(schedule, microbatches, ranks, rank_of(k, ranks), virtual,
+                           k // ranks)
                  * batch / microbatches for k in range(count))
 
 

@@ -84,7 +84,7 @@ def _stage_budget(stage: Stage, schedule: Schedule, microbatches: int, ranks: in
     """(micro-batches in flight, memory budget) of a stage of `count`: a rank holds
     count / ranks stages in the budget."""
     held = in_flight(schedule, microbatches, ranks, rank_of(stage.index, ranks),
-                     count // ranks)
+                     count // ranks, stage.index // ranks)
     return held, None if memory_budget is None else memory_budget / (count // ranks)
 
 
