@@ -23,11 +23,13 @@ a third of t each: `FORWARD_SHARE`, `WEIGHT_SHARE`). A stage holds
 the activations of the micro-batches in flight on its rank at the peak (`in_flight`):
 GPipe all m (every forward runs before the first backward); 1F1B min(m, p - r) on rank r
 (its warm-up forwards plus the one in steady state); Interleaved1F1B
-min(v m, (v - 1) q + 2 (p - 1 - r) + 1) stage-forwards on rank r (q = m / max(1, m // p)
-micro-batches a round), torch's own warm-up count plus one, each stage holding those of its
-rounds (`_interleaved_held`); InterleavedZeroBubble as many (fewer warm-up forwards, but
-each deferred weight pass keeps its micro-batch's weight-gradient inputs: ZB-H1 holds
-1F1B's peak).
+f = min(v m, (v - 1) q + 2 (p - 1 - r) + 1) stage-forwards on rank r (q = m / max(1, m // p)
+micro-batches a round), torch's own warm-up count plus one, shared by its v stages as
+evenly as they divide: torch's order holds more of them on the rank's first stage (its
+rounds come first), but stages cut to equal size hold the same in total, and each stage
+is planned within an equal share of the rank's memory; InterleavedZeroBubble as many
+(fewer warm-up forwards, but each deferred weight pass keeps its micro-batch's
+weight-gradient inputs: ZB-H1 holds 1F1B's peak).
 
 ZBVZeroBubble and DualPipeV place two stages per rank in a V (rank r holds stages r and
 2p - 1 - r), not round-robin as the planner cuts them: named but refused
@@ -83,26 +85,9 @@ def in_flight(schedule: Schedule, microbatches: int, ranks: int, rank: int,
         return m
     if virtual == 1:
         return min(m, ranks - rank)
-    return _interleaved_held(m, ranks, rank, virtual)[chunk]
-
-
-def _interleaved_held(m: int, ranks: int, rank: int, virtual: int) -> tuple[int, ...]:
-    """Each stage's micro-batches held when rank `rank` of an interleaved schedule first
-    holds the most, in torch's order of its operations: the warm-up's forwards, then a
-    forward and a backward in turn; forwards take the stages in rounds of
-    `per_round` micro-batches, first stage first, backwards last stage first."""
-    per_round = m // max(1, m // ranks)
-    warmup = min((virtual - 1) * per_round + 2 * (ranks - 1 - rank), m * virtual)
-    held, most = [0] * virtual, (0,) * virtual
-    backwards = 0
-    for forward in range(m * virtual):
-        held[(forward // per_round) % virtual] += 1
-        if sum(held) > sum(most):
-            most = tuple(held)
-        if forward >= warmup:
-            held[virtual - 1 - (backwards // per_round) % virtual] -= 1
-            backwards += 1
-    return most
+    per_round = m // max(1, m // ranks)  # torch's micro-batches a round
+    forwards = min(virtual * m, (virtual - 1) * per_round + 2 * (ranks - 1 - rank) + 1)
+    return forwards // virtual + (chunk < forwards % virtual)
 
 
 @dataclass(frozen=True)

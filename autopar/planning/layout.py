@@ -103,19 +103,24 @@ def _with_megatron_3d(chosen: Plan, model: nn.Module, gm: fx.GraphModule,
 def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh,
                pipelined: Callable[[], Plan], *, microbatches: int | str,
                memory_budget: float | None, **options) -> Plan:
-    """The faster fitting of the plan without a pipeline and the pipelined one (a pipeline
-    that can't run, for want of blocks or micro-batches, or doesn't fit is no candidate)."""
-    plain: Plan | None = None
-    try:  # the least memory a plan needs is searched for only if nothing fits (below)
-        plain = plan_unpipelined(model, gm, example_inputs, mesh, microbatches=microbatches,
-                                 memory_budget=memory_budget, least_memory=False, **options)
-    except InfeasiblePlanError:
-        plain = None
+    """The faster fitting of the pipelined plan and the plan without a pipeline (a pipeline
+    that can't run, for want of blocks or micro-batches, or doesn't fit is no candidate).
+    The pipeline is planned first: on a mesh with a pipeline axis it is the plan to beat,
+    and the plan without one, where only many micro-batches fit, takes long to find: its
+    whole step is planned, but more micro-batches are searched for it once the call's
+    deadline has passed only when no pipeline fits."""
     piped: Plan | None = None
     try:
         piped = pipelined()
     except (PipelineError, MicrobatchError, InfeasiblePlanError, ShardingError):
         piped = None  # "auto" pipelines only where a pipeline runs, fits and honours the pins
+    plain: Plan | None = None
+    try:  # the least memory a plan needs is searched for only if nothing fits (below)
+        plain = plan_unpipelined(model, gm, example_inputs, mesh, microbatches=microbatches,
+                                 memory_budget=memory_budget, least_memory=False,
+                                 needed=piped is None, **options)
+    except InfeasiblePlanError:
+        plain = None
     if piped is not None and (plain is None or piped.step_time_s < plain.step_time_s):
         return dataclasses.replace(piped, hand_strategies=plain.hand_strategies if plain
                                    else ())
@@ -129,7 +134,8 @@ def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
 def plan_unpipelined(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
                      microbatches: int | str, memory_budget: float | None = None,
                      progress: Callable[[str], None] | None = None,
-                     micro: MicroBatches, least_memory: bool = True, **options) -> Plan:
+                     micro: MicroBatches, least_memory: bool = True, needed: bool = True,
+                     **options) -> Plan:
     """`plan_graph` of `gm` (`model` captured and annotated at `example_inputs`), run as
     `microbatches` micro-batches: a count, or "auto". With "auto" the step is first planned
     whole; while the best plan so far does not fit, or holds at least `MEMORY_BINDS` of
@@ -140,7 +146,8 @@ def plan_unpipelined(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple
     `MicrobatchError` for a count; `LossError` when the forward returns no loss. `micro`:
     the planning call's splits and micro-batch captures.
     `least_memory`: whether the whole step's `InfeasiblePlanError` says the least memory a
-    plan needs (a search of its own)."""
+    plan needs (a search of its own); `needed`: whether more micro-batches are screened
+    while none fits once the call's deadline has passed (no other candidate exists)."""
     loss_output(gm)  # a model that returns no loss can't be trained: say so before solving
     plain = _Plain(gm, mesh, default_budget(mesh, memory_budget), micro, progress, options)
     if microbatches != "auto":
@@ -150,7 +157,7 @@ def plan_unpipelined(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple
                                   fix="pass microbatches=4, or leave the default 'auto'")
         split = micro.split(microbatches) if microbatches != 1 else None
         return plain.planned(microbatches, split, least_memory=least_memory)
-    return _in_full(plain, _screened_best(plain, least_memory=least_memory))
+    return _in_full(plain, _screened_best(plain, least_memory=least_memory, needed=needed))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,11 +190,12 @@ class _Plain:
                              progress=self.progress, **chosen)
 
 
-def _screened_best(plain: _Plain, *, least_memory: bool) -> Plan:
+def _screened_best(plain: _Plain, *, least_memory: bool, needed: bool) -> Plan:
     """The best plan of the "auto" search (`plan_unpipelined`'s docstring): the whole step
-    planned in full, then twice as many micro-batches screened while memory binds; raises
-    the whole step's `InfeasiblePlanError` when no count fits (searching for the least
-    memory a plan needs only then: another count usually fits)."""
+    planned in full, then twice as many micro-batches screened while memory binds (and,
+    unless the plan is `needed`, the deadline lasts); raises the whole step's
+    `InfeasiblePlanError` when no count fits (searching for the least memory a plan needs
+    only then: another count usually fits)."""
     best: Plan | None = None
     failure: InfeasiblePlanError | None = None
     try:
@@ -197,7 +205,8 @@ def _screened_best(plain: _Plain, *, least_memory: bool) -> Plan:
     count, batch = 2, batch_size(plain.gm) or 1
     deadline = plain.options.get("deadline")
     while count <= min(batch, MAX_MICROBATCHES) and batch % count == 0 and (
-            best is None or best.peak_memory_bytes >= MEMORY_BINDS * plain.budget
+            best is None and (needed or not expired(deadline))
+            or best is not None and best.peak_memory_bytes >= MEMORY_BINDS * plain.budget
             and not expired(deadline)):
         try:
             split = plain.micro.split(count)

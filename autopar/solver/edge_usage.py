@@ -45,13 +45,29 @@ from autopar.solver.problem import EdgeUsage, ShardingProblem
 def _grouped(usages: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For U (Ka x Kb) grouped by columns: (each column's group, the group of each node
     strategy (g, v) in order, its value v)."""
-    columns, group_of = np.unique(usages.T, axis=0, return_inverse=True)
+    columns, group_of = _distinct_rows(usages.T)
     ordered = np.sort(columns, axis=1)
     # Each row's distinct values in increasing order: where a sorted row changes.
     distinct = np.ones(ordered.shape, dtype=bool)
     distinct[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
     groups, _ = np.nonzero(distinct)
     return group_of.ravel(), groups.astype(np.int64), ordered[distinct].astype(float)
+
+
+def _distinct_rows(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(matrix, axis=0, return_inverse=True)`: the distinct rows in lexicographic
+    order and each row's index among them; found by their bytes first, so that only the
+    distinct rows are sorted (np.unique sorts every row, as one opaque value each: seconds
+    on the thousands of 432 x 432 usages of a 405B model's step)."""
+    rows = np.ascontiguousarray(matrix) + 0.0  # -0.0 is 0.0, as np.unique has it
+    seen: dict[bytes, int] = {}
+    first = np.fromiter((seen.setdefault(row.tobytes(), len(seen)) for row in rows),
+                        dtype=np.int64, count=rows.shape[0])
+    distinct = rows[np.unique(first, return_index=True)[1]]
+    order = np.lexsort(distinct.T[::-1])
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return distinct[order], rank[first]
 
 
 def _node_of(usages: np.ndarray) -> tuple[tuple[tuple[int, int, np.ndarray], ...], np.ndarray]:
@@ -128,6 +144,20 @@ def with_usage_nodes(problem: ShardingProblem) -> ShardingProblem:
     ties = problem.ties + _usage_ties(problem, n)
     return ShardingProblem(tuple(costs), tuple(usages), tuple(intervals), tuple(edges),
                            tuple(matrices), problem.usage_limit, ties, problem.name)
+
+
+def expansion_cells(problem: ShardingProblem) -> int:
+    """At most the cells of the cost matrices `with_usage_nodes(problem)` adds: a node of
+    V strategies per binding edge usage of ends with Ka and Kb strategies, V (Ka + Kb)
+    (without building them: a 405B model's step expands to hundreds of millions)."""
+    sizes: dict[tuple, int] = {}
+    cells = 0
+    for u in binding(problem):
+        key = (u.usages.shape, u.usages.tobytes())
+        if key not in sizes:
+            sizes[key] = min(_grouped(u.usages)[1].size, _grouped(u.usages.T)[1].size)
+        cells += sizes[key] * sum(u.usages.shape)
+    return cells
 
 
 def _usage_ties(problem: ShardingProblem, first: int) -> tuple[tuple[int, ...], ...]:

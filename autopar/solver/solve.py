@@ -34,7 +34,7 @@ from autopar.solver.budget import (
     estimate_reduce_seconds,
     finish_seconds,
 )
-from autopar.solver.edge_usage import relaxation, with_usage_nodes
+from autopar.solver.edge_usage import expansion_cells, relaxation, with_usage_nodes
 from autopar.solver.exact import Outcome, solve_whole
 from autopar.solver.exhaustive import MAX_ASSIGNMENTS, assignments, enumerate_best
 from autopar.solver.flat import Flat
@@ -127,6 +127,12 @@ LOWER_LIMITS = 4
 # When none of the relaxation's answers fits, this share of the exact phase's looks for any
 # answer that fits, costs aside, for the exact solve to start from.
 FIT_SHARE = 0.25
+# The exact expansion is solved only when reducing it (about REDUCE_SECONDS_PER_CELL a cell
+# of its cost matrices, on 2 cores) takes at most EXPANSION_SHARE of the exact phase: the
+# usage nodes of a model with hundreds of strategies per op can hold hundreds of millions
+# of cells, seconds to minutes before any search.
+REDUCE_SECONDS_PER_CELL = 4e-8
+EXPANSION_SHARE = 0.5
 
 
 def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, workers: int,
@@ -135,8 +141,9 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
     """`solve` of a problem with edge usages (`edge_usage.py`'s docstring): with each of
     them at its least over its first end (`edge_usage.relaxation`: its answer is the
     problem's when it fits, and its bound holds); unless that answer fits, the relaxation
-    again under lower limits (`_lower_limits`); then exactly, started from the cheapest
-    answer that fits (or, when none does and `any_fit`, any that fits: `FIT_SHARE`). Each
+    again under lower limits (`_lower_limits`); then exactly (`_exact`, when its
+    expansion is small enough), started from the cheapest answer that fits (or, when none
+    does and `any_fit`, any that fits: `FIT_SHARE`). Each
     phase gets its share of the limit (`EDGE_USAGE_SHARES`)."""
     start, shares = time.monotonic(), [share * time_limit for share in EDGE_USAGE_SHARES]
     options = dict(seed=seed, workers=workers, progress=progress, repeatable=repeatable)
@@ -154,10 +161,8 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
                                   shares[2] * FIT_SHARE, any_fit=False, **options)
         answers.append(_truncated(found, problem))
         shares[2] *= 1 - FIT_SHARE
-    expanded = with_usage_nodes(problem)
-    exact = solve(expanded, time_limit=shares[2],
-                  initial=_completed(expanded, _best_fit(problem, answers)), **options)
-    best = _best_fit(problem, [*answers, _truncated(exact, problem)])
+    exact = _exact(problem, _best_fit(problem, answers), shares[2], options)
+    best = _best_fit(problem, [*answers, exact])
     bound = max(relaxed.bound, exact.bound)
     if best is None:
         return Solution((), math.inf, bound, exact.status if exact.status == "infeasible"
@@ -165,6 +170,19 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
     status = "optimal" if best.cost <= bound + 1e-9 * abs(best.cost) else "feasible"
     return dataclasses.replace(best, bound=min(bound, best.cost), status=status,
                                wall_time=time.monotonic() - start)
+
+
+def _exact(problem: ShardingProblem, start: Solution | None, seconds: float,
+           options: dict) -> Solution:
+    """`problem` solved with its edge usages as nodes (`with_usage_nodes`) from `start`, in
+    `seconds`, restricted to its own nodes; no answer when that expansion is too large to
+    reduce in `EXPANSION_SHARE` of `seconds`."""
+    if expansion_cells(problem) * REDUCE_SECONDS_PER_CELL > EXPANSION_SHARE * seconds:
+        return Solution((), math.inf, -math.inf, "unknown", 0.0)
+    expanded = with_usage_nodes(problem)
+    exact = solve(expanded, time_limit=seconds, initial=_completed(expanded, start),
+                  **options)
+    return _truncated(exact, problem)
 
 
 def _lower_limits(problem: ShardingProblem, relaxed_problem: ShardingProblem,

@@ -75,8 +75,10 @@ MAX_MICROBATCHES_PER_RANK = 4
 # MAX_MICROBATCHES_PER_RANK they only trade step time (smaller matmuls, collectives
 # repeated) for activation memory, so they can only win where memory binds.
 MEMORY_BINDS = 0.8
-# The most micro-batches a step is cut into.
-MAX_MICROBATCHES = 64
+# The most micro-batches a step is cut into: enough for one sample per data-parallel rank
+# at the batches large models train at (Megatron-LM's micro-batch of 1: a 1024-sample batch
+# over 8 such ranks is 128 micro-batches).
+MAX_MICROBATCHES = 256
 
 
 def sub_mesh(mesh: Mesh, axis: int) -> Mesh:
