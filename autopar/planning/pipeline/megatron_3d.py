@@ -4,8 +4,10 @@ plan (`autopar.planning.pipeline.plan`).
 
 The pipeline axis is the one named "pp", else the outermost axis that crosses nodes (whose
 link is not the innermost level). Every other axis inside a node plays "tp" (Megatron's
-column and row splits), every other one "dp" (`autopar.passes.strategies.restrict`); activations
-outside the matmuls are recomputed selectively, as Megatron-LM does for large models. The
+column and row splits), every other one "dopt" (data parallel with Megatron-LM's
+distributed optimizer, `--use-distributed-optimizer` in every run of its performance
+table: `autopar.passes.strategies.restrict`); activations outside the matmuls are
+recomputed selectively, as Megatron-LM does for large models. The
 micro-batches, the schedule and the stage cuts are chosen as for the solver's pipelines,
 within the memory budget when any fits (else without a limit, the record then not fitting).
 """
@@ -61,10 +63,11 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                                 note="needs an axis named pp or one across nodes, and another")
         return missing_record(strategy, strategy.note), None
     others = [i for i in range(mesh.ndim) if i != axis]
-    roles = tuple("tp" if mesh.axis_links[i].name == inner_link else "dp" for i in others)
+    roles = tuple("tp" if mesh.axis_links[i].name == inner_link else "dopt" for i in others)
     described = ", ".join(f"{role} over {mesh.axis_names[i]}" for i, role in zip(others, roles))
     strategy = HandStrategy(MEGATRON_3D, f"pipeline over {mesh.axis_names[axis]}, {described}, "
-                            "selective recompute", roles, recompute="selective")
+                            "selective recompute, distributed optimizer", roles,
+                            recompute="selective")
 
     def plan_stage(graph: fx.GraphModule, inner: Mesh, *, memory_budget: float | None,
                    microbatches: int, in_flight: int, constraints=None,
