@@ -143,8 +143,8 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
     problem's when it fits, and its bound holds); unless that answer fits, the relaxation
     again under lower limits (`_lower_limits`); then exactly (`_exact`, when its
     expansion is small enough), started from the cheapest answer that fits (or, when none
-    does and `any_fit`, any that fits: `FIT_SHARE`). Each
-    phase gets its share of the limit (`EDGE_USAGE_SHARES`)."""
+    does and `any_fit`, any that fits: `FIT_SHARE`). Each phase gets its share of the limit
+    (`EDGE_USAGE_SHARES`)."""
     start, shares = time.monotonic(), [share * time_limit for share in EDGE_USAGE_SHARES]
     options = dict(seed=seed, workers=workers, progress=progress, repeatable=repeatable)
     relaxed_problem = with_usage_nodes(relaxation(problem))

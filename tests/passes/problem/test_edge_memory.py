@@ -15,6 +15,7 @@ solver bounds and in `predicted_memory`.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import itertools
 import math
 
@@ -32,12 +33,15 @@ from autopar.passes.problem import build_problem as bp
 from autopar.passes.problem import edge_cache, edge_costs
 from autopar.passes.strategies.find_strategies import Strategy, find_strategies
 from autopar.passes.strategies.offer_recompute import offer_recompute
-from autopar.solver import EdgeUsage, ShardingProblem, solve
+from autopar.solver import EdgeUsage, ShardingProblem, edge_usage, solve
 from autopar.solver.edge_usage import binding, with_usage_nodes
 from autopar.tools.predicted_memory import graph_of, predicted_memory
 from autopar.values.placement import Replicate, Shard
 from autopar.values.specs import TensorSpec
 from examples import gpt
+
+# The module, which the package's `solve` (the function) hides.
+solve_module = importlib.import_module("autopar.solver.solve")
 
 R, S0 = Replicate(), Shard(0)
 MESH = (2, 2)
@@ -269,3 +273,37 @@ def test_a_binding_budget_charges_copies_and_predicted_memory_splits_the_peak():
     # above it by the gradients made and held there.
     assert predicted.gradients_later
     assert predicted.total < plan.peak_memory_bytes
+
+
+def test_usage_matrices_group_as_numpy_unique_groups_them():
+    """`_distinct_rows` (rows keyed by their bytes, only the distinct ones sorted) is
+    `np.unique(axis=0, return_inverse=True)`, negative zero included."""
+    rng = np.random.default_rng(4)
+    for _ in range(100):
+        matrix = rng.integers(-1, 3, (int(rng.integers(1, 9)), int(rng.integers(1, 6)))) * 1.0
+        matrix[0, 0] = -0.0 if rng.random() < 0.3 else matrix[0, 0]
+        rows, inverse = np.unique(matrix, axis=0, return_inverse=True)
+        got_rows, got_inverse = edge_usage._distinct_rows(matrix)
+        assert np.array_equal(got_rows, rows) and np.array_equal(got_inverse, inverse.ravel())
+
+
+def test_an_expansion_too_large_to_reduce_in_time_is_not_built(monkeypatch):
+    """`expansion_cells` bounds what the usage nodes add; past the exact phase's share the
+    solve answers from the relaxation alone, and what it answers still fits."""
+    rng = np.random.default_rng(5)
+    problems = [_random_problem(rng, 0.7, tied=False) for _ in range(12)]
+    for problem in problems:
+        added = sum(m.size for m in with_usage_nodes(problem).edge_costs) \
+            - sum(m.size for m in problem.edge_costs)
+        assert 0 < added <= edge_usage.expansion_cells(problem)
+    expanded = []
+    monkeypatch.setattr(solve_module, "REDUCE_SECONDS_PER_CELL", math.inf)
+    monkeypatch.setattr(solve_module, "with_usage_nodes",
+                        lambda p: expanded.append(p) or with_usage_nodes(p))
+    for problem in problems:
+        solution = solve(problem, time_limit=1.0)
+        assert not solution.choices or problem.is_feasible(solution.choices)
+        # Only relaxations were expanded: each usage of one end alone.
+        assert all((u.usages == u.usages[:1]).all() or (u.usages == u.usages[:, :1]).all()
+                   for p in expanded for u in p.edge_usages)
+    assert expanded
