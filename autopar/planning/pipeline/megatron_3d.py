@@ -65,9 +65,8 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     others = [i for i in range(mesh.ndim) if i != axis]
     roles = tuple("tp" if mesh.axis_links[i].name == inner_link else "dopt" for i in others)
     described = ", ".join(f"{role} over {mesh.axis_names[i]}" for i, role in zip(others, roles))
-    strategy = HandStrategy(MEGATRON_3D, f"pipeline over {mesh.axis_names[axis]}, {described}, "
-                            "selective recompute, distributed optimizer", roles,
-                            recompute="selective")
+    strategy = HandStrategy(MEGATRON_3D, f"pipeline over {mesh.axis_names[axis]}, {described}"
+                            ", selective recompute", roles, recompute="selective")
 
     def plan_stage(graph: fx.GraphModule, inner: Mesh, *, memory_budget: float | None,
                    microbatches: int, in_flight: int, constraints=None,
