@@ -5,9 +5,10 @@ plan (`autopar.planning.pipeline.plan`).
 The pipeline axis is the one named "pp", else the outermost axis that crosses nodes (whose
 link is not the innermost level). Every other axis inside a node plays "tp" (Megatron's
 column and row splits), every other one "dopt" (data parallel with Megatron-LM's
-distributed optimizer, `--use-distributed-optimizer` in every run of its performance
-table: `autopar.passes.strategies.restrict`); activations outside the matmuls are
-recomputed selectively, as Megatron-LM does for large models. The
+distributed optimizer, `--use-distributed-optimizer`, without which a large model's
+replicated master weights and optimizer states overflow a device:
+`autopar.passes.strategies.restrict`); activations outside the matmuls are recomputed
+selectively, as Megatron-LM does for large models. The
 micro-batches, the schedule and the stage cuts are chosen as for the solver's pipelines,
 within the memory budget when any fits (else without a limit, the record then not fitting).
 """
