@@ -205,8 +205,7 @@ def _screened_best(plain: _Plain, *, least_memory: bool, needed: bool) -> Plan:
     count, batch = 2, batch_size(plain.gm) or 1
     deadline = plain.options.get("deadline")
     while count <= min(batch, MAX_MICROBATCHES) and batch % count == 0 and (
-            best is None and (needed or not expired(deadline))
-            or best is not None and best.peak_memory_bytes >= MEMORY_BINDS * plain.budget
+            best is None and needed or _memory_binds(best, plain.budget)
             and not expired(deadline)):
         try:
             split = plain.micro.split(count)
@@ -226,6 +225,12 @@ def _screened_best(plain: _Plain, *, least_memory: bool, needed: bool) -> Plan:
             raise failure
         return plain.planned(1, None, least_memory=True)  # raises, with the least memory
     return best
+
+
+def _memory_binds(best: Plan | None, budget: float) -> bool:
+    """Whether more micro-batches may pay: no plan fits yet, or the best holds at least
+    `MEMORY_BINDS` of the budget."""
+    return best is None or best.peak_memory_bytes >= MEMORY_BINDS * budget
 
 
 def _in_full(plain: _Plain, best: Plan) -> Plan:

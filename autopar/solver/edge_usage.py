@@ -126,10 +126,9 @@ def with_usage_nodes(problem: ShardingProblem) -> ShardingProblem:
     costs, usages, intervals = list(problem.node_costs), list(problem.node_usages), \
         list(problem.intervals)
     edges, matrices = list(problem.edges), list(problem.edge_costs)
-    # Blocks repeat their edge usages: each distinct matrix is grouped once.
-    nodes: dict[tuple, tuple] = {}
+    nodes: dict[tuple, tuple] = {}  # by `_matrix_key`
     for u in problem.edge_usages:
-        key = (u.usages.shape, u.usages.tobytes())
+        key = _matrix_key(u)
         if key not in nodes:
             nodes[key] = _node_of(u.usages)
         node_edges, values = nodes[key]
@@ -146,6 +145,11 @@ def with_usage_nodes(problem: ShardingProblem) -> ShardingProblem:
                            tuple(matrices), problem.usage_limit, ties, problem.name)
 
 
+def _matrix_key(usage: EdgeUsage) -> tuple:
+    """What identifies an edge usage's matrix: blocks repeat theirs, each grouped once."""
+    return usage.usages.shape, usage.usages.tobytes()
+
+
 def expansion_cells(problem: ShardingProblem) -> int:
     """At most the cells of the cost matrices `with_usage_nodes(problem)` adds: a node of
     V strategies per binding edge usage of ends with Ka and Kb strategies, V (Ka + Kb)
@@ -153,7 +157,7 @@ def expansion_cells(problem: ShardingProblem) -> int:
     sizes: dict[tuple, int] = {}
     cells = 0
     for u in binding(problem):
-        key = (u.usages.shape, u.usages.tobytes())
+        key = _matrix_key(u)
         if key not in sizes:
             sizes[key] = min(_grouped(u.usages)[1].size, _grouped(u.usages.T)[1].size)
         cells += sizes[key] * sum(u.usages.shape)

@@ -78,7 +78,7 @@ from autopar.passes.capturing.gradient_path import (
 from autopar.passes.capturing.trace_kernels import priced_kernels
 from autopar.passes.problem.edge_cache import EdgeCache
 from autopar.passes.problem.edge_costs import Background, EdgeRef
-from autopar.passes.problem.step_memory import BackwardUsages, Timeline
+from autopar.passes.problem.step_memory import BackwardUsages, Timeline, microbatch_copies
 from autopar.passes.strategies.find_strategies import STORED_ROLES, Strategy, StrategyTable, op_spec
 from autopar.passes.strategies.offer_recompute import recompute_region
 from autopar.rules.attention import RING_TARGETS
@@ -236,25 +236,6 @@ def op_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bo
     return (both + ring.launch_seconds(mesh.hardware, differentiable=differentiable)
             + ring.exposed_seconds(forward, both - forward, mesh,
                                    differentiable=differentiable))
-
-
-def held_copies(node: fx.Node, on_path: bool, in_flight: int) -> int:
-    """How many micro-batches' own usage `node` holds: state, once; a user or boundary
-    input, or what an op on the gradient path (`on_path`) keeps, each of the `in_flight`."""
-    if node.meta.get(ROLE) == "input" or (node.op == "call_function" and on_path):
-        return in_flight
-    return 1
-
-
-def microbatch_copies(node: fx.Node, on_path: bool, in_flight: int) -> int:
-    """How many of its `held_copies` the node's own interval holds: all, but for an op
-    on the gradient path with more than one micro-batch in flight the one whose backward
-    runs first, which frees it at the op's backward (`step_memory.BackwardUsages.current`;
-    the others' are held to the end of the backward, `Timeline.freed`)."""
-    copies = held_copies(node, on_path, in_flight)
-    if node.op == "call_function" and copies > 1:
-        return copies - 1
-    return copies
 
 
 def stored_parameter_bytes(spec: TensorSpec, placements, mesh_shape: tuple[int, ...],

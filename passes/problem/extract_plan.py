@@ -23,8 +23,6 @@ from autopar.costs import formulas
 from autopar.passes.capturing.gradient_path import tensor_outputs, trained
 from autopar.passes.problem.build_problem import (
     ProblemBuild,
-    held_copies,
-    microbatch_copies,
     op_compute_time,
     op_ring,
     op_time,
@@ -40,6 +38,7 @@ from autopar.passes.problem.edge_costs import (
     strategy_edge_transfers,
     transfer_seconds,
 )
+from autopar.passes.problem.step_memory import held_copies, microbatch_copies
 from autopar.solver import Solution
 from autopar.values.placement import format_placements
 from autopar.values.plan import NodePlan, Plan, SolverReport, TransferRecord

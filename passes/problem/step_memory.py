@@ -55,6 +55,26 @@ from autopar.passes.problem.edge_costs import EdgeRef
 from autopar.passes.strategies.offer_recompute import recompute_region
 from autopar.rules.attention import RING_TARGETS
 from autopar.solver.problem import EdgeUsage
+from autopar.values.specs import ROLE
+
+
+def held_copies(node: fx.Node, on_path: bool, in_flight: int) -> int:
+    """How many micro-batches' own usage `node` holds: state, once; a user or boundary
+    input, or what an op on the gradient path (`on_path`) keeps, each of the `in_flight`."""
+    if node.meta.get(ROLE) == "input" or (node.op == "call_function" and on_path):
+        return in_flight
+    return 1
+
+
+def microbatch_copies(node: fx.Node, on_path: bool, in_flight: int) -> int:
+    """How many of its `held_copies` the node's own interval holds: all, but for an op
+    on the gradient path with more than one micro-batch in flight the one whose backward
+    runs first, which frees it at the op's backward (`BackwardUsages.current`;
+    the others' are held to the end of the backward, `Timeline.freed`)."""
+    copies = held_copies(node, on_path, in_flight)
+    if node.op == "call_function" and copies > 1:
+        return copies - 1
+    return copies
 
 
 @dataclass(frozen=True)
@@ -114,7 +134,7 @@ class BackwardUsages:
     def current(self):
         """With several micro-batches in flight, what each op on the gradient path keeps for
         the one whose backward runs first, from the op's step to its backward: freed there,
-        while the others' are held to the backward's end (`build_problem.microbatch_copies`)."""
+        while the others' are held to the backward's end (`microbatch_copies`)."""
         b, timeline = self.b, self.timeline
         if timeline.in_flight == 1:
             return
