@@ -155,6 +155,22 @@ def storage_path(node: fx.Node) -> tuple[list[fx.Node], fx.Node, int]:
     return views, node, index
 
 
+def written_base(node: fx.Node) -> fx.Node | None:
+    """The op that wrote `node`'s value, reached through views of one input each (a
+    transpose, a slice, an expand): `node` itself when it writes its output; None for a
+    value some other way (one of several outputs, a placeholder, a view of several inputs).
+    Recomputing that op and taking the views again rebuilds `node`."""
+    while node.op == "call_function" and node.target is not operator.getitem:
+        if node.meta.get(BYTES, 0) != 0:
+            return node if isinstance(node.meta.get(TENSOR), TensorSpec) else None
+        sources = [n for n in node.all_input_nodes
+                   if isinstance(n.meta.get(TENSOR), TensorSpec)]
+        if len(sources) != 1:
+            return None
+        node = sources[0]
+    return None
+
+
 def kept_outputs(gm: fx.GraphModule, saved: dict[str, Saved]) -> dict[str, frozenset[int]]:
     """Per op node with a `saved` entry, the positions of its outputs that some op keeps
     for the backward: the op itself, or a consumer saving it as an input, directly or

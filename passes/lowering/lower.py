@@ -52,7 +52,7 @@ from autopar.passes.strategies.find_strategies import (
 )
 from autopar.passes.strategies.offer_recompute import draws_random_numbers
 from autopar.rules.attention import context_axis
-from autopar.rules.common import argument, draws
+from autopar.rules.common import argument
 from autopar.rules.embedding import is_vocab_split, masked_embedding
 from autopar.runtime import random_ops
 from autopar.runtime.collectives import Collective, RankContext
@@ -247,8 +247,7 @@ class _Lowering:
         ring = context_axis(op, placed.inputs)
         if ring is not None:
             return self._ring_attention(node, op, ring, args, kwargs)
-        if (draws_random_numbers(node) and any(isinstance(p, Shard) for p in placed.output)
-                and draws(node.target, node.args, node.kwargs)):
+        if draws_random_numbers(node) and any(isinstance(p, Shard) for p in placed.output):
             if target not in random_ops.SUPPORTED:
                 raise PlanFormatError(
                     f"{target} draws random numbers and the plan splits its output",

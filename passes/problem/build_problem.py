@@ -67,7 +67,8 @@ from torch.utils import _pytree as pytree
 from autopar.costs import formulas
 from autopar.costs.optimizer_state import ADAMW, OptimizerState
 from autopar.costs.ring import Ring, ring_of
-from autopar.passes.capturing.find_saved import Saved, find_saved, kept_outputs, storage_path
+from autopar.passes.capturing.find_saved import (Saved, find_saved, kept_outputs, storage_path,
+                                                   written_base)
 from autopar.passes.capturing.gradient_path import (
     gradient_path,
     is_differentiable,
@@ -451,20 +452,43 @@ class _Builder:
         for name, output in owners.values():
             owned.setdefault(name, set()).add(output)
         self.owned = {name: frozenset(outputs) for name, outputs in owned.items()}
+        recipes = self._one_recipe_each([self._recipe_only(ref, keep, hops)
+                                         for ref, keep in zip(edges, keeps)], edges)
         return tuple(dataclasses.replace(ref, keeps=keep, owns=e in owners,
-                                         recipe=self._recipe_only(ref, keep, hops))
+                                         recipe=recipes[e] is not None)
                      for e, (ref, keep) in enumerate(zip(edges, keeps)))
 
-    def _recipe_only(self, ref: EdgeRef, keeps: bool, hops: dict) -> bool:
-        """Whether only a recipe would keep what edge `ref` reads (`EdgeRef.recipe`): its
-        consumer, an op that writes its output, does not keep it, and no edge keeps the
-        producer's output, which the producer (an op that writes it) does not save."""
+    def _recipe_only(self, ref: EdgeRef, keeps: bool, hops: dict) -> tuple[str, int] | None:
+        """The storage (writer, output) only a recipe would keep through edge `ref`
+        (`EdgeRef.recipe`), else None: its consumer, an op that writes its output, does not
+        keep what it reads, and no edge keeps the producer's output, which the producer (an
+        op that writes it, or a view of one: `find_saved.written_base`) does not save."""
         consumer = self.by_name[ref.consumer]
         if keeps or consumer.op != "call_function" or self.moves_no_bytes(consumer):
-            return False
+            return None
         leaf = tensor_leaves(consumer)[ref.position]
         output = leaf.args[1] if leaf.target is operator.getitem else 0
-        return (ref.producer, output) not in hops and self._may_own(ref.producer, output)
+        if (ref.producer, output) in hops:
+            return None
+        base = written_base(self.by_name[ref.producer]) if output == 0 else None
+        if base is not None and base.name != ref.producer:  # a view: its writer's storage
+            return (base.name, 0) if (base.name, 0) not in hops and self._may_own(
+                base.name, 0) else None
+        return (ref.producer, output) if self._may_own(ref.producer, output) else None
+
+    def _one_recipe_each(self, storages: list, edges: tuple[EdgeRef, ...]) -> list:
+        """`storages` (per edge, what its recipe would keep) with one edge left per storage
+        that some consumer always recomputes (every strategy of it recomputed: a hand
+        strategy's checkpointed block): that recipe keeps the storage, the others' add
+        nothing. Elsewhere each recipe charges it, an over-count where two consumers the
+        solver may recompute read one tensor (the usage of a third node is no edge's)."""
+        first: dict[tuple[str, int], int] = {}
+        for e, storage in enumerate(storages):
+            if storage is not None and storage not in first and all(
+                    s.recompute for s in self.table.strategies[edges[e].consumer]):
+                first[storage] = e
+        return [None if storage in first and first[storage] != e else storage
+                for e, storage in enumerate(storages)]
 
     def with_buckets(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeRef, ...]:
         """`edges` with `bucket_bytes` set on those of parameters: the runtime's bucket, or

@@ -23,16 +23,21 @@ import dataclasses
 import torch
 import torch.fx as fx
 
-from autopar.passes.capturing.find_saved import find_saved, kept_outputs, storage_base
+from autopar.passes.capturing.find_saved import (find_saved, kept_outputs, storage_base,
+                                                   written_base)
 from autopar.passes.capturing.gradient_path import gradient_path
 from autopar.passes.strategies.find_strategies import Strategy, StrategyTable, op_spec
 from autopar.rules.attention import RING_TARGETS, context_axis
+from autopar.rules.common import draws
 from autopar.values.specs import BLOCK, BYTES, module_of
 
 
 def draws_random_numbers(node: fx.Node) -> bool:
-    """Whether `node`'s op is seeded from the random generator (dropout, rand, ...)."""
-    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+    """Whether `node`'s op draws from the random generator (dropout, rand, ...): tagged
+    `nondeterministic_seeded` and called so that it draws (`rules.common.draws`: not an
+    attention or a dropout of probability 0, which is deterministic and may be recomputed)."""
+    return (torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+            and draws(node.target, node.args, node.kwargs))
 
 
 def recomputable(node: fx.Node, on_path: dict[str, bool],
@@ -46,7 +51,7 @@ def recomputable(node: fx.Node, on_path: dict[str, bool],
     `from_block_inputs`, inside a block (a recompute region, `recompute_region`)
     recomputation may also start from, and pass through, tensors nothing keeps, as torch's
     checkpoint recomputes a region from its inputs: an input read as written (the output of
-    an op on the gradient path) is kept by the recipe, charged on the edge
+    an op on the gradient path, or a view of it) is kept by the recipe, charged on the edge
     (`edge_costs.held_bytes`), and an output nothing keeps that an op of the block reads as
     written would be kept by that op's recipe.
     The solver weighs what each choice holds against what it frees."""
@@ -57,8 +62,7 @@ def recomputable(node: fx.Node, on_path: dict[str, bool],
     region = recompute_region(node)
     in_block = from_block_inputs and region != node.name
     if not (kept.get(node.name, True) or in_block and any(
-            user.op == "call_function" and user.meta.get(BYTES, 0) != 0
-            and recompute_region(user) == region for user in node.users)):
+            recompute_region(reader) == region for reader in _writing_readers(node))):
         return False
     for source in node.all_input_nodes:
         base, index = storage_base(source)
@@ -68,11 +72,24 @@ def recomputable(node: fx.Node, on_path: dict[str, bool],
     return True
 
 
+def _writing_readers(node: fx.Node) -> list[fx.Node]:
+    """The ops that read `node`'s value and write their own output, directly or through
+    views of one input each (`find_saved.written_base`)."""
+    readers = []
+    for user in node.users:
+        if user.op != "call_function":
+            continue
+        if user.meta.get(BYTES, 0) != 0:
+            readers.append(user)
+        elif written_base(user) is not None and written_base(user) is written_base(node):
+            readers.extend(_writing_readers(user))
+    return readers
+
+
 def _read_as_written(source: fx.Node, base: fx.Node, on_path: dict[str, bool]) -> bool:
-    """Whether `source` is the output of an op on the gradient path that writes it (not a
-    view, not one of several outputs)."""
-    return (source is base and on_path.get(base.name, False)
-            and base.meta.get(BYTES, 0) != 0)
+    """Whether `source` is the output of an op on the gradient path that writes it (not one
+    of several outputs), or a view of one (`find_saved.written_base`)."""
+    return written_base(source) is base and on_path.get(base.name, False)
 
 
 def _views_of(node: fx.Node, eligible: set[str]) -> bool:

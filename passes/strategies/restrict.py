@@ -23,8 +23,9 @@ op that may be recomputed is, except a block's results that later blocks read (t
 inputs are kept: checkpointing each block); "selective", the same but keeping the outputs
 of compute-heavy ops (matmuls, attention: more than `SELECTIVE_KEEP_FLOPS_PER_BYTE`), as
 Megatron's selective recomputation and torch's selective checkpointing policies do; "op",
-torchtitan's op-level selective checkpointing: as "selective", but of a block's matmuls
-(in program order) every second one is recomputed too, the first kept (torchtitan's policy
+torchtitan's op-level selective checkpointing: as "selective", but attention is always
+kept and of a block's matmuls (in program order) every second one is recomputed too, the
+first kept (torchtitan's policy
 saves every matmul but each second one a block runs, so that a Llama block recomputes its
 k, o and up projections). All three recompute from a block's inputs
 (`StrategyTable.checkpointed` ops included); left free (None), the choice is the solver's
@@ -158,6 +159,8 @@ def _recompute_wanted(node: fx.Node, mode: str | None, region_output: bool,
         return True
     if mode == "op" and node.name in ordinals:
         return ordinals[node.name] % 2 == 0
+    if mode == "op" and node.target in RING_TARGETS:
+        return False  # torchtitan's policy saves attention's output whatever its size
     flops, nbytes = node.meta.get(FLOPS, 0), node.meta.get(BYTES, 0)
     # The ratio of two size formulas is a number when both scale alike; compare at sizes
     # the graph was captured with otherwise.
