@@ -67,8 +67,14 @@ from torch.utils import _pytree as pytree
 from autopar.costs import formulas
 from autopar.costs.optimizer_state import ADAMW, OptimizerState
 from autopar.costs.ring import Ring, ring_of
-from autopar.passes.capturing.find_saved import (Saved, find_saved, kept_outputs, storage_path,
-                                                   written_base)
+from autopar.passes.capturing.find_saved import (
+    Saved,
+    find_saved,
+    kept_outputs,
+    storage_base,
+    storage_path,
+    written_base,
+)
 from autopar.passes.capturing.gradient_path import (
     gradient_path,
     is_differentiable,
@@ -116,6 +122,9 @@ class ProblemBuild:
     held_repeats: tuple[int, ...]
     # Memory: the micro-batches whose activations are held at once.
     in_flight: int = 1
+    # The ops whose backward reads their own output (`find_saved`: softmax, attention; an
+    # op it does not know), so that recomputing them means rebuilding them (`rebuilt`).
+    saves_output: frozenset[str] = frozenset()
 
     @property
     def timed_gradients(self) -> bool:
@@ -490,6 +499,13 @@ class _Builder:
         return [None if storage in first and first[storage] != e else storage
                 for e, storage in enumerate(storages)]
 
+    def always_recomputed(self, name: str) -> bool:
+        """Whether every strategy of `name`, or of the op whose output it views (a view
+        carries its base's flag), recomputes it."""
+        base, _ = storage_base(self.by_name[name])
+        strategies = self.table.strategies.get(base.name, ())
+        return bool(strategies) and all(s.recompute for s in strategies)
+
     def with_buckets(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeRef, ...]:
         """`edges` with `bucket_bytes` set on those of parameters: the runtime's bucket, or
         all the parameters' gradients where they fill less (one bucket holds them all)."""
@@ -616,6 +632,8 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
                  builder.saved)
         for node in nodes for position in range(len(table.inputs[node.name])))
     edges = builder.with_buckets(builder.with_memory_flags(edges))
+    edges = tuple(dataclasses.replace(e, producer_recomputed=True)
+                  if builder.always_recomputed(e.producer) else e for e in edges)
     # A folded graph's representative block stands for tied blocks: it is tied too.
     ties = builder.ties(strategies) if fold_layers or builder.fold else ()
     repeats = builder.repeats
@@ -636,9 +654,12 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
         name=type(gm).__name__,
         edge_usages=builder.edge_usages(edges),
     )
+    saves_output = frozenset(
+        n.name for n in nodes if not builder.moves_no_bytes(n) and (
+            builder.saved.get(n.name) is None or builder.saved[n.name].outputs))
     return ProblemBuild(problem, tuple(builder.order), edges, strategies, builder.on_path, mesh,
                         optimizer, microbatches, tuple(repeats), held_repeats,
-                        in_flight)
+                        in_flight, saves_output)
 
 
 def _times(values: np.ndarray, repeats: int) -> np.ndarray:

@@ -86,6 +86,8 @@ class EdgeRef:
     # Time: the bytes of the bucket a replicated parameter's gradient all-reduce is packed
     # into (`formulas.bucketed_time`; 0: alone).
     bucket_bytes: int = 0
+    # Every strategy of the producer recomputes it (a hand strategy's recompute mode).
+    producer_recomputed: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,16 +111,21 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
     it.
 
     A recomputed op reads recomputed inputs from its own region only (`recompute_region`).
-    Its output must be what the backward saves, so that the backward rebuilds it (and runs
-    its inputs' collectives again, as charged): a consumer that keeps it, or a view of it
-    (views carry their base's recompute flag), reads it in its own placement, not a
-    collective's copy of it."""
+    Its output is read in its own placement by a view of it (views carry their base's
+    recompute flag) and by a consumer that keeps it, so that what the backward saves is the
+    output the backward rebuilds (running its inputs' collectives again, as charged); except
+    where its recomputation is fixed (`EdgeRef.producer_recomputed`: a hand strategy's, a
+    norm before a row-parallel matmul under "selective"), where a consumer keeps the
+    converted copy, a tensor of its own (`held_bytes`), and the runtime never rebuilds the
+    output for it (`rebuilt.never_rebuilt`). Elsewhere that pair would only add the charge
+    of a recomputation that never runs to what the producer kept otherwise."""
     read = dst.inputs[ref.position]
     if src.gathered is not None and not _reads_gathered(src, read, nbytes, mesh_shape):
         return None
     if ref.consumer_is_view and src.recompute != dst.recompute:
         return None
-    if src.recompute and (ref.consumer_saves or ref.consumer_is_view) and read != src.output:
+    if src.recompute and read != src.output and (
+            ref.consumer_is_view or ref.consumer_saves and not ref.producer_recomputed):
         return None
     if src.recompute and dst.recompute and not ref.same_block and not ref.consumer_is_view:
         return None

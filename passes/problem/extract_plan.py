@@ -38,6 +38,7 @@ from autopar.passes.problem.edge_costs import (
     strategy_edge_transfers,
     transfer_seconds,
 )
+from autopar.passes.problem.rebuilt import never_rebuilt
 from autopar.passes.problem.step_memory import held_copies, microbatch_copies
 from autopar.solver import Solution
 from autopar.values.placement import format_placements
@@ -161,6 +162,8 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
     by_name = {n.name: n for n in gm.graph.nodes}
     chosen = {name: build.strategies[i][solution.choices[i]]
               for i, name in enumerate(build.nodes)}
+    unread = never_rebuilt(build, chosen)  # recomputed in the problem, never by the runtime
+    chosen.update((name, dataclasses.replace(chosen[name], recompute=False)) for name in unread)
     edges = _edges(build, chosen)
     hidden = _hidden(build, by_name, chosen, edges, sizes)
     fold: Fold | None = gm.meta.get(FOLD)
@@ -168,7 +171,7 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
     nodes = []
     for i, name in enumerate(build.nodes):
         plan = _node_plan(i, name, by_name[name], chosen[name], build, solution, edges[name],
-                          hidden, sizes)
+                          hidden, sizes, recomputed=name not in unread)
         if held[name]:
             plan = dataclasses.replace(plan, memory_bytes=plan.memory_bytes + held[name])
         nodes.extend(_unfolded(plan, fold) if fold else (plan,))
@@ -191,14 +194,20 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
 
 def _node_plan(i: int, name: str, node: fx.Node, strategy, build: ProblemBuild,
                solution: Solution, inbound: list, hidden: Background,
-               sizes: dict[str, int]) -> NodePlan:
+               sizes: dict[str, int], recomputed: bool = True) -> NodePlan:
     """The plan of decision node `i` (`name`, the graph's `node`) under its chosen
     `strategy`: its compute, its `inbound` collectives (`_edges`'s, with their transfers)
     and those of a ring it runs (whose exposed time counts as communication), its memory,
-    and the formula of its cost."""
+    and the formula of its cost. Not `recomputed`: the problem's strategy recomputed the op,
+    `strategy` (the runtime's) does not (`rebuilt.never_rebuilt`), so its compute is
+    costed again."""
     problem, mesh = build.problem, build.mesh
     comm, overlapped, records = _inbound(build, inbound, hidden)
     compute = float(problem.node_costs[i][solution.choices[i]]) / build.repeats[i]
+    if not recomputed:
+        compute = build.microbatches * float(op_time(
+            node, strategy, mesh, differentiable=build.requires_grad[name],
+            size=lambda value: _at(value, sizes)))
     # A parameter's node cost is its optimizer step (`build_problem.node_cost`).
     step = compute if node.meta.get(ROLE) == "parameter" else 0.0
     compute -= step

@@ -23,8 +23,7 @@ import dataclasses
 import torch
 import torch.fx as fx
 
-from autopar.passes.capturing.find_saved import (find_saved, kept_outputs, storage_base,
-                                                   written_base)
+from autopar.passes.capturing.find_saved import find_saved, kept_outputs, storage_base, written_base
 from autopar.passes.capturing.gradient_path import gradient_path
 from autopar.passes.strategies.find_strategies import Strategy, StrategyTable, op_spec
 from autopar.rules.attention import RING_TARGETS, context_axis

@@ -147,7 +147,10 @@ def check_bytes(cases: tuple[Case, ...], results: list[list[Outcome]]) -> None:
     for rank, per_rank in enumerate(results):
         for case, outcome in zip(cases, per_rank):
             predicted = {key: value * case.steps for key, value in outcome.predicted.items()}
-            assert outcome.measured == predicted, (case, rank)
+            differ = {key: (outcome.measured.get(key, 0), predicted.get(key, 0))
+                      for key in set(predicted) | set(outcome.measured)
+                      if outcome.measured.get(key, 0) != predicted.get(key, 0)}
+            assert not differ, (case.example, rank, "(measured, predicted):", differ)
 
 
 def replicated_peak(case: Case) -> float:
