@@ -64,6 +64,15 @@ def test_published() -> None:
                     r"\d\.\d{3}\s+\d+\.\d%\+\s+\d+\.\d%\s+\d+\.\d%$", out)
 
 
+def test_published_megatron() -> None:
+    out = run_quick("published_megatron.py")
+    assert "## GPT 1.7B: 24 layers" in out
+    assert has_line(r"^case\s+GPUs\s+TFLOP/s\s+pred\s+ratio\s+MFU\s+pred\s+GiB\s+fits\s+solver$",
+                    out)
+    assert has_line(r"^1\.7B\s+48\s+408\.8\s+\d+\.\d\s+\d\.\d{3}\s+41%\s+\d+\.\d%\s+\d+\.\d\s+"
+                    r"yes\s+-$", out)
+
+
 def test_hand_strategies() -> None:
     out = run_quick("hand_strategies.py")
     assert "Predicted step time (ms): solver vs hand strategies" in out

@@ -1,6 +1,7 @@
-"""The published measurements `benchmarks/published.py` compares with: the profile of the
-hardware they ran on, and the cases as the benchmark builds them (shapes and batches that
-reproduce every published MFU by torchtitan's formula). No planning: seconds."""
+"""The published measurements `benchmarks/published.py` and `published_megatron.py`
+compare with: the profile of the hardware they ran on, and the cases as the benchmarks
+build them (shapes and batches that reproduce every published MFU by torchtitan's formula,
+and Megatron-LM's table's MFUs from its teraFLOP/s). No planning: seconds."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import published  # noqa: E402
+import published_megatron  # noqa: E402
 
 
 def test_grand_teton_profile_is_the_h100_of_the_published_runs() -> None:
@@ -41,3 +43,19 @@ def test_cases_reproduce_the_published_mfu(name: str) -> None:
         assert mfu == pytest.approx(case.mfu, abs=0.001)
     else:  # Table 1 and 3's runs: "33% to 39% MFU" with torch.compile or without
         assert 0.32 < mfu < 0.39
+
+
+@pytest.mark.parametrize("size", sorted(published_megatron.CASES))
+def test_megatron_rows_reproduce_their_mfu(size: str) -> None:
+    """Megatron-LM's table: its teraFLOP/s a GPU over the H100's 989 are its MFU (to the
+    percent it prints), and the step they imply from `megatron_flops` is that
+    throughput; the GPT built has the row's shape (GPT-2 classes, 4 x hidden MLP)."""
+    run = published_megatron.CASES[size]
+    assert run.tflops * 1e12 / published_megatron.H100_PEAK == pytest.approx(run.mfu, abs=0.0051)
+    assert run.gpus == run.tp * run.pp * run.dp
+    model, (ids, _) = published_megatron.build(run, batch=1)
+    assert ids.shape == (1, published_megatron.SEQ)
+    block = model.lm.transformer.h[0]
+    assert len(model.lm.transformer.h) == run.layers
+    assert block.mlp.c_fc.weight.shape == (run.hidden, 4 * run.hidden)
+    assert model.lm.config.n_head == run.heads
