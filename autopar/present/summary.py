@@ -175,10 +175,12 @@ def _recomputed(plan: Plan) -> str:
 
 def describe_context_parallel(plan: Plan) -> str:
     """The attentions that run on a ring, by mesh axis: the nodes whose own transfers are
-    sends (an edge's conversion is never one)."""
+    sends (an edge's conversion is never one), but over the pipeline axis, where a
+    stage's last op sends its output to the next stage."""
     axes: dict[str, int] = defaultdict(int)
+    stages = plan.pipeline.axis if plan.pipeline is not None else None
     for node in plan.nodes:
-        ring = {t.axis for t in node.transfers if t.kind == "send"}
+        ring = {t.axis for t in node.transfers if t.kind == "send" and t.axis != stages}
         for axis in ring:
             axes[axis] += 1
     return ", ".join(f"{count} attention(s) on a ring over {axis}"

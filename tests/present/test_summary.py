@@ -185,3 +185,17 @@ def test_an_op_without_rule_or_formula_is_warned_with_its_estimate():
     assert plan.warnings == ("no sharding rule for aten.special_i0e.default: kept replicated; "
                              "no FLOP formula either (estimate: 1 per element of its largest "
                              "tensor)",)
+
+
+def test_a_pipelines_stage_sends_are_not_attention_rings():
+    """A stage's last op sends its output to the next stage over the pipeline axis; the
+    summary's context-parallel line counts attentions on a ring, and there are none."""
+    from autopar.present.summary import describe_context_parallel
+    from examples import gpt
+
+    model, inputs = gpt.build(hidden=64, layers=4, batch=8)
+    plan = autopar.plan(model, autopar.Mesh((2, 2), ("pp", "tp"), hardware="cpu"), inputs,
+                        time_limit=2, pipeline=autopar.Pipeline(schedule="1F1B",
+                                                                microbatches=4))
+    assert any(t.kind == "send" and t.axis == "pp" for n in plan.nodes for t in n.transfers)
+    assert describe_context_parallel(plan) == "none"
