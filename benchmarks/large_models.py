@@ -15,7 +15,6 @@ forward + 2 x forward) over predicted step x devices x bf16 peak.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections import Counter
@@ -30,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 # The loss wrapper the transformers tests train with.
 sys.path.insert(0, str(ROOT / "tests" / "runtime"))
 
+from case_options import case_parser, parse_cases  # noqa: E402
 from hf_models import CausalLMLoss  # noqa: E402
 
 import autopar  # noqa: E402
@@ -181,15 +181,8 @@ def _print_against(label: str, record, plan: autopar.Plan) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=sorted(CASES), action="append")
-    parser.add_argument("--time-limit", type=float, default=60.0)
-    parser.add_argument("--quick", action="store_true",
-                        help=f"--case {' '.join(QUICK_CASES)} --time-limit "
-                             f"{QUICK_TIME_LIMIT:g}, in place of the options above")
-    args = parser.parse_args()
-    if args.quick:
-        args.case, args.time_limit = QUICK_CASES, QUICK_TIME_LIMIT
+    args = parse_cases(case_parser(__doc__.splitlines()[0], CASES, 60.0,
+                                   (QUICK_CASES, QUICK_TIME_LIMIT)))
     for name in args.case or ("70b", "8b"):
         report(CASES[name], args.time_limit)
 

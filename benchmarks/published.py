@@ -36,7 +36,6 @@ explains each.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -49,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from case_options import case_parser, parse_cases  # noqa: E402
 from large_models import Case, build  # noqa: E402
 
 import autopar  # noqa: E402
@@ -261,15 +261,8 @@ def table(rows: list[tuple[str, Published, Predicted]]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=sorted(CASES), action="append")
-    parser.add_argument("--time-limit", type=float, default=30.0)
-    parser.add_argument("--quick", action="store_true",
-                        help=f"--case {' '.join(QUICK_CASES)} --time-limit "
-                             f"{QUICK_TIME_LIMIT:g}, in place of the options above")
-    args = parser.parse_args()
-    if args.quick:
-        args.case, args.time_limit = QUICK_CASES, QUICK_TIME_LIMIT
+    args = parse_cases(case_parser(__doc__.splitlines()[0], CASES, 30.0,
+                                   (QUICK_CASES, QUICK_TIME_LIMIT)))
     start = time.monotonic()
     rows = []
     for name in args.case or tuple(CASES):

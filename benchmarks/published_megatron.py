@@ -30,7 +30,6 @@ the step of `autopar.plan` at its defaults with this hand strategy offered
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass
@@ -41,6 +40,12 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+# The loss wrapper the transformers tests train with.
+sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+
+from case_options import case_parser, parse_cases  # noqa: E402
+from hf_models import CausalLMLoss  # noqa: E402
 
 import autopar  # noqa: E402
 from autopar.costs.optimizer_state import optimizer_state  # noqa: E402
@@ -110,17 +115,6 @@ def megatron_flops(run: Run) -> float:
     return 72 * b * s * layers * h * h * (1 + s / (6 * h) + VOCAB / (12 * layers * h))
 
 
-class GPTLoss(nn.Module):
-    """transformers' GPT-2 language model returning its mean token loss."""
-
-    def __init__(self, lm: nn.Module) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.lm(input_ids=ids, labels=labels).loss
-
-
 def build(run: Run, batch: int | None = None) -> tuple[nn.Module, tuple]:
     """The run's GPT on the meta device in bfloat16 and `batch` sequences of token ids
     (default: the run's global batch). GELU is torch's (erf), as Megatron-LM's."""
@@ -134,7 +128,7 @@ def build(run: Run, batch: int | None = None) -> tuple[nn.Module, tuple]:
         lm = GPT2LMHeadModel(config).to(torch.bfloat16)
     lm.loss_type = "ForCausalLM"
     ids = torch.zeros(batch or run.batch, SEQ, dtype=torch.long, device="meta")
-    return GPTLoss(lm), (ids, ids)
+    return CausalLMLoss(lm), (ids, ids)
 
 
 @dataclass(frozen=True)
@@ -250,18 +244,11 @@ def table(rows: list[tuple[Run, Predicted]]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=sorted(CASES), action="append")
-    parser.add_argument("--time-limit", type=float, default=30.0)
+    parser = case_parser(__doc__.splitlines()[0], CASES, 30.0, (QUICK_CASES, QUICK_TIME_LIMIT))
     parser.add_argument("--solver", action="store_true",
                         help="also plan with autopar.plan at its defaults, the hand strategy "
                              "offered")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"--case {' '.join(QUICK_CASES)} --time-limit "
-                             f"{QUICK_TIME_LIMIT:g}, in place of the options above")
-    args = parser.parse_args()
-    if args.quick:
-        args.case, args.time_limit = QUICK_CASES, QUICK_TIME_LIMIT
+    args = parse_cases(parser)
     start = time.monotonic()
     rows = []
     for name in args.case or tuple(CASES):

@@ -499,12 +499,22 @@ class _Builder:
         return [None if storage in first and first[storage] != e else storage
                 for e, storage in enumerate(storages)]
 
-    def always_recomputed(self, name: str) -> bool:
-        """Whether every strategy of `name`, or of the op whose output it views (a view
-        carries its base's flag), recomputes it."""
-        base, _ = storage_base(self.by_name[name])
-        strategies = self.table.strategies.get(base.name, ())
-        return bool(strategies) and all(s.recompute for s in strategies)
+    def with_recomputed(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeRef, ...]:
+        """`edges` with `producer_recomputed` set where every strategy of the producer, or
+        of the op whose output it views (a view carries its base's flag), recomputes it."""
+        def always(name: str) -> bool:
+            base, _ = storage_base(self.by_name[name])
+            strategies = self.table.strategies.get(base.name, ())
+            return bool(strategies) and all(s.recompute for s in strategies)
+
+        return tuple(dataclasses.replace(e, producer_recomputed=True) if always(e.producer)
+                     else e for e in edges)
+
+    def saving_outputs(self, nodes: list[fx.Node]) -> frozenset[str]:
+        """The ops among `nodes` whose backward reads their own output
+        (`ProblemBuild.saves_output`)."""
+        return frozenset(n.name for n in nodes if not self.moves_no_bytes(n) and (
+            self.saved.get(n.name) is None or self.saved[n.name].outputs))
 
     def with_buckets(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeRef, ...]:
         """`edges` with `bucket_bytes` set on those of parameters: the runtime's bucket, or
@@ -631,9 +641,7 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
         edge_ref(builder.by_name, builder.on_path, table.inputs[node.name], node.name, position,
                  builder.saved)
         for node in nodes for position in range(len(table.inputs[node.name])))
-    edges = builder.with_buckets(builder.with_memory_flags(edges))
-    edges = tuple(dataclasses.replace(e, producer_recomputed=True)
-                  if builder.always_recomputed(e.producer) else e for e in edges)
+    edges = builder.with_recomputed(builder.with_buckets(builder.with_memory_flags(edges)))
     # A folded graph's representative block stands for tied blocks: it is tied too.
     ties = builder.ties(strategies) if fold_layers or builder.fold else ()
     repeats = builder.repeats
@@ -654,12 +662,9 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
         name=type(gm).__name__,
         edge_usages=builder.edge_usages(edges),
     )
-    saves_output = frozenset(
-        n.name for n in nodes if not builder.moves_no_bytes(n) and (
-            builder.saved.get(n.name) is None or builder.saved[n.name].outputs))
     return ProblemBuild(problem, tuple(builder.order), edges, strategies, builder.on_path, mesh,
                         optimizer, microbatches, tuple(repeats), held_repeats,
-                        in_flight, saves_output)
+                        in_flight, builder.saving_outputs(nodes))
 
 
 def _times(values: np.ndarray, repeats: int) -> np.ndarray:
