@@ -133,6 +133,9 @@ def build(run: Run, batch: int | None = None) -> tuple[nn.Module, tuple]:
 
 @dataclass(frozen=True)
 class Predicted:
+    """A row planned: the hand strategy's plan, whether it fits the device, and with
+    `--solver` the plan `autopar.plan` returns; the seconds each took."""
+
     plan: autopar.Plan | None  # the hand strategy's (None: none found)
     fits: bool
     solver: autopar.Plan | None  # autopar.plan's with the hand strategy offered
