@@ -2,7 +2,7 @@
 (pytorch/torchtitan, docs/performance.md), each planned with the hand strategy of its
 configuration on the profile of the hardware it ran on.
 
-    python benchmarks/published.py                  # every case: 47 s on 2 shared cores
+    python benchmarks/published.py                  # every case: 23 s on 2 shared cores
     python benchmarks/published.py --case 405b-h100 --case 8b-a100
     python benchmarks/published.py --quick          # the 8B case on 8 H100s, 5 s solves: 15 s
 
