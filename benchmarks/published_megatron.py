@@ -133,11 +133,12 @@ def build(run: Run, batch: int | None = None) -> tuple[nn.Module, tuple]:
 
 @dataclass(frozen=True)
 class Predicted:
-    """A row planned: the hand strategy's plan, whether it fits the device, and with
-    `--solver` the plan `autopar.plan` returns; the seconds each took."""
+    """A row planned: the hand strategy's plan, whether it fits the device (or why there
+    is none), and with `--solver` the plan `autopar.plan` returns; the seconds each took."""
 
     plan: autopar.Plan | None  # the hand strategy's (None: none found)
     fits: bool
+    note: str  # why there is no plan, where there is none
     solver: autopar.Plan | None  # autopar.plan's with the hand strategy offered
     plan_s: float
     solver_s: float
@@ -148,9 +149,9 @@ class Predicted:
 
 
 def hand_plan(run: Run, model: nn.Module, inputs: tuple, time_limit: float
-              ) -> tuple[autopar.Plan | None, bool]:
+              ) -> tuple[autopar.Plan | None, bool, str]:
     """The run's hand strategy planned (module docstring): its fastest plan within the
-    device's budget, else its fastest (then not fitting)."""
+    device's budget, else its fastest (then not fitting), and why there is none."""
     mesh = autopar.Mesh(*run.mesh, hardware=HARDWARE)
     budget = default_budget(mesh, None)
     if run.pp > 1:
@@ -158,11 +159,9 @@ def hand_plan(run: Run, model: nn.Module, inputs: tuple, time_limit: float
         record, plan = megatron_3d(model, gm, inputs, mesh, memory_budget=budget,
                                    time_limit=time_limit, fold_layers=True, seed=0,
                                    optimizer=MASTER, deadline=Deadline(time_limit * 4))
-        if plan is None:
-            print(f"Megatron 3D: {record.note or 'no plan'}"
-                  + (f"; its least: {record.peak_memory_bytes / 2**30:.1f} GiB"
-                     if record.peak_memory_bytes else ""))
-        return plan, plan is not None
+        needs = (f"; its fastest needs {record.peak_memory_bytes / 2**30:.1f} GiB"
+                 if record.peak_memory_bytes else "")
+        return plan, plan is not None, f"Megatron 3D: {record.note or 'no plan'}{needs}"
     micro = run.batch // run.dp  # one sample a micro-batch: the graph runs `micro` times
     model, inputs = build(run, run.dp)
     gm = annotate(capture(model, inputs))
@@ -176,14 +175,14 @@ def hand_plan(run: Run, model: nn.Module, inputs: tuple, time_limit: float
             plan = plan_table(tables.gm, table, mesh, memory_budget=limit, **options)
         except InfeasiblePlanError:
             continue
-        return plan, plan.peak_memory_bytes <= budget
-    return None, False
+        return plan, plan.peak_memory_bytes <= budget, ""
+    return None, False, "no plan within the restriction"
 
 
 def predict(run: Run, time_limit: float, solver: bool) -> Predicted:
     model, inputs = build(run)
     start = time.monotonic()
-    plan, fits = hand_plan(run, model, inputs, time_limit)
+    plan, fits, note = hand_plan(run, model, inputs, time_limit)
     planned = time.monotonic()
     chosen = None
     if solver:
@@ -192,7 +191,7 @@ def predict(run: Run, time_limit: float, solver: bool) -> Predicted:
             "Megatron TP + selective recompute + distributed optimizer",) if run.tp > 1 else ()
         chosen = autopar.plan(model, mesh, inputs, optimizer=torch.optim.AdamW,
                               master_weights=torch.float32, hand_strategies=names)
-    return Predicted(plan, fits, chosen, planned - start, time.monotonic() - planned)
+    return Predicted(plan, fits, note, chosen, planned - start, time.monotonic() - planned)
 
 
 def describe(run: Run, got: Predicted) -> None:
@@ -200,7 +199,7 @@ def describe(run: Run, got: Predicted) -> None:
           f"TP {run.tp} x PP {run.pp} x DP {run.dp} = {run.gpus} H100, batch {run.batch}")
     plan = got.plan
     if plan is None:
-        print("no plan of the hand strategy found")
+        print(f"no plan of the hand strategy found ({got.note})")
         return
     pipe = plan.pipeline
     shape = (f"{pipe.schedule}, {pipe.microbatches} micro-batches, bubble {pipe.bubble:.0%}"

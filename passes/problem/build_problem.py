@@ -493,22 +493,23 @@ class _Builder:
         solver may recompute read one tensor (the usage of a third node is no edge's)."""
         first: dict[tuple[str, int], int] = {}
         for e, storage in enumerate(storages):
-            if storage is not None and storage not in first and all(
-                    s.recompute for s in self.table.strategies[edges[e].consumer]):
+            if storage is not None and storage not in first and self._always_recomputed(
+                    edges[e].consumer):
                 first[storage] = e
         return [None if storage in first and first[storage] != e else storage
                 for e, storage in enumerate(storages)]
 
-    def with_recomputed(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeRef, ...]:
-        """`edges` with `producer_recomputed` set where every strategy of the producer, or
-        of the op whose output it views (a view carries its base's flag), recomputes it."""
-        def always(name: str) -> bool:
-            base, _ = storage_base(self.by_name[name])
-            strategies = self.table.strategies.get(base.name, ())
-            return bool(strategies) and all(s.recompute for s in strategies)
+    def _always_recomputed(self, name: str) -> bool:
+        """Whether every strategy of `name`, or of the op whose output it views (a view
+        carries its base's flag), recomputes it."""
+        base, _ = storage_base(self.by_name[name])
+        strategies = self.table.strategies.get(base.name, ())
+        return bool(strategies) and all(s.recompute for s in strategies)
 
-        return tuple(dataclasses.replace(e, producer_recomputed=True) if always(e.producer)
-                     else e for e in edges)
+    def with_recomputed(self, edges: tuple[EdgeRef, ...]) -> tuple[EdgeRef, ...]:
+        """`edges` with `producer_recomputed` set where the producer is always recomputed."""
+        return tuple(dataclasses.replace(e, producer_recomputed=True)
+                     if self._always_recomputed(e.producer) else e for e in edges)
 
     def saving_outputs(self, nodes: list[fx.Node]) -> frozenset[str]:
         """The ops among `nodes` whose backward reads their own output

@@ -162,8 +162,9 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
     by_name = {n.name: n for n in gm.graph.nodes}
     chosen = {name: build.strategies[i][solution.choices[i]]
               for i, name in enumerate(build.nodes)}
-    unread = never_rebuilt(build, chosen)  # recomputed in the problem, never by the runtime
-    chosen.update((name, dataclasses.replace(chosen[name], recompute=False)) for name in unread)
+    # What the problem recomputes and the runtime never rebuilds is listed as it runs.
+    chosen.update((name, dataclasses.replace(chosen[name], recompute=False))
+                  for name in never_rebuilt(build, chosen))
     edges = _edges(build, chosen)
     hidden = _hidden(build, by_name, chosen, edges, sizes)
     fold: Fold | None = gm.meta.get(FOLD)
@@ -171,7 +172,7 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
     nodes = []
     for i, name in enumerate(build.nodes):
         plan = _node_plan(i, name, by_name[name], chosen[name], build, solution, edges[name],
-                          hidden, sizes, recomputed=name not in unread)
+                          hidden, sizes)
         if held[name]:
             plan = dataclasses.replace(plan, memory_bytes=plan.memory_bytes + held[name])
         nodes.extend(_unfolded(plan, fold) if fold else (plan,))
@@ -194,17 +195,17 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
 
 def _node_plan(i: int, name: str, node: fx.Node, strategy, build: ProblemBuild,
                solution: Solution, inbound: list, hidden: Background,
-               sizes: dict[str, int], recomputed: bool = True) -> NodePlan:
+               sizes: dict[str, int]) -> NodePlan:
     """The plan of decision node `i` (`name`, the graph's `node`) under its chosen
     `strategy`: its compute, its `inbound` collectives (`_edges`'s, with their transfers)
     and those of a ring it runs (whose exposed time counts as communication), its memory,
-    and the formula of its cost. Not `recomputed`: the problem's strategy recomputed the op,
-    `strategy` (the runtime's) does not (`rebuilt.never_rebuilt`), so its compute is
-    costed again."""
+    and the formula of its cost. Where the problem's strategy recomputed the op and
+    `strategy` (the runtime's, `rebuilt.never_rebuilt`) does not, its compute is costed
+    again."""
     problem, mesh = build.problem, build.mesh
     comm, overlapped, records = _inbound(build, inbound, hidden)
     compute = float(problem.node_costs[i][solution.choices[i]]) / build.repeats[i]
-    if not recomputed:
+    if strategy.recompute != build.strategies[i][solution.choices[i]].recompute:
         compute = build.microbatches * float(op_time(
             node, strategy, mesh, differentiable=build.requires_grad[name],
             size=lambda value: _at(value, sizes)))

@@ -31,12 +31,16 @@ from autopar.rules.common import draws
 from autopar.values.specs import BLOCK, BYTES, module_of
 
 
+def _seeded(node: fx.Node) -> bool:
+    """Whether `node`'s op is tagged `nondeterministic_seeded` (it may draw numbers)."""
+    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+
+
 def draws_random_numbers(node: fx.Node) -> bool:
     """Whether `node`'s op draws from the random generator (dropout, rand, ...): tagged
     `nondeterministic_seeded` and called so that it draws (`rules.common.draws`: not an
     attention or a dropout of probability 0, which is deterministic and may be recomputed)."""
-    return (torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
-            and draws(node.target, node.args, node.kwargs))
+    return _seeded(node) and draws(node.target, node.args, node.kwargs)
 
 
 def recomputable(node: fx.Node, on_path: dict[str, bool],
@@ -60,10 +64,9 @@ def recomputable(node: fx.Node, on_path: dict[str, bool],
     The solver weighs what each choice holds against what it frees."""
     region = recompute_region(node)
     in_block = from_block_inputs and region != node.name
-    tagged = torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
     if not (node.op == "call_function" and on_path.get(node.name, False)
             and node.meta.get(BYTES, 0) != 0 and not draws_random_numbers(node)
-            and (in_block or not tagged)
+            and (in_block or not _seeded(node))
             and all(user.op != "output" for user in node.users)):
         return False
     if not (kept.get(node.name, True) or in_block and any(
@@ -80,13 +83,13 @@ def recomputable(node: fx.Node, on_path: dict[str, bool],
 def _writing_readers(node: fx.Node) -> list[fx.Node]:
     """The ops that read `node`'s value and write their own output, directly or through
     views of one input each (`find_saved.written_base`)."""
-    readers = []
+    base, readers = written_base(node), []
     for user in node.users:
         if user.op != "call_function":
             continue
         if user.meta.get(BYTES, 0) != 0:
             readers.append(user)
-        elif written_base(user) is not None and written_base(user) is written_base(node):
+        elif base is not None and written_base(user) is base:
             readers.extend(_writing_readers(user))
     return readers
 
