@@ -133,10 +133,12 @@ class WorkGraph:
         return self.edges[(a, b)] if a < b else self.edges[(b, a)].T
 
     def add_edge(self, a: int, b: int, m: np.ndarray) -> None:
-        """Add matrix `m` (rows a) to the edge (a, b), creating it if needed."""
+        """Add matrix `m` (rows a) to the edge (a, b), creating it if needed. Matrices are
+        never written in place (each edit makes a new one), so `m` is kept, not copied:
+        copying every edge of a problem with usage nodes took a quarter of its reduction."""
         key, m = ((a, b), m) if a < b else ((b, a), m.T)
         old = self.edges.get(key)
-        self.edges[key] = m.copy() if old is None else old + m
+        self.edges[key] = m if old is None else old + m
         self.adj[a].add(b)
         self.adj[b].add(a)
 

@@ -31,6 +31,7 @@ from torch import fx
 from torch.utils import flop_counter
 
 from autopar.rules import einsum as einsum_rule
+from autopar.values.graph_module import graph_module
 from autopar.values.specs import BYTES, FLOPS, TENSOR, Size, TensorSpec
 
 aten = torch.ops.aten
@@ -83,7 +84,7 @@ DATA_MOVEMENT = "data movement"  # max, subtract, exp, sum, divide (or log) per 
 def annotate(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of `gm` whose nodes carry `autopar_tensor`, `autopar_flops`, `autopar_bytes`."""
     # A deep-copied graph has shallow copies of the meta dicts: FakeTensors shared, input intact.
-    result = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    result = graph_module(gm, copy.deepcopy(gm.graph))
     result.meta.update(gm.meta)
     for node in result.graph.nodes:
         node.meta[TENSOR] = _spec_of(node.meta.get("val"))

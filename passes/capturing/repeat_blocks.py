@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
+from autopar.values.graph_module import graph_module
 from autopar.values.specs import MODULE, NAMES
 
 # Fewer blocks than this are traced whole: the pass traces four of them anyway.
@@ -284,7 +285,7 @@ class _Stamp:
             graph = self._build(deltas)
         except _GiveUp:
             return None
-        gm = fx.GraphModule(self.traced, graph)
+        gm = graph_module(self.traced, graph)
         gm.meta.update(self.traced.meta)
         return gm
 

@@ -51,6 +51,7 @@ from autopar.passes.capturing.capture import MUTATED
 from autopar.passes.capturing.gradient_path import gradient_path
 from autopar.passes.problem.build_problem import edge_ref
 from autopar.passes.strategies.find_strategies import find_strategies, is_decision
+from autopar.values.graph_module import graph_module
 from autopar.values.mesh import Mesh
 from autopar.values.microbatch import (
     ACCUMULATE,
@@ -287,7 +288,7 @@ def _count_function(gm: fx.GraphModule, count: fx.Node) -> Callable[..., torch.T
                 fix="plan with microbatches=1")
         env[node] = graph.node_copy(node, env.__getitem__)
     graph.output(env[count])
-    return fx.GraphModule(gm, graph)
+    return graph_module(gm, graph)
 
 
 def _ancestors(node: fx.Node) -> set[fx.Node]:

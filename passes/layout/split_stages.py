@@ -46,6 +46,7 @@ import torch.fx as fx
 from autopar.costs import formulas
 from autopar.passes.capturing.gradient_path import gradient_path
 from autopar.passes.capturing.trace_kernels import priced_kernels
+from autopar.values.graph_module import graph_module
 from autopar.values.hardware import HardwareProfile
 from autopar.values.specs import (
     BLOCK,
@@ -229,6 +230,6 @@ def _stage_graph(gm: fx.GraphModule, k: int, stage_of: dict[str, int],
     else:
         out = graph.output(tuple(env[by_name[name]] for name in sends))
         out.meta.update({ROLE: "output", BOUNDARY: True})
-    module = fx.GraphModule(gm, graph, class_name=f"Stage{k}")
+    module = graph_module(gm, graph, class_name=f"Stage{k}")
     module.meta.update(gm.meta)
     return module

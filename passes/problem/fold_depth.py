@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
+from autopar.values.graph_module import graph_module
 from autopar.values.specs import (
     BLOCK,
     BYTES,
@@ -207,7 +208,7 @@ def _folded(gm: fx.GraphModule, before: _Block, stands_for: list[_Block],
     modules = {nodes[0].name: tuple(module_of(n) for n in nodes) for nodes in zip(*members)}
     previous = {mine.name: theirs.name for mine, theirs in zip(
         before.nodes, representative.nodes)}
-    folded = fx.GraphModule(gm, graph)
+    folded = graph_module(gm, graph)
     folded.meta = {**gm.meta, FOLD: Fold(copies, modules, previous,
                                          {n.name: i for i, n in enumerate(gm.graph.nodes)})}
     return folded

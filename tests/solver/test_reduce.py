@@ -11,7 +11,7 @@ from solver_cases import brute_force, random_problem
 
 from autopar.solver import ShardingProblem
 from autopar.solver.fold import chain_response, leaf_response, pareto_mask
-from autopar.solver.reductions import Infeasible, _undominated, reduce_problem
+from autopar.solver.reductions import Infeasible, _beaten, _undominated, reduce_problem
 
 
 def _all(reduced):
@@ -139,3 +139,20 @@ def test_chain_response_matches_the_pairwise_definition(side) -> None:
             assert np.array_equal(found[0], expected[0])
             assert np.array_equal(found[1], expected[1])
     assert dominant > 20
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_beaten_matches_the_pairwise_definition(seed: int) -> None:
+    """A row is beaten when another is no worse in every column and worse in one, or equal
+    with a lower index: checked against all K x K pairs, ties and inf included, on widths
+    below, at and past the blocks the filter compares at once."""
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        k, width = int(rng.integers(2, 25)), int(rng.integers(1, 80))
+        features = rng.integers(0, 3, size=(k, width)).astype(float)
+        features[rng.random((k, width)) < 0.05] = np.inf
+        features = np.repeat(features[: max(1, k // 2)], 2, axis=0)  # exact ties
+        expected = [any(j != i and (features[j] <= features[i]).all()
+                        and ((features[j] < features[i]).any() or j < i)
+                        for j in range(len(features))) for i in range(len(features))]
+        assert _beaten(features).tolist() == expected
