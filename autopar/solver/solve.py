@@ -191,7 +191,8 @@ def _lower_limits(problem: ShardingProblem, relaxed_problem: ShardingProblem,
     `seconds`: the first lower by the overshoot of `relaxed` (its true peak over the
     limit), then, while none fits, lower by twice as much or by the last overshoot if more,
     and, once one fits or the relaxation cannot meet a limit, bisecting between the highest
-    such limit and the lowest whose answer does not fit."""
+    such limit and the lowest whose answer does not fit, until an answer repeats one
+    before it."""
     limit = problem.usage_limit
     if limit is None or not relaxed.choices:
         return []
@@ -201,6 +202,8 @@ def _lower_limits(problem: ShardingProblem, relaxed_problem: ShardingProblem,
     for _ in range(LOWER_LIMITS):
         answer = _truncated(solve(dataclasses.replace(relaxed_problem, usage_limit=below),
                                   time_limit=seconds / LOWER_LIMITS, **options), problem)
+        if answer.choices and any(answer.choices == a.choices for a in answers):
+            break  # the limits between two that give one answer rarely give another
         answers.append(answer)
         if not answer.choices or problem.is_feasible(answer.choices):
             floor = below

@@ -89,3 +89,24 @@ def test_a_time_limit_that_is_not_a_positive_number_is_refused_before_planning(l
     with pytest.raises(autopar.ProblemFormatError) as info:
         autopar.plan(model, mesh, inputs, time_limit=limit)
     assert "time_limit" in str(info.value) and "fix:" in str(info.value)
+
+
+def test_the_first_round_charged_in_full_is_a_screening_solve(monkeypatch):
+    # Charged at the blind guess (every background collective exposed), the first round
+    # only shows what the backward hides: it gets a screening solve's time, and the rounds
+    # after it half the limit. One that settles at once is solved again at that limit.
+    from autopar.planning import graph
+
+    limits: list[float] = []
+    solved = graph._solved
+
+    def spy(build, seconds, **options):
+        limits.append(seconds)
+        return solved(build, seconds, **options)
+
+    monkeypatch.setattr(graph, "_solved", spy)
+    model, inputs = mlp.build(batch=64, hidden=256, ffn=1024, device="meta")
+    mesh = autopar.Mesh((4,), ("dp",), hardware="h100-sxm")
+    autopar.plan(model, mesh, inputs, time_limit=20, microbatches=1)
+    assert limits[0] == 20 * graph.SCREENING_TIME
+    assert len(limits) >= 2 and all(limit == 10 for limit in limits[1:])
