@@ -15,7 +15,7 @@ from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError, 
 from autopar.passes.capturing.capture import loss_output
 from autopar.passes.layout.split_microbatches import batch_size
 from autopar.passes.problem.edge_cache import EdgeCaches
-from autopar.planning.deadline import expired
+from autopar.planning.deadline import Deadline, expired
 from autopar.planning.graph import STAGE, default_budget, refined, screened
 from autopar.planning.hand_strategies import MEGATRON_3D, plan_compared
 from autopar.planning.microbatches import MicroBatches
@@ -206,7 +206,7 @@ def _screened_best(plain: _Plain, *, least_memory: bool, needed: bool) -> Plan:
     deadline = plain.options.get("deadline")
     while count <= min(batch, MAX_MICROBATCHES) and batch % count == 0 and (
             best is None and needed or _memory_binds(best, plain.budget)
-            and not expired(deadline)):
+            and _room_after_screening(deadline, plain.options.get("time_limit", 30.0))):
         try:
             split = plain.micro.split(count)
         except MicrobatchError:
@@ -225,6 +225,13 @@ def _screened_best(plain: _Plain, *, least_memory: bool, needed: bool) -> Plan:
             raise failure
         return plain.planned(1, None, least_memory=True)  # raises, with the least memory
     return best
+
+
+def _room_after_screening(deadline: Deadline | None, time_limit: float) -> bool:
+    """Whether another count may be screened: more than half the limit left, what the
+    count finally chosen asks for each of its rounds planned in full (`_in_full`), which
+    gain more than one more screening."""
+    return deadline is None or deadline.left() > time_limit / 2
 
 
 def _memory_binds(best: Plan | None, budget: float) -> bool:

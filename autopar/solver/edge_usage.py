@@ -26,10 +26,12 @@ where memory binds. So `autopar.solver.solve` first solves the problem where eac
 usage that depends on both ends is, per strategy of its second end, its least over the
 first end's (`relaxation`: a leaf node u, which the reductions fold into that end as a
 usage term of its own): a relaxation, whose optimum is the answer when it fits with the
-true usages, and whose bound holds. Otherwise it solves that relaxation under lower limits
-too, and then the exact expansion, started from the cheapest answer that fits. Edge usages
-of one end alone (which callers emit where they can: `build_problem` splits what an edge
-that owns its producer's output holds so) are exact in the relaxation already.
+true usages, and whose bound holds. Otherwise it solves the problem with the usages as
+that answer pays them (`around`: exact for every assignment that keeps the first ends
+where the answer put them), then, while no answer fits, the relaxation under lower
+limits, and then the exact expansion, started from the cheapest answer that fits. Edge
+usages of one end alone (which callers emit where they can: `build_problem` splits what an
+edge that owns its producer's output holds so) are exact in the relaxation already.
 """
 
 from __future__ import annotations
@@ -204,4 +206,21 @@ def relaxation(problem: ShardingProblem) -> ShardingProblem:
         least = np.where(np.broadcast_to(mask, u.usages.shape), u.usages, math.inf).min(axis=0)
         least = np.where(np.isfinite(least), least, 0.0)  # b strategies no a strategy allows
         usages.append(EdgeUsage(u.nodes, np.broadcast_to(least, u.usages.shape), u.interval))
+    return dataclasses.replace(problem, edge_usages=tuple(usages))
+
+
+def around(problem: ShardingProblem, choices: tuple[int, ...]) -> ShardingProblem:
+    """`problem` with each edge usage (a, b) that depends on both ends replaced by one of
+    b alone, a held at its strategy in `choices`: U[choices[a], kb] per strategy kb of b.
+    Exact for the assignments that keep a's choice, not a relaxation: where the
+    relaxation's answer overflows its true usages, the edge usages as that answer pays
+    them (the next answer moves b with a where it was)."""
+    usages = []
+    for u in problem.edge_usages:
+        a, _ = u.nodes
+        if (u.usages == u.usages[:1]).all() or (u.usages == u.usages[:, :1]).all():
+            usages.append(u)
+            continue
+        row = u.usages[choices[a]]
+        usages.append(EdgeUsage(u.nodes, np.broadcast_to(row, u.usages.shape), u.interval))
     return dataclasses.replace(problem, edge_usages=tuple(usages))

@@ -34,7 +34,7 @@ from autopar.solver.budget import (
     estimate_reduce_seconds,
     finish_seconds,
 )
-from autopar.solver.edge_usage import expansion_cells, relaxation, with_usage_nodes
+from autopar.solver.edge_usage import around, expansion_cells, relaxation, with_usage_nodes
 from autopar.solver.exact import Outcome, solve_whole
 from autopar.solver.exhaustive import MAX_ASSIGNMENTS, assignments, enumerate_best
 from autopar.solver.flat import Flat
@@ -120,9 +120,14 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
 
 
 # Solves of a problem with edge usages (`_with_edge_usages`): the relaxation at the limit,
-# the relaxation at lower limits (`LOWER_LIMITS` solves), and the exact expansion, given
-# these shares of the time limit.
-EDGE_USAGE_SHARES = (0.25, 0.25, 0.5)
+# the usages around its answer (at most `LINEARIZED` solves), the relaxation at lower
+# limits (`LOWER_LIMITS` solves), and the exact expansion, given these shares of the time
+# limit. On seven stage problems of a 126-layer Llama over 8x8x8, whose relaxed answers
+# overflowed their true usages by 20% to 80%, the usages around them made the fitting
+# answers of four 1.9 to 9.5 times cheaper than lower limits alone (one 1.2 times, one the
+# same, one found none either way), in 6% less time.
+EDGE_USAGE_SHARES = (0.25, 0.25, 0.25, 0.25)
+LINEARIZED = 2
 LOWER_LIMITS = 4
 # When none of the relaxation's answers fits, this share of the exact phase's looks for any
 # answer that fits, costs aside, for the exact solve to start from.
@@ -140,11 +145,12 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
                       any_fit: bool = True) -> Solution:
     """`solve` of a problem with edge usages (`edge_usage.py`'s docstring): with each of
     them at its least over its first end (`edge_usage.relaxation`: its answer is the
-    problem's when it fits, and its bound holds); unless that answer fits, the relaxation
-    again under lower limits (`_lower_limits`); then exactly (`_exact`, when its
-    expansion is small enough), started from the cheapest answer that fits (or, when none
-    does and `any_fit`, any that fits: `FIT_SHARE`). Each phase gets its share of the limit
-    (`EDGE_USAGE_SHARES`)."""
+    problem's when it fits, and its bound holds); unless that answer fits, with them as
+    that answer pays them (`_linearized`), then, while none fits, the relaxation under
+    lower limits (`_lower_limits`); then exactly (`_exact`, when its expansion is small
+    enough), started from the cheapest answer that fits (or, when none does and `any_fit`,
+    any that fits: `FIT_SHARE`). Each phase gets its share of the limit
+    (`EDGE_USAGE_SHARES`); only the relaxation's and the exact phase's bounds hold."""
     start, shares = time.monotonic(), [share * time_limit for share in EDGE_USAGE_SHARES]
     options = dict(seed=seed, workers=workers, progress=progress, repeatable=repeatable)
     relaxed_problem = with_usage_nodes(relaxation(problem))
@@ -154,14 +160,15 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
         # and the relaxation's optimum bounds the problem's: the exact search (larger, its
         # moves blocked by the usage nodes' ties) would start from it and rarely do better.
         return dataclasses.replace(relaxed, wall_time=time.monotonic() - start)
-    answers = [relaxed] + _lower_limits(problem, relaxed_problem, relaxed, shares[1],
-                                        options)
+    answers = [relaxed] + _linearized(problem, relaxed, shares[1], options)
+    if _best_fit(problem, answers) is None:
+        answers += _lower_limits(problem, relaxed_problem, relaxed, shares[2], options)
     if _best_fit(problem, answers) is None and any_fit:  # costs aside, any that fits
         found = _with_edge_usages(_cost_free(problem, problem.usage_limit),
-                                  shares[2] * FIT_SHARE, any_fit=False, **options)
+                                  shares[3] * FIT_SHARE, any_fit=False, **options)
         answers.append(_truncated(found, problem))
-        shares[2] *= 1 - FIT_SHARE
-    exact = _exact(problem, _best_fit(problem, answers), shares[2], options)
+        shares[3] *= 1 - FIT_SHARE
+    exact = _exact(problem, _best_fit(problem, answers), shares[3], options)
     best = _best_fit(problem, [*answers, exact])
     bound = max(relaxed.bound, exact.bound)
     if best is None:
@@ -183,6 +190,24 @@ def _exact(problem: ShardingProblem, start: Solution | None, seconds: float,
     exact = solve(expanded, time_limit=seconds, initial=_completed(expanded, start),
                   **options)
     return _truncated(exact, problem)
+
+
+def _linearized(problem: ShardingProblem, relaxed: Solution, seconds: float,
+                options: dict) -> list[Solution]:
+    """Answers of `problem` with its edge usages around the answer before
+    (`edge_usage.around`, first `relaxed`'s), `LINEARIZED` of them in `seconds`, until one
+    fits: where the relaxation's least usages let its answer overflow, each next answer
+    pays what the one before would, and moves off the copies that made it overflow."""
+    answers, last = [], relaxed
+    for _ in range(LINEARIZED):
+        if not last.choices:
+            break
+        last = _truncated(solve(with_usage_nodes(around(problem, last.choices)),
+                                time_limit=seconds / LINEARIZED, **options), problem)
+        answers.append(last)
+        if _best_fit(problem, [last]) is not None:
+            break
+    return answers
 
 
 def _lower_limits(problem: ShardingProblem, relaxed_problem: ShardingProblem,

@@ -260,6 +260,27 @@ def test_usage_nodes_keep_every_assignment_and_its_profile():
         assert np.array_equal(expanded.usage_profile(full), problem.usage_profile(choices))
 
 
+def test_usages_around_an_answer_are_that_answers_own():
+    """`edge_usage.around(problem, c)` charges each edge usage as `c` pays it: the same
+    profile as the true usages for `c` and for any assignment that moves only the second
+    ends, and the relaxation's least nowhere above it where `c` costs finitely."""
+    rng = np.random.default_rng(6)
+    for _ in range(10):
+        problem = _random_problem(rng, None, tied=False)
+        relaxed = edge_usage.relaxation(problem)
+        everything = list(itertools.product(*(range(c.size) for c in problem.node_costs)))
+        for choices in everything:
+            near = edge_usage.around(problem, choices)
+            assert np.array_equal(near.usage_profile(choices), problem.usage_profile(choices))
+            first_ends = {u.nodes[0] for u in problem.edge_usages}
+            for other in everything:
+                if all(other[a] == choices[a] for a in first_ends):
+                    assert np.array_equal(near.usage_profile(other),
+                                          problem.usage_profile(other))
+            if math.isfinite(problem.cost(choices)):  # the least is over allowed pairs
+                assert (relaxed.usage_profile(choices) <= near.usage_profile(choices)).all()
+
+
 def test_a_binding_budget_charges_copies_and_predicted_memory_splits_the_peak():
     model, inputs = gpt.build()
     mesh = autopar.Mesh(MESH, ("dp", "tp"), hardware="cpu")
