@@ -100,11 +100,6 @@ def _with_megatron_3d(chosen: Plan, model: nn.Module, gm: fx.GraphModule,
     return dataclasses.replace(chosen, hand_strategies=tuple(records))
 
 
-# What a pipelined plan says when the call's time ran out before the plan without one.
-UNTRIED_PLAIN = ("the plan without a pipeline was not tried: the time limit was spent on the "
-                 "pipeline's candidates (a larger time_limit tries it too)")
-
-
 def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh,
                pipelined: Callable[[], Plan], *, microbatches: int | str,
                memory_budget: float | None, **options) -> Plan:
@@ -113,17 +108,12 @@ def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     The pipeline is planned first: on a mesh with a pipeline axis it is the plan to beat,
     and the plan without one, where only many micro-batches fit, takes long to find: its
     whole step is planned, but more micro-batches are searched for it once the call's
-    deadline has passed only when no pipeline fits. A pipeline that fits and spent the
-    deadline is the plan, with the warning `UNTRIED_PLAIN`, unless hand strategies are
-    asked for (they are planned without a pipeline)."""
+    deadline has passed only when no pipeline fits."""
     piped: Plan | None = None
     try:
         piped = pipelined()
     except (PipelineError, MicrobatchError, InfeasiblePlanError, ShardingError):
         piped = None  # "auto" pipelines only where a pipeline runs, fits and honours the pins
-    if piped is not None and expired(options.get("deadline")) \
-            and not options.get("hand_strategies"):  # asked for, they are planned plain
-        return dataclasses.replace(piped, warnings=(*piped.warnings, UNTRIED_PLAIN))
     plain: Plan | None = None
     try:  # the least memory a plan needs is searched for only if nothing fits (below)
         plain = plan_unpipelined(model, gm, example_inputs, mesh, microbatches=microbatches,

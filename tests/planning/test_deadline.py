@@ -110,13 +110,3 @@ def test_the_first_round_charged_in_full_is_a_screening_solve(monkeypatch):
     autopar.plan(model, mesh, inputs, time_limit=20, microbatches=1)
     assert limits[0] == 20 * graph.SCREENING_TIME
     assert len(limits) >= 2 and all(limit == 10 for limit in limits[1:])
-
-
-def test_micro_batch_counts_are_screened_only_while_half_the_limit_is_left():
-    # The count finally chosen is planned in full, each of its rounds asking for half the
-    # limit: a screening that would leave less than that is not started.
-    from autopar.planning.layout import _room_after_screening
-
-    assert _room_after_screening(None, 30.0)
-    assert _room_after_screening(Deadline(30.0, allotted=14.0), 30.0)
-    assert not _room_after_screening(Deadline(30.0, allotted=15.0), 30.0)
