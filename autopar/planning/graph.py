@@ -175,8 +175,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     compute does not hide, max(0, G - B), and parameter gathers it starts ahead only what
     the forward's does not, max(0, G' - F): functions of the whole plan that a sum of
     per-op costs can't express. The first solve charges them at `charges` (by default in
-    full, then with a screening solve's time: `_first_limit`; a refinement starts from the
-    fractions its screening plan left exposed), each
+    full; a refinement starts from the fractions its screening plan left exposed), each
     next one at the fractions the previous plan left exposed (`Background`; at most
     `overlap_rounds` solves, the later ones with half the time limit), and the plan with
     the least step time is returned. `edge_cache`: an `EdgeCache` of `mesh` for the edges'
@@ -184,12 +183,13 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     """
     say = progress or (lambda message: None)
     hints = size_hints(gm)
-    sizes, warnings = {str(k): v for k, v in hints.items()}, _unruled_warnings(gm, table)
+    sizes = {str(k): v for k, v in hints.items()}
+    warnings = _unruled_warnings(gm, table)
     saved = find_saved(gm)  # the same for every round, as are the edges' seconds
     edges = edge_cache if edge_cache is not None else EdgeCache(mesh)
     best: Plan | None = None
-    limit, done = _first_limit(time_limit, charges, overlap_rounds), 0
-    while done < overlap_rounds:
+    limit = time_limit
+    for done in range(overlap_rounds):
         say(f"{STAGE} build_problem (background gradient reductions charged at "
             f"{charges.reductions:.0%}, parameter gathers at {charges.gathers:.0%})")
         build = build_problem(gm, table, mesh, memory_budget=memory_budget, hints=hints,
@@ -198,12 +198,11 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                               microbatches=microbatches, in_flight=in_flight)
         solution = _solved(build, limit, seed=seed, progress=progress, deadline=deadline,
                            rounds=overlap_rounds - done)
-        if not solution.choices and best is not None:
-            break  # the charges change no memory: only time can run out
         if not solution.choices:
-            if limit < time_limit and least_memory and solution.status != "infeasible":
-                limit = time_limit  # before an error, what a full first solve finds
-                continue
+            if best is not None:  # the charges change no memory: only time can run out
+                break
+            # The least memory is searched for with the solve's own limit: an answer of
+            # the deadline's last seconds would be a loose upper bound, not the least.
             _infeasible(build, solution, model_name, memory_budget,
                         time_limit if least_memory else None)
         say(f"{STAGE} extract_plan")
@@ -212,28 +211,12 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
         if best is None or plan.step_time_s < best.step_time_s:
             best = plan
         exposed = Background(plan.solver.exposed_reductions, plan.solver.exposed_gathers)
-        if expired(deadline) or (_settled(exposed, charges) and limit >= time_limit / 2):
-            break  # a short first solve that settled is solved again, at the later limit
-        charges, limit, done = exposed, time_limit / 2, done + 1
+        if expired(deadline) or (abs(exposed.reductions - charges.reductions) < 0.02
+                                 and abs(exposed.gathers - charges.gathers) < 0.02):
+            break
+        charges, limit = exposed, time_limit / 2
     assert best is not None
     return best
-
-
-def _settled(exposed: Background, charges: Background) -> bool:
-    """Whether a plan solved at `charges` left `exposed` within 2 points of them."""
-    return (abs(exposed.reductions - charges.reductions) < 0.02
-            and abs(exposed.gathers - charges.gathers) < 0.02)
-
-
-def _first_limit(time_limit: float, charges: Background, rounds: int) -> float:
-    """The first round's limit: a screening solve's (`SCREENING_TIME`) when it is charged
-    at the blind guess (everything exposed, `Background()`) and rounds follow. Its plan
-    only has to show which collectives the backward hides; the later rounds, charged at
-    what it left exposed, find the plan (on the Llama shapes of benchmarks/planning_time.py
-    a full first solve ended where it began after 2 s of exact search)."""
-    if rounds > 1 and charges == Background():
-        return time_limit * SCREENING_TIME
-    return time_limit
 
 
 def _solved(build: ProblemBuild, seconds: float, *, seed: int,
@@ -258,8 +241,7 @@ def _solved(build: ProblemBuild, seconds: float, *, seed: int,
 def _infeasible(build: ProblemBuild, solution: Solution, model_name: str,
                 memory_budget: float | None, time_limit: float | None) -> NoReturn:
     """Raise `InfeasiblePlanError`; with the least memory any plan needs, searched for
-    within `time_limit` seconds (the solve's own limit, not the deadline's: an answer of its
-    last seconds would be a loose upper bound, not the least), unless that is None."""
+    within `time_limit` seconds, unless that is None."""
     if memory_budget is None:  # only forbidden strategy pairs can leave no plan
         raise InfeasiblePlanError(f"no plan of {model_name} among its allowed strategies",
                                   expected="a strategy table with a compatible choice "

@@ -91,22 +91,12 @@ def test_a_time_limit_that_is_not_a_positive_number_is_refused_before_planning(l
     assert "time_limit" in str(info.value) and "fix:" in str(info.value)
 
 
-def test_the_first_round_charged_in_full_is_a_screening_solve(monkeypatch):
-    # Charged at the blind guess (every background collective exposed), the first round
-    # only shows what the backward hides: it gets a screening solve's time, and the rounds
-    # after it half the limit. One that settles at once is solved again at that limit.
-    from autopar.planning import graph
 
-    limits: list[float] = []
-    solved = graph._solved
+def test_micro_batch_counts_are_screened_only_while_half_the_limit_is_left():
+    # The count finally chosen is planned in full, each of its rounds asking for half the
+    # limit: a screening that would leave less than that is not started.
+    from autopar.planning.layout import _room_after_screening
 
-    def spy(build, seconds, **options):
-        limits.append(seconds)
-        return solved(build, seconds, **options)
-
-    monkeypatch.setattr(graph, "_solved", spy)
-    model, inputs = mlp.build(batch=64, hidden=256, ffn=1024, device="meta")
-    mesh = autopar.Mesh((4,), ("dp",), hardware="h100-sxm")
-    autopar.plan(model, mesh, inputs, time_limit=20, microbatches=1)
-    assert limits[0] == 20 * graph.SCREENING_TIME
-    assert len(limits) >= 2 and all(limit == 10 for limit in limits[1:])
+    assert _room_after_screening(None, 30.0)
+    assert _room_after_screening(Deadline(30.0, allotted=14.0), 30.0)
+    assert not _room_after_screening(Deadline(30.0, allotted=15.0), 30.0)

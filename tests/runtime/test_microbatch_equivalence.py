@@ -33,7 +33,9 @@ PINNED = (("linear", "S(0)"), ("linear_1", "S(0)"))
 CASES = {
     (4,): (("examples.mlp", (("batch", 16), ("hidden", 64), ("ffn", 256)), PINNED, 4, 0.85),
            ("examples.llama", (("batch", 8),), (), 4, 0.75),
-           ("examples.gpt", (("batch", 8),), (), 4, 0.4)),
+           # 0.35: tight enough that the plan stores weights ZeRO-3 (at 0.4 the solver's
+           # answer within its 1 s keeps them whole, 14% slower than this plan)
+           ("examples.gpt", (("batch", 8),), (), 4, 0.35)),
 }
 
 
