@@ -133,8 +133,8 @@ LOWER_LIMITS = 4
 # expansion is built only when reducing it takes at most this share of what it may take
 # otherwise (`EXPANSION_SHARE`). On the Llama shapes' problems (70B on 8x8, the 405B
 # shape's stages) it found nothing cheaper in 1 to 2 s a solve, mostly spent reducing the
-# expansion; on small models, whose expansion reduces in milliseconds, it still finds
-# their better plans (a GPT in 4 micro-batches on 4 ranks: 4% faster, its weights ZeRO-3).
+# expansion; a small problem's expansion, reduced in milliseconds, is still searched (and
+# its optimum found, as tests/passes/problem/test_edge_memory.py's brute force checks).
 REFINE_SHARE = 0.1
 # When none of the relaxation's answers fits, this share of the exact phase's looks for any
 # answer that fits, costs aside, for the exact solve to start from.
