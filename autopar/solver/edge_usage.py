@@ -185,6 +185,12 @@ def _usage_ties(problem: ShardingProblem, first: int) -> tuple[tuple[int, ...], 
 
 
 
+def _one_end(usage: EdgeUsage) -> bool:
+    """Whether `usage` depends on one of its ends alone (its rows, or its columns, equal)."""
+    u = usage.usages
+    return bool((u == u[:1]).all() or (u == u[:, :1]).all())
+
+
 def relaxation(problem: ShardingProblem) -> ShardingProblem:
     """`problem` with each edge usage (a, b) that depends on both ends replaced by one of
     b alone: per strategy of b, the least usage over the strategies of a it may be paired
@@ -199,8 +205,8 @@ def relaxation(problem: ShardingProblem) -> ShardingProblem:
     usages = []
     for u in problem.edge_usages:
         a, b = u.nodes
-        if (u.usages == u.usages[:1]).all() or (u.usages == u.usages[:, :1]).all():
-            usages.append(u)  # a usage of one end alone already
+        if _one_end(u):
+            usages.append(u)  # exact already
             continue
         mask = allowed.get((a, b), allowed[(b, a)].T if (b, a) in allowed else True)
         least = np.where(np.broadcast_to(mask, u.usages.shape), u.usages, math.inf).min(axis=0)
@@ -218,7 +224,7 @@ def around(problem: ShardingProblem, choices: tuple[int, ...]) -> ShardingProble
     usages = []
     for u in problem.edge_usages:
         a, _ = u.nodes
-        if (u.usages == u.usages[:1]).all() or (u.usages == u.usages[:, :1]).all():
+        if _one_end(u):
             usages.append(u)
             continue
         row = u.usages[choices[a]]

@@ -269,10 +269,10 @@ def test_usages_around_an_answer_are_that_answers_own():
         problem = _random_problem(rng, None, tied=False)
         relaxed = edge_usage.relaxation(problem)
         everything = list(itertools.product(*(range(c.size) for c in problem.node_costs)))
+        first_ends = {u.nodes[0] for u in problem.edge_usages}
         for choices in everything:
             near = edge_usage.around(problem, choices)
             assert np.array_equal(near.usage_profile(choices), problem.usage_profile(choices))
-            first_ends = {u.nodes[0] for u in problem.edge_usages}
             for other in everything:
                 if all(other[a] == choices[a] for a in first_ends):
                     assert np.array_equal(near.usage_profile(other),
