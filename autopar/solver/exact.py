@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.solver.budget import DET_PER_SECOND, model_cells
+from autopar.solver.budget import DET_PER_SECOND, PLANNER_GAP, model_build_seconds, model_cells
 from autopar.solver.cpsat import Limits, SubModel
 from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best
@@ -28,12 +28,19 @@ from autopar.solver.segments import binding_segments, memory_cells
 
 # Memory constraints built up front; more are added only when an answer breaks one.
 FIRST_SEGMENTS = 400
-# The linear relaxation is tried first on models up to this many variables, with at most
-# this share of the wall time; when it meets the best cost, that cost is proven optimal.
-# Otherwise branch and bound has this share of the time left; CP-SAT's budget is the rest.
+# The linear relaxation is tried first, with at most this share of the phase's time (its
+# build, estimated per cell of the model, and its simplex iterations, counted at an assumed
+# rate: a count keeps the solve repeatable); when it meets the best cost, that cost is
+# proven optimal. Otherwise, on models up to `LP_CELLS` variables, branch and bound has
+# this share of the time left; CP-SAT's budget is the rest. Measured on 2 cores, the
+# planner's problems (Llama shapes, 1.1 to 1.9 million cells with their memory rows) take
+# 1.0e-7 to 1.7e-7 s a cell to build and 100 to 150 us an iteration, 1,300 to 2,100 of
+# them; generated IOPDDL-like members up to 10 million cells 2.7e-7 to 4.2e-7 s a cell and
+# 14 to 540 us an iteration (on those the wall clock, at the same share, stops it first).
 LP_CELLS = 150_000
-LP_SHARE = 0.25
-LP_SECONDS_PER_CELL = 2e-5
+LP_SHARE = 0.5
+LP_BUILD_SECONDS_PER_CELL = 2e-7
+LP_ITERATIONS_PER_SECOND = 7_000
 BRANCH_SHARE = 0.5
 
 
@@ -59,11 +66,9 @@ def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float
     scales = Scales.of(flat)
     everyone = np.ones(flat.num_nodes, dtype=bool)
     hint = best.x if best.x is not None else np.zeros(flat.num_nodes, dtype=np.int64)
-    chosen = binding_segments(flat, hint, everyone, FIRST_SEGMENTS)
-    if hot.sum() <= FIRST_SEGMENTS:
-        chosen = np.union1d(chosen, np.flatnonzero(hot))
-    highs = _highs(flat, best, chosen, deterministic=deterministic, wall=wall, report=report,
-                   tolerance=tolerance)
+    chosen = first_segments(flat, hint, hot)
+    highs = linear_phase(flat, best, chosen, deterministic=deterministic, wall=wall,
+                         report=report, tolerance=tolerance, saved=model_build_seconds(flat))
     if highs.outcome is not None:
         return highs.outcome
     if highs.deterministic <= 0.05 or wall() <= 0.05:
@@ -74,9 +79,18 @@ def solve_whole(flat: Flat, best: Best, hot: np.ndarray, *, deterministic: float
                   wall=wall, seed=seed, workers=workers, report=report)
 
 
+def first_segments(flat: Flat, hint: np.ndarray, hot: np.ndarray) -> np.ndarray:
+    """The segments whose memory rows a model starts with: those that could bind around
+    `hint` (`FIRST_SEGMENTS` at most), and those `hot` marks when they are not too many."""
+    chosen = binding_segments(flat, hint, np.ones(flat.num_nodes, dtype=bool), FIRST_SEGMENTS)
+    if hot.sum() <= FIRST_SEGMENTS:
+        chosen = np.union1d(chosen, np.flatnonzero(hot))
+    return chosen
+
+
 @dataclass(frozen=True)
-class _Highs:
-    """What HiGHS's phases leave: the bound they proved (-inf when they did not run), CP-SAT's
+class Linear:
+    """What HiGHS's phases leave: the bound they proved (-inf when they did not run), the
     deterministic budget less their share, and the outcome when they ended the search."""
 
     bound: float
@@ -84,34 +98,47 @@ class _Highs:
     outcome: Outcome | None = None
 
 
-def _highs(flat: Flat, best: Best, chosen: np.ndarray, *, deterministic: float,
-           wall: Callable[[], float], report: Progress, tolerance: float) -> _Highs:
+def linear_phase(flat: Flat, best: Best, chosen: np.ndarray, *, deterministic: float,
+                 wall: Callable[[], float], report: Progress, tolerance: float,
+                 saved: float = 0.0) -> Linear:
     """The linear relaxation of the problem with the memory rows of segments `chosen`, then
-    branch and bound from `best` (improving it), when `best` is known and the model is
-    small (module docstring); either ends the search when its bound meets `best`'s cost."""
-    bound = -math.inf
+    branch and bound from `best` (improving it) when the model is small (module
+    docstring); either ends the search when its bound meets `best`'s cost. A model too
+    large for branch and bound gets the relaxation only where `tolerance` is a planner's
+    (`PLANNER_GAP`): its bound then often closes the gap (the Llama shapes' problems, in
+    0.3 to 0.5 s where CP-SAT searched 4 s and did not), while an optimum to be proven to
+    1e-9 rarely is by the relaxation alone. Its share is of `deterministic` and of the
+    `saved` seconds a bound that closes the gap saves besides (CP-SAT's model building)."""
     lp_cells = model_cells(flat) + memory_cells(flat, chosen)
-    if best.x is not None and lp_cells <= LP_CELLS:
-        # The relaxation's (estimated) time and branch and bound's share (spent whole
-        # unless it closes the gap, which ends the search) come out of CP-SAT's budget.
-        deterministic -= LP_SECONDS_PER_CELL * lp_cells * DET_PER_SECOND
-        linear = LinearModel(flat, chosen)
-        bound = linear.relax(LP_SHARE * wall()).bound
-        report.proved(bound)
-        report("linear relaxation solved")
-        if not _open(best, bound, tolerance):
-            return _Highs(bound, deterministic, _closed(best, bound))
-        seconds = BRANCH_SHARE * min(deterministic / DET_PER_SECOND, wall())
-        deterministic -= seconds * DET_PER_SECOND
-        branched = linear.branch(best.x, tolerance, min(seconds, wall()))
-        if best.offer(flat, branched.x):
-            report(f"branch and bound: cost {best.cost:.6g}")
-        bound = max(bound, branched.bound)
-        report.proved(bound)
-        report("branch and bound ended")
-        if not _open(best, bound, tolerance):
-            return _Highs(bound, deterministic, _closed(best, bound))
-    return _Highs(bound, deterministic)
+    branching = lp_cells <= LP_CELLS
+    seconds = LP_SHARE * min(deterministic / DET_PER_SECOND + saved, wall())
+    build = LP_BUILD_SECONDS_PER_CELL * lp_cells
+    if best.x is None or not (branching or tolerance >= PLANNER_GAP) or build > seconds:
+        return Linear(-math.inf, deterministic)
+    linear = LinearModel(flat, chosen)
+    iterations = (None if math.isinf(deterministic)
+                  else (seconds - build) * LP_ITERATIONS_PER_SECOND)
+    relaxed = linear.relax(min(seconds, wall()), iterations)
+    deterministic -= (build + relaxed.iterations / LP_ITERATIONS_PER_SECOND) * DET_PER_SECOND
+    bound = relaxed.bound
+    report.proved(bound)
+    report("linear relaxation solved" if math.isfinite(bound) else
+           "linear relaxation unsolved in its share")
+    if not _open(best, bound, tolerance):
+        return Linear(bound, deterministic, _closed(best, bound))
+    if not branching:
+        return Linear(bound, deterministic)
+    seconds = BRANCH_SHARE * min(deterministic / DET_PER_SECOND, wall())
+    deterministic -= seconds * DET_PER_SECOND
+    branched = linear.branch(best.x, tolerance, min(seconds, wall()))
+    if best.offer(flat, branched.x):
+        report(f"branch and bound: cost {best.cost:.6g}")
+    bound = max(bound, branched.bound)
+    report.proved(bound)
+    report("branch and bound ended")
+    if not _open(best, bound, tolerance):
+        return Linear(bound, deterministic, _closed(best, bound))
+    return Linear(bound, deterministic)
 
 
 def _cpsat(flat: Flat, best: Best, model: SubModel, hint: np.ndarray, chosen: np.ndarray,

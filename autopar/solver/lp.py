@@ -37,11 +37,13 @@ from autopar.solver.flat import Flat
 class Relaxed:
     """What one HiGHS run proved: a lower bound on the reduced cost (-inf: none), the best
     assignment it found (None: none, or none better than the incumbent it was given), and
-    whether the bound meets that assignment's cost within the gap asked for."""
+    whether the bound meets that assignment's cost within the gap asked for; the simplex
+    iterations it ran (a count, the same on every machine)."""
 
     bound: float
     x: np.ndarray | None = None
     closed: bool = False
+    iterations: int = 0
 
 
 class LinearModel:
@@ -96,15 +98,10 @@ class LinearModel:
             next_row += ra.size + rb.size
             next_col += pr.size
         if math.isfinite(flat.limit):
-            for q, s in enumerate(segments):
-                for t in np.flatnonzero((flat.term_lo <= s) & (s < flat.term_hi)):
-                    i = int(flat.term_node[t])
-                    vec = flat.term_flat[flat.term_off[t]:flat.term_off[t] + flat.sizes[i]]
-                    ks = self._allowed(i)
-                    ks = ks[vec[ks] != 0]
-                    rows.append(np.full(ks.size, next_row + q))
-                    cols.append(column[flat.offsets[i] + ks])
-                    values.append(vec[ks])
+            row, col, value = self._memory_rows(segments)
+            rows.append(next_row + row)
+            cols.append(col)
+            values.append(value)
             lower.append(np.full(segments.size, -highspy.kHighsInf))
             upper.append(flat.limit - flat.problem.base[segments])
             next_row += segments.size
@@ -113,14 +110,37 @@ class LinearModel:
                             np.concatenate(lower), np.concatenate(upper),
                             num_rows=next_row, offset=flat.problem.offset)
 
-    def relax(self, seconds: float) -> Relaxed:
-        """The relaxation's optimum as a bound (-inf when HiGHS did not finish with one: a
-        timeout, or an infeasible relaxation, which CP-SAT is left to prove exactly)."""
+    def _memory_rows(self, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Entries (row within the memory rows, column, usage) of the memory row of each of
+        `segments` (row q for segments[q]): every nonzero usage of a strategy with a column,
+        in the rows of the segments its term is live on (term_lo <= s < term_hi)."""
+        flat = self.flat
+        order = np.argsort(segments, kind="stable")
+        ordered = segments[order]
+        first = np.searchsorted(ordered, flat.term_lo)
+        covered = np.searchsorted(ordered, flat.term_hi) - first
+        term_of_entry = np.repeat(np.arange(flat.term_node.size), flat.sizes[flat.term_node])
+        entry_column = self.column[flat.term_pos]
+        entries = np.flatnonzero((entry_column >= 0) & (flat.term_flat != 0))
+        repeats = covered[term_of_entry[entries]]
+        entry = np.repeat(entries, repeats)
+        starts = np.cumsum(repeats) - repeats
+        within = np.arange(entry.size) - np.repeat(starts, repeats)
+        segment = np.repeat(first[term_of_entry[entries]], repeats) + within
+        return order[segment], entry_column[entry], flat.term_flat[entry]
+
+    def relax(self, seconds: float, iterations: int | None = None) -> Relaxed:
+        """The relaxation's optimum as a bound (-inf when HiGHS did not finish with one
+        within `seconds` or `iterations` simplex iterations, or the relaxation is
+        infeasible, which CP-SAT is left to prove exactly)."""
         highs = _highs(self._lp, seconds)
+        if iterations is not None:
+            highs.setOptionValue("simplex_iteration_limit", max(int(iterations), 1))
         highs.run()
+        info = highs.getInfo()
         if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-            return Relaxed(-math.inf)
-        return Relaxed(highs.getInfo().objective_function_value)
+            return Relaxed(-math.inf, iterations=info.simplex_iteration_count)
+        return Relaxed(info.objective_function_value, iterations=info.simplex_iteration_count)
 
     def branch(self, incumbent: np.ndarray, gap: float, seconds: float) -> Relaxed:
         """Branch and bound on the strategy columns from `incumbent` (a feasible

@@ -35,7 +35,7 @@ from autopar.solver.budget import (
     finish_seconds,
 )
 from autopar.solver.edge_usage import around, expansion_cells, relaxation, with_usage_nodes
-from autopar.solver.exact import Outcome, solve_whole
+from autopar.solver.exact import Outcome, first_segments, linear_phase, solve_whole
 from autopar.solver.exhaustive import MAX_ASSIGNMENTS, assignments, enumerate_best
 from autopar.solver.flat import Flat
 from autopar.solver.guided import guided_search
@@ -66,11 +66,11 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
     that no assignment fits; "unknown" means none was found in time. `progress` receives
     lines with the clock, objective, bound and gap (`progress.py`); `repeatable` trades
     the rest of the time limit for the same answer on every machine (module docstring).
-    `initial`: an assignment to start from, the first incumbent when it fits.
-    """
+    `initial`: an assignment to start from, the first incumbent when it fits."""
     _check_args(time_limit, workers)
     if problem.edge_usages:
-        return _with_edge_usages(problem, time_limit, seed, workers, progress, repeatable)
+        return _with_edge_usages(problem, time_limit, seed, workers, progress, repeatable,
+                                 initial=initial)
     start = time.monotonic()
     best = Best()
     report = Progress(progress, best, started=start)
@@ -149,7 +149,7 @@ EXPANSION_SHARE = 0.5
 
 def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, workers: int,
                       progress: Callable[[str], None] | None, repeatable: bool,
-                      any_fit: bool = True) -> Solution:
+                      any_fit: bool = True, initial: tuple[int, ...] | None = None) -> Solution:
     """`solve` of a problem with edge usages (`edge_usage.py`'s docstring): with each of
     them at its least over its first end (`edge_usage.relaxation`: its answer is the
     problem's when it fits, and its bound holds); unless that answer fits, with them as
@@ -158,20 +158,30 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
     `REFINE_SHARE` of that after a linearized answer that fits), started from
     the cheapest answer that fits (or, when none does and `any_fit`, any that fits:
     `FIT_SHARE`). Each phase gets its share of the limit
-    (`EDGE_USAGE_SHARES`); only the relaxation's and the exact phase's bounds hold."""
+    (`EDGE_USAGE_SHARES`); only the relaxation's and the exact phase's bounds hold. An
+    `initial` assignment that fits starts the relaxation (which it fits too) and is an
+    answer like the others."""
     start, shares = time.monotonic(), [share * time_limit for share in EDGE_USAGE_SHARES]
     options = dict(seed=seed, workers=workers, progress=progress, repeatable=repeatable)
+    given = _given(problem, initial)
     relaxed_problem = with_usage_nodes(relaxation(problem))
-    relaxed = _truncated(solve(relaxed_problem, time_limit=shares[0], **options), problem)
+    relaxed = _truncated(solve(relaxed_problem, time_limit=shares[0],
+                               initial=_completed(relaxed_problem, given), **options), problem)
     if relaxed.status == "infeasible" or _best_fit(problem, [relaxed]) is not None:
         # An answer of the relaxation that fits is one of the problem's at the same cost,
         # and the relaxation's optimum bounds the problem's: the exact search (larger, its
         # moves blocked by the usage nodes' ties) would start from it and rarely do better.
         return dataclasses.replace(relaxed, wall_time=time.monotonic() - start)
+    tolerance = PLANNER_GAP if repeatable else 0.0
+    if given is not None and given.cost <= relaxed.cost + tolerance * abs(given.cost):
+        # The phases below look for answers that fit near the relaxation's: this is one.
+        return dataclasses.replace(given, bound=min(relaxed.bound, given.cost),
+                                   wall_time=time.monotonic() - start)
     answers = [relaxed] + _linearized(problem, relaxed, shares[1], options)
     refining = _best_fit(problem, answers) is not None
     if not refining:
         answers += _lower_limits(problem, relaxed_problem, relaxed, shares[2], options)
+    answers += [given] if given else []
     if _best_fit(problem, answers) is None and any_fit:  # costs aside, any that fits
         found = _with_edge_usages(_cost_free(problem, problem.usage_limit),
                                   shares[3] * FIT_SHARE, any_fit=False, **options)
@@ -250,6 +260,14 @@ def _lower_limits(problem: ShardingProblem, relaxed_problem: ShardingProblem,
     return answers
 
 
+def _given(problem: ShardingProblem, initial: tuple[int, ...] | None) -> Solution | None:
+    """`initial` as an answer of `problem`, or None when there is none or it does not fit."""
+    if initial is None or not problem.is_feasible(tuple(initial)):
+        return None
+    cost = problem.cost(tuple(initial))
+    return Solution(tuple(initial), cost, -math.inf, "feasible", 0.0)
+
+
 def _truncated(solution: Solution, problem: ShardingProblem) -> Solution:
     """`solution` of a problem with more nodes, restricted to `problem`'s, costed there."""
     choices = solution.choices[:problem.num_nodes]
@@ -303,9 +321,19 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
             return outcome
         bound = outcome.bound
     if repeatable:
-        # Work counted in CP-SAT's deterministic time only: the guided search's iteration
-        # time is not modelled well enough yet to budget it without overrunning.
-        large_neighbourhoods(flat, best, deterministic=budgets.lns_deterministic(ran),
+        # A linear bound may close the gap first (`exact.linear_phase`), as it does on
+        # the whole problem; LNS has what it leaves. Work counted in CP-SAT's
+        # deterministic time only: the guided search's iteration time is not modelled
+        # well enough yet to budget it without overrunning.
+        deterministic = budgets.lns_deterministic(ran)
+        if best.x is not None:
+            linear = linear_phase(flat, best, first_segments(flat, best.x, hot),
+                                  deterministic=deterministic, wall=left, report=report,
+                                  tolerance=tolerance)
+            if linear.outcome is not None:
+                return linear.outcome
+            deterministic = linear.deterministic
+        large_neighbourhoods(flat, best, deterministic=deterministic,
                              seed=seed, keep_going=lambda: left() > 0.5 and open_gap(),
                              wall=left, report=report)
     else:

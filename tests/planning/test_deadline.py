@@ -20,6 +20,7 @@ def test_a_solve_gets_a_share_of_the_budget_and_is_charged_its_limit():
     fresh = Deadline(10.0)
     assert fresh.solve_seconds(10.0) == 10.0  # all that is left
     assert fresh.solve_seconds(10.0, 0.5) == 5.0  # one of two rounds to come
+    assert fresh.solve_seconds(10.0, 1 / 3) == pytest.approx(10.0 / 3)  # not the late floor
     assert fresh.solve_seconds(1.0) == 1.0 and not fresh.passed()
     fresh.charge(4.0, optimal=False)
     fresh.charge(4.0, optimal=True)  # ended early: charged the least
@@ -27,6 +28,7 @@ def test_a_solve_gets_a_share_of_the_budget_and_is_charged_its_limit():
     late = Deadline(10.0, allotted=8.0)
     assert late.solve_seconds(10.0) == LATE_SHARE * 10.0  # more than the 2 s left
     assert late.solve_seconds(2.5) == 2.0  # what is left, more than half of 2.5 s
+    assert late.solve_seconds(30.0, 1 / 3) == pytest.approx(LATE_SHARE * 10.0)  # share, late
     gone = Deadline(10.0, allotted=12.0)
     assert gone.passed() and gone.left() == 0.0
     assert gone.solve_seconds(0.1) == LEAST_SOLVE_S

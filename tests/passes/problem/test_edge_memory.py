@@ -328,3 +328,27 @@ def test_an_expansion_too_large_to_reduce_in_time_is_not_built(monkeypatch):
         assert all((u.usages == u.usages[:1]).all() or (u.usages == u.usages[:, :1]).all()
                    for p in expanded for u in p.edge_usages)
     assert expanded
+
+
+def test_a_solve_started_from_an_answer_that_fits_keeps_it_when_nothing_beats_it(monkeypatch):
+    # An overlap round starts from the round before's answer. With the phases after the
+    # relaxation switched off, only that answer can make the solve return the optimum
+    # where the relaxation's own answer does not fit.
+    solve_module = importlib.import_module("autopar.solver.solve")
+    monkeypatch.setattr(solve_module, "LINEARIZED", 0)
+    monkeypatch.setattr(solve_module, "LOWER_LIMITS", 0)
+    monkeypatch.setattr(solve_module, "EXPANSION_SHARE", 0.0)
+    rng = np.random.default_rng(4)
+    started = 0
+    for _ in range(40):
+        problem = _random_problem(rng, 0.7, tied=False)
+        fits = [c for c in itertools.product(*(range(c.size) for c in problem.node_costs))
+                if problem.is_feasible(c)]
+        if not fits:
+            continue
+        cheapest = min(fits, key=problem.cost)
+        solution = solve(problem, time_limit=1.0, repeatable=True, initial=cheapest)
+        assert problem.is_feasible(solution.choices)
+        assert solution.cost == pytest.approx(problem.cost(cheapest), rel=1e-12)
+        started += 1
+    assert started > 5
