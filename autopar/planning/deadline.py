@@ -50,11 +50,9 @@ class Deadline:
 
     def solve_seconds(self, wanted: float, share: float = 1.0) -> float:
         """The time limit of one solve that asks for `wanted` seconds: no more than its
-        `share` of what is left, and at least `LATE_SHARE` of its share of `wanted` and
-        `LEAST_SOLVE_S` (module docstring). The floor is the share's: the first of three
-        overlap rounds of a fresh call gets a third of the limit, not half of it."""
-        floor = LATE_SHARE * share * wanted
-        return max(LEAST_SOLVE_S, floor, min(wanted, share * self.left()))
+        `share` of what is left, and at least `LATE_SHARE` of `wanted` and
+        `LEAST_SOLVE_S` (module docstring)."""
+        return max(LEAST_SOLVE_S, LATE_SHARE * wanted, min(wanted, share * self.left()))
 
     def charge(self, seconds: float, *, optimal: bool) -> None:
         """Count a solve given `seconds`; one that proved its plan `optimal` ended early."""

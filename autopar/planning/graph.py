@@ -188,7 +188,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     saved = find_saved(gm)  # the same for every round, as are the edges' seconds
     edges = edge_cache if edge_cache is not None else EdgeCache(mesh)
     best: Plan | None = None
-    limit, previous = time_limit, None
+    limit = time_limit
     for done in range(overlap_rounds):
         say(f"{STAGE} build_problem (background gradient reductions charged at "
             f"{charges.reductions:.0%}, parameter gathers at {charges.gathers:.0%})")
@@ -197,7 +197,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                               charges=charges, saved=saved, edge_cache=edges,
                               microbatches=microbatches, in_flight=in_flight)
         solution = _solved(build, limit, seed=seed, progress=progress, deadline=deadline,
-                           rounds=overlap_rounds - done, initial=previous)
+                           rounds=overlap_rounds - done)
         if not solution.choices:
             if best is not None:  # the charges change no memory: only time can run out
                 break
@@ -214,18 +214,17 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
         if expired(deadline) or (abs(exposed.reductions - charges.reductions) < 0.02
                                  and abs(exposed.gathers - charges.gathers) < 0.02):
             break
-        # The next round starts from this answer: its charges change no memory, so it fits.
-        charges, limit, previous = exposed, time_limit / 2, solution.choices
+        charges, limit = exposed, time_limit / 2
     assert best is not None
     return best
 
 
 def _solved(build: ProblemBuild, seconds: float, *, seed: int,
             progress: Callable[[str], None] | None, deadline: Deadline | None,
-            rounds: int, initial: tuple[int, ...] | None = None) -> Solution:
+            rounds: int) -> Solution:
     """One round's solve, for `seconds` capped by `deadline`, where the `rounds` still to
     come share what is left (the later ones, charged closer to what the plan hides, tend
-    to find the faster plans), started from the round before's answer `initial`."""
+    to find the faster plans)."""
     say = progress or (lambda message: None)
     spent = "" if deadline is None else f"; {deadline.describe()}"
     say(f"{STAGE} solve ({build.problem.num_nodes} decisions, "
@@ -233,7 +232,7 @@ def _solved(build: ProblemBuild, seconds: float, *, seed: int,
     if deadline is not None:
         seconds = deadline.solve_seconds(seconds, 1 / rounds)
     solution = solve(build.problem, time_limit=seconds, seed=seed, progress=progress,
-                     repeatable=True, initial=initial)
+                     repeatable=True)
     if deadline is not None:
         deadline.charge(seconds, optimal=solution.status in ("optimal", "infeasible"))
     return solution

@@ -1,13 +1,14 @@
 """The whole reduced problem, exactly: HiGHS first, then CP-SAT adding memory rows lazily.
 
-First the linear relaxation (`lp.py`) when it is cheap: if its bound meets the warm
-start's cost, that cost is optimal and nothing else runs; if not, HiGHS's branch and
-bound from the warm start, which closes in a few nodes the gaps that memory opens, where
-CP-SAT needs long searches. CP-SAT then, with what time is left, starts from the
-segments that could bind around the hint; a solution that breaks a segment left out stops
-the search, the segment joins, and CP-SAT runs again (hinted with the best feasible
-assignment so far). Leaving constraints out only relaxes the problem, so an infeasible
-verdict or a lower bound from any round holds for the full one."""
+First the linear relaxation (`lp.py`; `linear_phase`, with which a planner's LNS starts
+too) when it fits its share of the time: if its bound meets the warm start's cost, that
+cost is optimal (or, for a planner, near enough) and nothing else runs; if not, on small
+models, HiGHS's branch and bound from the warm start, which closes in a few nodes the
+gaps that memory opens, where CP-SAT needs long searches. CP-SAT then, with what time is
+left, starts from the segments that could bind around the hint; a solution that breaks a
+segment left out stops the search, the segment joins, and CP-SAT runs again (hinted with
+the best feasible assignment so far). Leaving constraints out only relaxes the problem,
+so an infeasible verdict or a lower bound from any round holds for the full one."""
 
 from __future__ import annotations
 

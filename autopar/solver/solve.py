@@ -159,24 +159,17 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
     the cheapest answer that fits (or, when none does and `any_fit`, any that fits:
     `FIT_SHARE`). Each phase gets its share of the limit
     (`EDGE_USAGE_SHARES`); only the relaxation's and the exact phase's bounds hold. An
-    `initial` assignment that fits starts the relaxation (which it fits too) and is an
-    answer like the others."""
+    `initial` assignment that fits is an answer like the others."""
     start, shares = time.monotonic(), [share * time_limit for share in EDGE_USAGE_SHARES]
     options = dict(seed=seed, workers=workers, progress=progress, repeatable=repeatable)
     given = _given(problem, initial)
     relaxed_problem = with_usage_nodes(relaxation(problem))
-    relaxed = _truncated(solve(relaxed_problem, time_limit=shares[0],
-                               initial=_completed(relaxed_problem, given), **options), problem)
+    relaxed = _truncated(solve(relaxed_problem, time_limit=shares[0], **options), problem)
     if relaxed.status == "infeasible" or _best_fit(problem, [relaxed]) is not None:
         # An answer of the relaxation that fits is one of the problem's at the same cost,
         # and the relaxation's optimum bounds the problem's: the exact search (larger, its
         # moves blocked by the usage nodes' ties) would start from it and rarely do better.
         return dataclasses.replace(relaxed, wall_time=time.monotonic() - start)
-    tolerance = PLANNER_GAP if repeatable else 0.0
-    if given is not None and given.cost <= relaxed.cost + tolerance * abs(given.cost):
-        # The phases below look for answers that fit near the relaxation's: this is one.
-        return dataclasses.replace(given, bound=min(relaxed.bound, given.cost),
-                                   wall_time=time.monotonic() - start)
     answers = [relaxed] + _linearized(problem, relaxed, shares[1], options)
     refining = _best_fit(problem, answers) is not None
     if not refining:

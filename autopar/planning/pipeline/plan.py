@@ -195,6 +195,7 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
     # (stage count, samples each stage holds) of the candidates that did not fit: one whose
     # stages hold as many or more samples' activations does not fit either.
     overflowing: list[tuple[int, tuple[float, ...]]] = []
+    step_times = unit_times(gm, find_units(gm), stager.mesh.hardware)
     while counts and not (best is not None and expired(deadline)):
         before, candidates = best, []
         for m in counts:
@@ -202,7 +203,7 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
             if split is not None and split.weighting == ACCUMULATED:
                 mixes[m] = split.mixes
             candidates += _candidates(
-                pipeline, m, ranks, devices, stager.mesh,
+                pipeline, m, ranks, devices, step_times,
                 lambda split=split: gm if split is None else micro.graph(split))
         best, failed = _screen(candidates, best, stager, batch, overflowing, say, deadline)
         if failed is not None:
@@ -222,8 +223,7 @@ def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
     `InfeasiblePlanError` among them (None if none). A candidate that does not fit joins
     `overflowing`; one that holds at least the samples of one there is skipped."""
     failure: Exception | None = None
-    for bound, m, schedule, count, graph, units, cuts in sorted(
-            candidates, key=lambda c: c[0]):
+    for bound, m, schedule, count, micro in sorted(candidates, key=lambda c: c[0]):
         if best is not None and (bound >= best.plan.step_time_s or (
                 expired(deadline))):
             break  # no later candidate can be faster (they are sorted by bound), or no time
@@ -231,7 +231,10 @@ def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
         if any(n == count and all(a >= b for a, b in zip(held, least))
                for n, least in overflowing):
             continue
-        stages = split_stages(graph, units, cuts)
+        graph = micro()
+        units = find_units(graph)
+        stages = split_stages(graph, units, balanced_cuts(
+            unit_times(graph, units, stager.mesh.hardware), count))
         say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
         chosen = _Chosen(stages, units.names, schedule, m)
         try:
@@ -273,12 +276,14 @@ def _with_accumulation_warning(best: Plan, mixes: dict[int, str]) -> Plan:
     return best
 
 
-def _candidates(pipeline: Pipeline, microbatches: int, ranks: int, devices: int, mesh: Mesh,
-                micro: Callable[[], fx.GraphModule]) -> list[tuple]:
+def _candidates(pipeline: Pipeline, microbatches: int, ranks: int, devices: int,
+                step_times: list[float], micro: Callable[[], fx.GraphModule]) -> list[tuple]:
     """The candidates of `microbatches` micro-batches, each `(lower bound of its step
-    (`_least_step`), m, schedule, stage count, the micro-batch's graph, its units, the
-    balanced cuts)`; `micro()` captures the micro-batch's graph (only when some schedule
-    runs m)."""
+    (`_least_step`), m, schedule, stage count, micro)`: `micro()` captures the
+    micro-batch's graph, only once a candidate is screened (a capture of a large model
+    takes seconds, and most candidates are never screened). The bound divides the whole
+    step's unit times `step_times` by m: no more than a micro-batch's own (a unit's time
+    is at least proportional to its samples: its weights are read whatever their count)."""
     runnable = [s for s in pipeline.schedules()
                 if s.check_microbatches(microbatches, ranks) is None]
     if not runnable:
@@ -287,16 +292,14 @@ def _candidates(pipeline: Pipeline, microbatches: int, ranks: int, devices: int,
         # Same step for the same stage times, but each stage holds all m micro-batches,
         # not p - r: GPipe's best plan is never faster than 1F1B's.
         runnable = [s for s in runnable if s.name != "GPipe"]
-    graph = micro()
-    units = find_units(graph)
-    times = unit_times(graph, units, mesh.hardware)
+    times = [t / microbatches for t in step_times]
     found = []
     for schedule in runnable:
         for count in pipeline.stage_counts(schedule, ranks):
-            if count <= units.count:
-                cuts = balanced_cuts(times, count)
-                bound = _least_step(times, cuts, devices, microbatches, ranks, schedule)
-                found.append((bound, microbatches, schedule, count, graph, units, cuts))
+            if count <= len(times):
+                bound = _least_step(times, balanced_cuts(times, count), devices,
+                                    microbatches, ranks, schedule)
+                found.append((bound, microbatches, schedule, count, micro))
     return found
 
 

@@ -330,9 +330,9 @@ def test_an_expansion_too_large_to_reduce_in_time_is_not_built(monkeypatch):
     assert expanded
 
 
-def test_a_solve_started_from_an_answer_that_fits_keeps_it_when_nothing_beats_it(monkeypatch):
-    # An overlap round starts from the round before's answer. With the phases after the
-    # relaxation switched off, only that answer can make the solve return the optimum
+def test_a_solve_given_an_answer_that_fits_keeps_it_when_nothing_beats_it(monkeypatch):
+    # `solve(initial=...)` of a problem with edge usages: with the phases after the
+    # relaxation switched off, only the answer given can make the solve return the optimum
     # where the relaxation's own answer does not fit.
     solve_module = importlib.import_module("autopar.solver.solve")
     monkeypatch.setattr(solve_module, "LINEARIZED", 0)
