@@ -176,8 +176,8 @@ def _with_edge_usages(problem: ShardingProblem, time_limit: float, seed: int, wo
         answers += _lower_limits(problem, relaxed_problem, relaxed, shares[2], options)
     answers += [given] if given else []
     if _best_fit(problem, answers) is None and any_fit:  # costs aside, any that fits
-        found = _with_edge_usages(_cost_free(problem, problem.usage_limit),
-                                  shares[3] * FIT_SHARE, any_fit=False, **options)
+        found = _with_edge_usages(_memory_weighted(problem), shares[3] * FIT_SHARE,
+                                  any_fit=False, **options)
         answers.append(_truncated(found, problem))
         shares[3] *= 1 - FIT_SHARE
     exact = _exact(problem, _best_fit(problem, answers), shares[3], options,
@@ -382,6 +382,23 @@ def _enumerate(flat: Flat, best: Best, report: Progress) -> Outcome:
         return Outcome("infeasible", math.inf)
     best.offer(flat, x)
     return Outcome("optimal", best.cost)
+
+
+def _memory_weighted(problem: ShardingProblem) -> ShardingProblem:
+    """The same problem costed by the memory each choice holds over time (its usage times
+    the time steps it is live, an edge usage's on an edge of its own; forbidden choices
+    stay forbidden): its cheapest answers hold the least memory, which is what an answer
+    that fits needs, where zero costs leave the search no direction."""
+    def held(usage: np.ndarray, interval: tuple[int, int]) -> np.ndarray:
+        return np.maximum(usage, 0.0) * max(interval[1] - interval[0], 0)
+
+    return dataclasses.replace(
+        problem,
+        node_costs=tuple(np.where(np.isfinite(c), held(u, span), np.inf) for c, u, span
+                         in zip(problem.node_costs, problem.node_usages, problem.intervals)),
+        edges=problem.edges + tuple(u.nodes for u in problem.edge_usages),
+        edge_costs=tuple(np.where(np.isfinite(m), 0.0, np.inf) for m in problem.edge_costs)
+        + tuple(held(u.usages, u.interval) for u in problem.edge_usages))
 
 
 def _cost_free(problem: ShardingProblem, limit: float | None) -> ShardingProblem:
