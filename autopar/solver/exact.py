@@ -106,8 +106,8 @@ def linear_phase(flat: Flat, best: Best, chosen: np.ndarray, *, deterministic: f
     branch and bound from `best` (improving it) when the model is small (module
     docstring); either ends the search when its bound meets `best`'s cost. A model too
     large for branch and bound gets the relaxation only where `tolerance` is a planner's
-    (`PLANNER_GAP`): its bound then often closes the gap (the Llama shapes' problems, in
-    0.3 to 0.5 s where CP-SAT searched 4 s and did not), while an optimum to be proven to
+    (`PLANNER_GAP`): its bound then often closes the gap (the 8B shape's first round, in
+    0.9 s, where CP-SAT searched 2.3 to 4 s and did not), while an optimum to be proven to
     1e-9 rarely is by the relaxation alone. Its share is of `deterministic` and of the
     `saved` seconds a bound that closes the gap saves besides (CP-SAT's model building)."""
     lp_cells = model_cells(flat) + memory_cells(flat, chosen)
