@@ -81,8 +81,10 @@ def _all_to_all(t: torch.Tensor, src_dim: int, dst_dim: int, n: int, group) -> t
     # Piece j (chunk j along dst_dim) goes to coordinate j; what comes back from j is its
     # src_dim shard j restricted to our dst_dim chunk, so concatenating along src_dim in
     # coordinate order rebuilds that dim.
-    send = torch.stack(t.chunk(n, dst_dim))
-    recv = torch.empty_like(send)
+    # Contiguous, whatever the memory format of t (stack and empty_like keep channels-last,
+    # which a collective refuses).
+    send = torch.stack(t.chunk(n, dst_dim)).contiguous()
+    recv = torch.empty_like(send, memory_format=torch.contiguous_format)
     dist.all_to_all_single(recv, send, group=group)
     del send  # not held while the result is laid out (`autopar.costs.staging`)
     if src_dim == 0:
