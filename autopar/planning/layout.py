@@ -229,10 +229,9 @@ def _screened_best(plain: _Plain, *, least_memory: bool, needed: bool) -> Plan:
 
 def _room_after_screening(deadline: Deadline | None, time_limit: float) -> bool:
     """Whether another count may be screened: more than its screening solve's limit
-    (`SCREENING_TIME` of the limit) left. The whole step's first round asks for half the
-    limit (`Deadline.solve_seconds`), and a count that would only be screened with more
-    than half left never is where that round does not prove its plan optimal: more time
-    then gives a slower plan (70B at 64 x 4096: 10.0 s a step at 300 s, 4.85 s at 30 s)."""
+    (`SCREENING_TIME` of the limit) left. Not half the limit: the whole step's first round
+    asks for half (`Deadline.solve_seconds`), so after a first round that did not prove
+    its plan optimal no count was ever screened."""
     return deadline is None or deadline.left() > SCREENING_TIME * time_limit
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -202,17 +203,14 @@ def relaxation(problem: ShardingProblem) -> ShardingProblem:
         pair = (a, b) if (a, b) in allowed or (b, a) not in allowed else (b, a)
         finite = np.isfinite(matrix) if pair == (a, b) else np.isfinite(matrix).T
         allowed[pair] = allowed.get(pair, True) & finite
-    usages = []
-    for u in problem.edge_usages:
+
+    def least(u: EdgeUsage) -> np.ndarray:
         a, b = u.nodes
-        if _one_end(u):
-            usages.append(u)  # exact already
-            continue
         mask = allowed.get((a, b), allowed[(b, a)].T if (b, a) in allowed else True)
-        least = np.where(np.broadcast_to(mask, u.usages.shape), u.usages, math.inf).min(axis=0)
-        least = np.where(np.isfinite(least), least, 0.0)  # b strategies no a strategy allows
-        usages.append(EdgeUsage(u.nodes, np.broadcast_to(least, u.usages.shape), u.interval))
-    return dataclasses.replace(problem, edge_usages=tuple(usages))
+        paired = np.where(np.broadcast_to(mask, u.usages.shape), u.usages, math.inf).min(axis=0)
+        return np.where(np.isfinite(paired), paired, 0.0)  # b strategies no a strategy allows
+
+    return _of_second_end(problem, least)
 
 
 def around(problem: ShardingProblem, choices: tuple[int, ...]) -> ShardingProblem:
@@ -221,12 +219,14 @@ def around(problem: ShardingProblem, choices: tuple[int, ...]) -> ShardingProble
     Exact for the assignments that keep a's choice, not a relaxation: where the
     relaxation's answer overflows its true usages, the edge usages as that answer pays
     them (the next answer moves b with a where it was)."""
-    usages = []
-    for u in problem.edge_usages:
-        a, _ = u.nodes
-        if _one_end(u):
-            usages.append(u)
-            continue
-        row = u.usages[choices[a]]
-        usages.append(EdgeUsage(u.nodes, np.broadcast_to(row, u.usages.shape), u.interval))
-    return dataclasses.replace(problem, edge_usages=tuple(usages))
+    return _of_second_end(problem, lambda u: u.usages[choices[u.nodes[0]]])
+
+
+def _of_second_end(problem: ShardingProblem,
+                   row: Callable[[EdgeUsage], np.ndarray]) -> ShardingProblem:
+    """`problem` with each edge usage (a, b) that depends on both ends replaced by one of
+    b alone, `row(usage)` per strategy of b; those of one end alone are kept (exact)."""
+    usages = tuple(u if _one_end(u) else
+                   EdgeUsage(u.nodes, np.broadcast_to(row(u), u.usages.shape), u.interval)
+                   for u in problem.edge_usages)
+    return dataclasses.replace(problem, edge_usages=usages)

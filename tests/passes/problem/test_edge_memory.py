@@ -41,7 +41,7 @@ from autopar.values.specs import TensorSpec
 from examples import gpt
 
 # The module, which the package's `solve` (the function) hides.
-solve_module = importlib.import_module("autopar.solver.solve")
+phases = importlib.import_module("autopar.solver.edge_usage_phases")
 
 R, S0 = Replicate(), Shard(0)
 MESH = (2, 2)
@@ -318,8 +318,8 @@ def test_an_expansion_too_large_to_reduce_in_time_is_not_built(monkeypatch):
             - sum(m.size for m in problem.edge_costs)
         assert 0 < added <= edge_usage.expansion_cells(problem)
     expanded = []
-    monkeypatch.setattr(solve_module, "REDUCE_SECONDS_PER_CELL", math.inf)
-    monkeypatch.setattr(solve_module, "with_usage_nodes",
+    monkeypatch.setattr(phases, "REDUCE_SECONDS_PER_CELL", math.inf)
+    monkeypatch.setattr(phases, "with_usage_nodes",
                         lambda p: expanded.append(p) or with_usage_nodes(p))
     for problem in problems:
         solution = solve(problem, time_limit=1.0)
@@ -334,10 +334,9 @@ def test_a_solve_given_an_answer_that_fits_keeps_it_when_nothing_beats_it(monkey
     # `solve(initial=...)` of a problem with edge usages: with the phases after the
     # relaxation switched off, only the answer given can make the solve return the optimum
     # where the relaxation's own answer does not fit.
-    solve_module = importlib.import_module("autopar.solver.solve")
-    monkeypatch.setattr(solve_module, "LINEARIZED", 0)
-    monkeypatch.setattr(solve_module, "LOWER_LIMITS", 0)
-    monkeypatch.setattr(solve_module, "EXPANSION_SHARE", 0.0)
+    monkeypatch.setattr(phases, "LINEARIZED", 0)
+    monkeypatch.setattr(phases, "LOWER_LIMITS", 0)
+    monkeypatch.setattr(phases, "EXPANSION_SHARE", 0.0)
     rng = np.random.default_rng(4)
     started = 0
     for _ in range(40):
@@ -358,10 +357,9 @@ def test_the_search_for_any_answer_that_fits_prices_the_memory_each_choice_holds
     # When no answer of the relaxation fits, a solve looks for any that fits on the problem
     # costed by memory held over time: usage times live steps, an edge usage's too, and
     # forbidden choices still forbidden.
-    solve_module = importlib.import_module("autopar.solver.solve")
     rng = np.random.default_rng(5)
     problem = _random_problem(rng, 0.7, tied=False)
-    weighted = solve_module._memory_weighted(problem)
+    weighted = phases._memory_weighted(problem)
 
     def steps(interval):
         return max(interval[1] - interval[0], 0)

@@ -1,0 +1,212 @@
+"""The solve of a problem with edge usages (`edge_usage.py`'s docstring), in phases: the
+relaxation, the usages around its answer, the relaxation under lower limits, any answer
+that fits, then the exact expansion (`solve_with_edge_usages`). Each phase's problems are
+plain ones, solved by the `solve` it is given (`autopar.solver.solve`'s, which calls this
+module for a problem with edge usages)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from autopar.solver.edge_usage import around, expansion_cells, relaxation, with_usage_nodes
+from autopar.solver.problem import ShardingProblem
+from autopar.solver.solution import Solution
+
+# Solves of a problem with edge usages (`solve_with_edge_usages`): the relaxation at the limit,
+# the usages around its answer (at most `LINEARIZED` solves), the relaxation at lower
+# limits (`LOWER_LIMITS` solves), and the exact expansion, given these shares of the time
+# limit. On seven stage problems of a 126-layer Llama over 8x8x8, whose relaxed answers
+# overflowed their true usages by 20% to 80%, the usages around them made the fitting
+# answers of four 1.9 to 9.5 times cheaper than lower limits alone (one 1.2 times, one the
+# same, one found none either way), in a quarter less time.
+EDGE_USAGE_SHARES = (0.25, 0.25, 0.25, 0.25)
+LINEARIZED = 2
+LOWER_LIMITS = 4
+# After an answer around the relaxation's that fits, the exact phase only refines: its
+# expansion is built only when reducing it takes at most this share of what it may take
+# otherwise (`EXPANSION_SHARE`). On the Llama shapes' problems (70B on 8x8, the 405B
+# shape's stages) it found nothing cheaper in 1 to 2 s a solve, mostly spent reducing the
+# expansion; a small problem's expansion, reduced in milliseconds, is still searched (and
+# its optimum found, as tests/passes/problem/test_edge_memory.py's brute force checks).
+REFINE_SHARE = 0.1
+# When none of the relaxation's answers fits, this share of the exact phase's looks for any
+# answer that fits, by the memory it holds, for the exact solve to start from.
+FIT_SHARE = 0.25
+# The exact expansion is solved only when reducing it (about REDUCE_SECONDS_PER_CELL a cell
+# of its cost matrices, on 2 cores) takes at most EXPANSION_SHARE of the exact phase: the
+# usage nodes of a model with hundreds of strategies per op can hold hundreds of millions
+# of cells, seconds to minutes before any search.
+REDUCE_SECONDS_PER_CELL = 4e-8
+EXPANSION_SHARE = 0.5
+
+
+def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Solution], *,
+                           time_limit: float, seed: int, workers: int,
+                           progress: Callable[[str], None] | None, repeatable: bool,
+                           any_fit: bool = True,
+                           initial: tuple[int, ...] | None = None) -> Solution:
+    """`solve` of a problem with edge usages (`edge_usage.py`'s docstring), the problems
+    of each phase solved by `solve` (the other arguments are its): with each edge usage
+    at its least over its first end (`edge_usage.relaxation`: its answer is the
+    problem's when it fits, and its bound holds); unless that answer fits, with them as
+    that answer pays them (`_linearized`); while none fits, the relaxation under lower
+    limits (`_lower_limits`); then exactly (`_exact`, when its expansion is small enough:
+    `REFINE_SHARE` of that after a linearized answer that fits), started from the
+    cheapest answer that fits (or, when none does and `any_fit`, any that fits, found by
+    the memory it holds: `FIT_SHARE`, `_memory_weighted`). Each phase gets its share of
+    the limit (`EDGE_USAGE_SHARES`); only the relaxation's and the exact phase's bounds
+    hold. An `initial` assignment that fits is an answer like the others."""
+    start, shares = time.monotonic(), [share * time_limit for share in EDGE_USAGE_SHARES]
+    options = dict(seed=seed, workers=workers, progress=progress, repeatable=repeatable)
+    run = functools.partial(solve, **options)
+    given = _given(problem, initial)
+    relaxed_problem = with_usage_nodes(relaxation(problem))
+    relaxed = _truncated(run(relaxed_problem, time_limit=shares[0]), problem)
+    if relaxed.status == "infeasible" or _best_fit(problem, [relaxed]) is not None:
+        # An answer of the relaxation that fits is one of the problem's at the same cost,
+        # and the relaxation's optimum bounds the problem's: the exact search (larger, its
+        # moves blocked by the usage nodes' ties) would start from it and rarely do better.
+        return dataclasses.replace(relaxed, wall_time=time.monotonic() - start)
+    answers = [relaxed] + _linearized(problem, relaxed, shares[1], run)
+    refining = _best_fit(problem, answers) is not None
+    if not refining:
+        answers += _lower_limits(problem, relaxed_problem, relaxed, shares[2], run)
+    answers += [given] if given else []
+    if _best_fit(problem, answers) is None and any_fit:  # any that fits, by memory held
+        found = solve_with_edge_usages(_memory_weighted(problem), solve,
+                                       time_limit=shares[3] * FIT_SHARE, any_fit=False,
+                                       **options)
+        answers.append(_truncated(found, problem))
+        shares[3] *= 1 - FIT_SHARE
+    exact = _exact(problem, _best_fit(problem, answers), shares[3], run,
+                   EXPANSION_SHARE * (REFINE_SHARE if refining else 1.0))
+    best = _best_fit(problem, [*answers, exact])
+    bound = max(relaxed.bound, exact.bound)
+    if best is None:
+        return Solution((), math.inf, bound, exact.status if exact.status == "infeasible"
+                        else "unknown", time.monotonic() - start)
+    status = "optimal" if best.cost <= bound + 1e-9 * abs(best.cost) else "feasible"
+    return dataclasses.replace(best, bound=min(bound, best.cost), status=status,
+                               wall_time=time.monotonic() - start)
+
+
+def _exact(problem: ShardingProblem, start: Solution | None, seconds: float,
+           run: Callable[..., Solution], expansion_share: float = EXPANSION_SHARE
+           ) -> Solution:
+    """`problem` solved with its edge usages as nodes (`with_usage_nodes`) from `start`, in
+    `seconds`, restricted to its own nodes; no answer when that expansion is too large to
+    reduce in `expansion_share` of `seconds`."""
+    if expansion_cells(problem) * REDUCE_SECONDS_PER_CELL > expansion_share * seconds:
+        return Solution((), math.inf, -math.inf, "unknown", 0.0)
+    expanded = with_usage_nodes(problem)
+    exact = run(expanded, time_limit=seconds, initial=_completed(expanded, start))
+    return _truncated(exact, problem)
+
+
+def _linearized(problem: ShardingProblem, relaxed: Solution, seconds: float,
+                run: Callable[..., Solution]) -> list[Solution]:
+    """Answers of `problem` with its edge usages around the answer before
+    (`edge_usage.around`, first `relaxed`'s), `LINEARIZED` of them in `seconds`, until one
+    fits: where the relaxation's least usages let its answer overflow, each next answer
+    pays what the one before would, and moves off the copies that made it overflow."""
+    answers, last = [], relaxed
+    for _ in range(LINEARIZED):
+        if not last.choices:
+            break
+        last = _truncated(run(with_usage_nodes(around(problem, last.choices)),
+                              time_limit=seconds / LINEARIZED), problem)
+        answers.append(last)
+        if _best_fit(problem, [last]) is not None:
+            break
+    return answers
+
+
+def _lower_limits(problem: ShardingProblem, relaxed_problem: ShardingProblem,
+                  relaxed: Solution, seconds: float,
+                  run: Callable[..., Solution]) -> list[Solution]:
+    """Answers of `relaxed_problem` under limits below `problem`'s, `LOWER_LIMITS` of them in
+    `seconds`: the first lower by the overshoot of `relaxed` (its true peak over the
+    limit), then, while none fits, lower by twice as much or by the last overshoot if more,
+    and, once one fits or the relaxation cannot meet a limit, bisecting between the highest
+    such limit and the lowest whose answer does not fit, until an answer repeats one
+    before it."""
+    limit = problem.usage_limit
+    if limit is None or not relaxed.choices:
+        return []
+    floor, ceiling = None, limit  # a limit too low or whose answer fits; one it overshoots
+    drop = problem.peak_usage(relaxed.choices) - limit
+    below, answers = limit - drop, []
+    for _ in range(LOWER_LIMITS):
+        answer = _truncated(run(dataclasses.replace(relaxed_problem, usage_limit=below),
+                                time_limit=seconds / LOWER_LIMITS), problem)
+        if answer.choices and any(answer.choices == a.choices for a in answers):
+            break  # the limits between two that give one answer rarely give another
+        answers.append(answer)
+        if not answer.choices or problem.is_feasible(answer.choices):
+            floor = below
+            below = (below + ceiling) / 2
+        else:
+            ceiling = below
+            drop = max(2 * drop, problem.peak_usage(answer.choices) - limit)
+            below = (floor + below) / 2 if floor is not None else limit - drop
+    return answers
+
+
+def _given(problem: ShardingProblem, initial: tuple[int, ...] | None) -> Solution | None:
+    """`initial` as an answer of `problem`, or None when there is none or it does not fit."""
+    if initial is None or not problem.is_feasible(tuple(initial)):
+        return None
+    cost = problem.cost(tuple(initial))
+    return Solution(tuple(initial), cost, -math.inf, "feasible", 0.0)
+
+
+def _truncated(solution: Solution, problem: ShardingProblem) -> Solution:
+    """`solution` of a problem with more nodes, restricted to `problem`'s, costed there."""
+    choices = solution.choices[:problem.num_nodes]
+    return dataclasses.replace(solution, choices=choices,
+                               cost=problem.cost(choices) if choices else math.inf)
+
+
+def _completed(expanded: ShardingProblem, answer: Solution | None) -> tuple[int, ...] | None:
+    """`answer`'s choices, each usage node of `expanded` at the strategy its ends leave it
+    (the one of finite cost), or None without an answer."""
+    if answer is None:
+        return None
+    n = len(answer.choices)
+    allowed = {u: np.ones(expanded.node_costs[u].size, dtype=bool)
+               for u in range(n, expanded.num_nodes)}
+    for (a, b), matrix in zip(expanded.edges, expanded.edge_costs):
+        if b >= n > a:
+            allowed[b] &= np.isfinite(matrix[answer.choices[a]])
+        elif a >= n > b:
+            allowed[a] &= np.isfinite(matrix[:, answer.choices[b]])
+    return tuple(answer.choices) + tuple(int(np.argmax(mask)) for mask in allowed.values())
+
+
+def _best_fit(problem: ShardingProblem, answers: list[Solution]) -> Solution | None:
+    """The cheapest of `answers` that fits `problem` (edge usages included), or None."""
+    fitting = [a for a in answers if a.choices and problem.is_feasible(a.choices)]
+    return min(fitting, key=lambda a: a.cost, default=None)
+
+
+def _memory_weighted(problem: ShardingProblem) -> ShardingProblem:
+    """The same problem costed by the memory each choice holds over time (its usage times
+    the time steps it is live, an edge usage's on an edge of its own; forbidden choices
+    stay forbidden): its cheapest answers hold the least memory, which is what an answer
+    that fits needs, where zero costs leave the search no direction."""
+    def held(usage: np.ndarray, interval: tuple[int, int]) -> np.ndarray:
+        return np.maximum(usage, 0.0) * max(interval[1] - interval[0], 0)
+
+    return dataclasses.replace(
+        problem,
+        node_costs=tuple(np.where(np.isfinite(c), held(u, span), np.inf) for c, u, span
+                         in zip(problem.node_costs, problem.node_usages, problem.intervals)),
+        edges=problem.edges + tuple(u.nodes for u in problem.edge_usages),
+        edge_costs=tuple(np.where(np.isfinite(m), 0.0, np.inf) for m in problem.edge_costs)
+        + tuple(held(u.usages, u.interval) for u in problem.edge_usages))
