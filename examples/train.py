@@ -117,7 +117,13 @@ def main(argv: list[str] | None = None) -> None:
         # still wait in a collective would hang them).
         dist.barrier()
         dist.destroy_process_group()
-        return
+        # Skip the interpreter's teardown, as `autopar.launch`'s ranks do: gloo's worker
+        # threads may still hold work whose tensors reference Python objects, and freeing
+        # them while the interpreter finalises aborts the process ("terminate called
+        # without an active exception") after the run has succeeded.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     size = math.prod(run.mesh)
     nproc = size if nproc is None else nproc
     if nproc == 1 and size == 1:
