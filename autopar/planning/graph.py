@@ -188,6 +188,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     saved = find_saved(gm)  # the same for every round, as are the edges' seconds
     edges = edge_cache if edge_cache is not None else EdgeCache(mesh)
     best: Plan | None = None
+    chosen: tuple[int, ...] | None = None  # the best plan's choices
     limit = time_limit
     for done in range(overlap_rounds):
         say(f"{STAGE} build_problem (background gradient reductions charged at "
@@ -197,7 +198,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                               charges=charges, saved=saved, edge_cache=edges,
                               microbatches=microbatches, in_flight=in_flight)
         solution = _solved(build, limit, seed=seed, progress=progress, deadline=deadline,
-                           rounds=overlap_rounds - done)
+                           rounds=overlap_rounds - done, reference=chosen)
         if not solution.choices:
             if best is not None:  # the charges change no memory: only time can run out
                 break
@@ -209,7 +210,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
         plan = extract_plan(gm, build, solution, model_name=model_name, sizes=sizes,
                             warnings=warnings)
         if best is None or plan.step_time_s < best.step_time_s:
-            best = plan
+            best, chosen = plan, solution.choices
         exposed = Background(plan.solver.exposed_reductions, plan.solver.exposed_gathers)
         if expired(deadline) or (abs(exposed.reductions - charges.reductions) < 0.02
                                  and abs(exposed.gathers - charges.gathers) < 0.02):
@@ -221,10 +222,11 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
 
 def _solved(build: ProblemBuild, seconds: float, *, seed: int,
             progress: Callable[[str], None] | None, deadline: Deadline | None,
-            rounds: int) -> Solution:
+            rounds: int, reference: tuple[int, ...] | None) -> Solution:
     """One round's solve, for `seconds` capped by `deadline`, where the `rounds` still to
     come share what is left (the later ones, charged closer to what the plan hides, tend
-    to find the faster plans)."""
+    to find the faster plans). `reference`: the best plan's choices so far, which the
+    solve ends on when its bound shows no plan of the round much faster."""
     say = progress or (lambda message: None)
     spent = "" if deadline is None else f"; {deadline.describe()}"
     say(f"{STAGE} solve ({build.problem.num_nodes} decisions, "
@@ -232,7 +234,7 @@ def _solved(build: ProblemBuild, seconds: float, *, seed: int,
     if deadline is not None:
         seconds = deadline.solve_seconds(seconds, 1 / rounds)
     solution = solve(build.problem, time_limit=seconds, seed=seed, progress=progress,
-                     repeatable=True)
+                     repeatable=True, reference=reference)
     if deadline is not None:
         deadline.charge(seconds, optimal=solution.status in ("optimal", "infeasible"))
     return solution

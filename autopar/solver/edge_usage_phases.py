@@ -36,7 +36,11 @@ LOWER_LIMITS = 4
 # its optimum found, as tests/passes/problem/test_edge_memory.py's brute force checks).
 REFINE_SHARE = 0.1
 # When none of the relaxation's answers fits, this share of the exact phase's looks for any
-# answer that fits, by the memory it holds, for the exact solve to start from.
+# answer that fits, costs aside, for the exact solve to start from. Not by the memory each
+# choice holds: the exact search stays near the answer it starts from, and the one that
+# holds the least is far from cheap (a 126-layer Llama's pipeline stages over 8x8x8: fits
+# at 5 to 7 times the relaxation's cost, so that its search for more micro-batches ended
+# at 64 with a step 5 times slower than the 128 it finds otherwise).
 FIT_SHARE = 0.25
 # The exact expansion is solved only when reducing it (about REDUCE_SECONDS_PER_CELL a cell
 # of its cost matrices, on 2 cores) takes at most EXPANSION_SHARE of the exact phase: the
@@ -50,7 +54,8 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
                            time_limit: float, seed: int, workers: int,
                            progress: Callable[[str], None] | None, repeatable: bool,
                            any_fit: bool = True,
-                           initial: tuple[int, ...] | None = None) -> Solution:
+                           initial: tuple[int, ...] | None = None,
+                           reference: tuple[int, ...] | None = None) -> Solution:
     """`solve` of a problem with edge usages (`edge_usage.py`'s docstring), the problems
     of each phase solved by `solve` (the other arguments are its): with each edge usage
     at its least over its first end (`edge_usage.relaxation`: its answer is the
@@ -58,16 +63,20 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
     that answer pays them (`_linearized`); while none fits, the relaxation under lower
     limits (`_lower_limits`); then exactly (`_exact`, when its expansion is small enough:
     `REFINE_SHARE` of that after a linearized answer that fits), started from the
-    cheapest answer that fits (or, when none does and `any_fit`, any that fits, found by
-    the memory it holds: `FIT_SHARE`, `_memory_weighted`). Each phase gets its share of
+    cheapest answer that fits (or, when none does and `any_fit`, any that fits, costs
+    aside: `FIT_SHARE`, `cost_free`). Each phase gets its share of
     the limit (`EDGE_USAGE_SHARES`); only the relaxation's and the exact phase's bounds
-    hold. An `initial` assignment that fits is an answer like the others."""
+    hold. An `initial` assignment that fits is an answer like the others; a `reference`
+    that fits is the relaxation's to end on (`solve`'s `reference`): when it does, it is
+    the answer."""
     start, shares = time.monotonic(), [share * time_limit for share in EDGE_USAGE_SHARES]
     options = dict(seed=seed, workers=workers, progress=progress, repeatable=repeatable)
     run = functools.partial(solve, **options)
     given = _given(problem, initial)
     relaxed_problem = with_usage_nodes(relaxation(problem))
-    relaxed = _truncated(run(relaxed_problem, time_limit=shares[0]), problem)
+    referred = _given(problem, reference)
+    relaxed = _truncated(run(relaxed_problem, time_limit=shares[0],
+                             reference=_completed(relaxed_problem, referred)), problem)
     if relaxed.status == "infeasible" or _best_fit(problem, [relaxed]) is not None:
         # An answer of the relaxation that fits is one of the problem's at the same cost,
         # and the relaxation's optimum bounds the problem's: the exact search (larger, its
@@ -78,8 +87,8 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
     if not refining:
         answers += _lower_limits(problem, relaxed_problem, relaxed, shares[2], run)
     answers += [given] if given else []
-    if _best_fit(problem, answers) is None and any_fit:  # any that fits, by memory held
-        found = solve_with_edge_usages(_memory_weighted(problem), solve,
+    if _best_fit(problem, answers) is None and any_fit:  # costs aside, any that fits
+        found = solve_with_edge_usages(cost_free(problem, problem.usage_limit), solve,
                                        time_limit=shares[3] * FIT_SHARE, any_fit=False,
                                        **options)
         answers.append(_truncated(found, problem))
@@ -195,18 +204,10 @@ def _best_fit(problem: ShardingProblem, answers: list[Solution]) -> Solution | N
     return min(fitting, key=lambda a: a.cost, default=None)
 
 
-def _memory_weighted(problem: ShardingProblem) -> ShardingProblem:
-    """The same problem costed by the memory each choice holds over time (its usage times
-    the time steps it is live, an edge usage's on an edge of its own; forbidden choices
-    stay forbidden): its cheapest answers hold the least memory, which is what an answer
-    that fits needs, where zero costs leave the search no direction."""
-    def held(usage: np.ndarray, interval: tuple[int, int]) -> np.ndarray:
-        return np.maximum(usage, 0.0) * max(interval[1] - interval[0], 0)
-
+def cost_free(problem: ShardingProblem, limit: float | None) -> ShardingProblem:
+    """The same problem under `limit` with every finite cost zero (forbidden choices stay
+    forbidden)."""
     return dataclasses.replace(
-        problem,
-        node_costs=tuple(np.where(np.isfinite(c), held(u, span), np.inf) for c, u, span
-                         in zip(problem.node_costs, problem.node_usages, problem.intervals)),
-        edges=problem.edges + tuple(u.nodes for u in problem.edge_usages),
-        edge_costs=tuple(np.where(np.isfinite(m), 0.0, np.inf) for m in problem.edge_costs)
-        + tuple(held(u.usages, u.interval) for u in problem.edge_usages))
+        problem, usage_limit=limit,
+        node_costs=tuple(np.where(np.isfinite(c), 0.0, np.inf) for c in problem.node_costs),
+        edge_costs=tuple(np.where(np.isfinite(m), 0.0, np.inf) for m in problem.edge_costs))

@@ -125,6 +125,8 @@ def linear_phase(flat: Flat, best: Best, chosen: np.ndarray, *, deterministic: f
     report.proved(bound)
     report("linear relaxation solved" if math.isfinite(bound) else
            "linear relaxation unsolved in its share")
+    if best.settle(flat, bound, tolerance):
+        report("the reference is within the tolerance")
     if not _open(best, bound, tolerance):
         return Linear(bound, deterministic, _closed(best, bound))
     if not branching:

@@ -33,6 +33,9 @@ class Best:
 
     x: np.ndarray | None = None
     cost: float = math.inf
+    # An answer the caller already has (`solve`'s `reference`): not searched from, only
+    # taken once a bound proves it near enough (`settle`).
+    reference: np.ndarray | None = None
 
     def offer(self, flat: Flat, x: np.ndarray | None) -> bool:
         if x is None or not (flat.profile(x) <= flat.limit).all():
@@ -42,6 +45,14 @@ class Best:
             self.x, self.cost = x.copy(), cost
             return True
         return False
+
+    def settle(self, flat: Flat, bound: float, tolerance: float) -> bool:
+        """Take the reference when it is cheaper than the best and within `tolerance`
+        (relative) of the proven `bound`; whether it was taken."""
+        ref = self.reference
+        if ref is None or flat.objective(ref) > bound + tolerance * abs(flat.objective(ref)):
+            return False
+        return self.offer(flat, ref)
 
 
 def _big(flat: Flat) -> float:

@@ -17,7 +17,6 @@ phase short on a machine slower than planned.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -35,7 +34,7 @@ from autopar.solver.budget import (
     estimate_reduce_seconds,
     finish_seconds,
 )
-from autopar.solver.edge_usage_phases import solve_with_edge_usages
+from autopar.solver.edge_usage_phases import cost_free, solve_with_edge_usages
 from autopar.solver.exact import Outcome, first_segments, linear_phase, solve_whole
 from autopar.solver.exhaustive import MAX_ASSIGNMENTS, assignments, enumerate_best
 from autopar.solver.flat import Flat
@@ -60,19 +59,24 @@ def _check_args(time_limit: float, workers: int) -> None:
 
 def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
           workers: int = 2, progress: Callable[[str], None] | None = None,
-          repeatable: bool = False, initial: tuple[int, ...] | None = None) -> Solution:
+          repeatable: bool = False, initial: tuple[int, ...] | None = None,
+          reference: tuple[int, ...] | None = None) -> Solution:
     """Best assignment found within `time_limit` seconds, with a proven lower bound.
 
     Returned choices always satisfy `problem.is_feasible`. Status "infeasible" is a proof
     that no assignment fits; "unknown" means none was found in time. `progress` receives
     lines with the clock, objective, bound and gap (`progress.py`); `repeatable` trades
     the rest of the time limit for the same answer on every machine (module docstring).
-    `initial`: an assignment to start from, the first incumbent when it fits."""
+    `initial`: an assignment to start from, the first incumbent when it fits.
+    `reference`: one the caller already has (an earlier round's), not searched from: the
+    search ends on it when a bound proves it within the tolerance, and otherwise goes as
+    it would without it."""
     _check_args(time_limit, workers)
     if problem.edge_usages:
         return solve_with_edge_usages(problem, solve, time_limit=time_limit, seed=seed,
                                       workers=workers, progress=progress,
-                                      repeatable=repeatable, initial=initial)
+                                      repeatable=repeatable, initial=initial,
+                                      reference=reference)
     start = time.monotonic()
     best = Best()
     report = Progress(progress, best, started=start)
@@ -100,6 +104,7 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
         return done(choices, cost, cost, "optimal")
     flat = Flat.build(reduced)
     best.offer(flat, None if initial is None else reduced.restrict(initial))
+    best.reference = None if reference is None else reduced.restrict(reference)
     report.proved(cheap_bound := simple_bound(flat))
     # Enumeration runs about 3 million assignments a second: only when that fits.
     if assignments(flat) <= min(MAX_ASSIGNMENTS, 1e6 * time_limit):
@@ -155,7 +160,7 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
                                   tolerance=tolerance)
             if linear.outcome is not None:
                 return linear.outcome
-            deterministic = linear.deterministic
+            deterministic, bound = linear.deterministic, max(bound, linear.bound)
         large_neighbourhoods(flat, best, deterministic=deterministic,
                              seed=seed, keep_going=lambda: left() > 0.5 and open_gap(),
                              wall=left, report=report)
@@ -214,14 +219,6 @@ def _enumerate(flat: Flat, best: Best, report: Progress) -> Outcome:
     return Outcome("optimal", best.cost)
 
 
-def _cost_free(problem: ShardingProblem, limit: float | None) -> ShardingProblem:
-    """The same problem with every finite cost zero (forbidden choices stay forbidden)."""
-    return dataclasses.replace(
-        problem, usage_limit=limit,
-        node_costs=tuple(np.where(np.isfinite(c), 0.0, np.inf) for c in problem.node_costs),
-        edge_costs=tuple(np.where(np.isfinite(m), 0.0, np.inf) for m in problem.edge_costs))
-
-
 def min_peak_usage(problem: ShardingProblem, *, time_limit: float = 10.0) -> float:
     """Least peak usage of any finite-cost assignment (costs ignored); inf if none exists.
 
@@ -230,7 +227,7 @@ def min_peak_usage(problem: ShardingProblem, *, time_limit: float = 10.0) -> flo
     """
     _check_args(time_limit, 1)
     start = time.monotonic()
-    free = _cost_free(problem, None)
+    free = cost_free(problem, None)
     first = solve(free, time_limit=max(time_limit / 4, 0.2), workers=1, repeatable=True)
     if not first.choices:
         return math.inf
@@ -245,7 +242,7 @@ def min_peak_usage(problem: ShardingProblem, *, time_limit: float = 10.0) -> flo
         mid = math.floor((lo + hi) / 2) if integral else (lo + hi) / 2
         if mid >= hi:
             break
-        trial = solve(_cost_free(problem, mid), time_limit=max(min(left, time_limit / 4), 0.05),
+        trial = solve(cost_free(problem, mid), time_limit=max(min(left, time_limit / 4), 0.05),
                       workers=1, repeatable=True)
         if trial.choices:
             hi = problem.peak_usage(trial.choices)
