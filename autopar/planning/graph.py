@@ -164,12 +164,14 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                least_memory: bool = True, overlap_rounds: int = OVERLAP_ROUNDS,
                charges: Background = Background(), edge_cache: EdgeCache | None = None,
                progress: Callable[[str], None] | None = None,
-               deadline: Deadline | None = None) -> Plan:
+               deadline: Deadline | None = None, fallback: bool | None = None) -> Plan:
     """The cheapest plan choosing among `table`'s strategies (the problem, solve and
     extract passes), within `memory_budget` bytes per device (None: no limit), for a step
     of `microbatches` runs of `gm`, `in_flight` of them holding activations at once. Raises
     `InfeasiblePlanError` when none fits, with the least memory any plan of the table needs
     when `least_memory` (a search of its own, which a caller trying many candidates skips).
+    `fallback`: whether its solves take a slow plan that fits over none (`solve`'s; by
+    default when `least_memory`: a caller with nothing else to try).
 
     Gradient reductions the runtime overlaps with the backward cost only what the backward's
     compute does not hide, max(0, G - B), and parameter gathers it starts ahead only what
@@ -181,15 +183,12 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     the least step time is returned. `edge_cache`: an `EdgeCache` of `mesh` for the edges'
     costs (default: its own). `deadline`: the call's, capping each solve and the rounds.
     """
-    say = progress or (lambda message: None)
-    hints = size_hints(gm)
+    say, hints = progress or (lambda message: None), size_hints(gm)
     sizes = {str(k): v for k, v in hints.items()}
     warnings = _unruled_warnings(gm, table)
     saved = find_saved(gm)  # the same for every round, as are the edges' seconds
     edges = edge_cache if edge_cache is not None else EdgeCache(mesh)
-    best: Plan | None = None
-    chosen: tuple[int, ...] | None = None  # the best plan's choices
-    limit = time_limit
+    best, chosen, limit = None, None, time_limit  # the best plan and its choices
     for done in range(overlap_rounds):
         say(f"{STAGE} build_problem (background gradient reductions charged at "
             f"{charges.reductions:.0%}, parameter gathers at {charges.gathers:.0%})")
@@ -198,7 +197,8 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                               charges=charges, saved=saved, edge_cache=edges,
                               microbatches=microbatches, in_flight=in_flight)
         solution = _solved(build, limit, seed=seed, progress=progress, deadline=deadline,
-                           rounds=overlap_rounds - done, reference=chosen)
+                           rounds=overlap_rounds - done, reference=chosen,
+                           fallback=least_memory if fallback is None else fallback)
         if not solution.choices:
             if best is not None:  # the charges change no memory: only time can run out
                 break
@@ -222,11 +222,12 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
 
 def _solved(build: ProblemBuild, seconds: float, *, seed: int,
             progress: Callable[[str], None] | None, deadline: Deadline | None,
-            rounds: int, reference: tuple[int, ...] | None) -> Solution:
+            rounds: int, reference: tuple[int, ...] | None, fallback: bool) -> Solution:
     """One round's solve, for `seconds` capped by `deadline`, where the `rounds` still to
     come share what is left (the later ones, charged closer to what the plan hides, tend
     to find the faster plans). `reference`: the best plan's choices so far, which the
-    solve ends on when its bound shows no plan of the round much faster."""
+    solve ends on when its bound shows no plan of the round much faster; `fallback`:
+    whether a slow plan that fits beats none (`solve`'s)."""
     say = progress or (lambda message: None)
     spent = "" if deadline is None else f"; {deadline.describe()}"
     say(f"{STAGE} solve ({build.problem.num_nodes} decisions, "
@@ -234,7 +235,7 @@ def _solved(build: ProblemBuild, seconds: float, *, seed: int,
     if deadline is not None:
         seconds = deadline.solve_seconds(seconds, 1 / rounds)
     solution = solve(build.problem, time_limit=seconds, seed=seed, progress=progress,
-                     repeatable=True, reference=reference)
+                     repeatable=True, reference=reference, fallback=fallback)
     if deadline is not None:
         deadline.charge(seconds, optimal=solution.status in ("optimal", "infeasible"))
     return solution

@@ -36,11 +36,12 @@ LOWER_LIMITS = 4
 # its optimum found, as tests/passes/problem/test_edge_memory.py's brute force checks).
 REFINE_SHARE = 0.1
 # When none of the relaxation's answers fits, this share of the exact phase's looks for any
-# answer that fits, costs aside, for the exact solve to start from. Not by the memory each
-# choice holds: the exact search stays near the answer it starts from, and the one that
-# holds the least is far from cheap (a 126-layer Llama's pipeline stages over 8x8x8: fits
-# at 5 to 7 times the relaxation's cost, so that its search for more micro-batches ended
-# at 64 with a step 5 times slower than the 128 it finds otherwise).
+# answer that fits, costs aside, for the exact solve to start from; where none is found
+# and the caller has nothing else to try (`fallback`), this share of the rest looks for
+# one by the memory each choice holds. Only then: the exact search stays near the answer
+# it starts from, and the one that holds the least is far from cheap (a 126-layer Llama's
+# pipeline stages over 8x8x8 fit at 5 to 7 times their relaxation's cost, so that the
+# search for more micro-batches, which fit at a fifth of that, stopped at 64).
 FIT_SHARE = 0.25
 # The exact expansion is solved only when reducing it (about REDUCE_SECONDS_PER_CELL a cell
 # of its cost matrices, on 2 cores) takes at most EXPANSION_SHARE of the exact phase: the
@@ -53,7 +54,7 @@ EXPANSION_SHARE = 0.5
 def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Solution], *,
                            time_limit: float, seed: int, workers: int,
                            progress: Callable[[str], None] | None, repeatable: bool,
-                           any_fit: bool = True,
+                           any_fit: bool = True, fallback: bool = False,
                            initial: tuple[int, ...] | None = None,
                            reference: tuple[int, ...] | None = None) -> Solution:
     """`solve` of a problem with edge usages (`edge_usage.py`'s docstring), the problems
@@ -64,7 +65,8 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
     limits (`_lower_limits`); then exactly (`_exact`, when its expansion is small enough:
     `REFINE_SHARE` of that after a linearized answer that fits), started from the
     cheapest answer that fits (or, when none does and `any_fit`, any that fits, costs
-    aside: `FIT_SHARE`, `cost_free`). Each phase gets its share of
+    aside: `FIT_SHARE`, `cost_free`; then, with `fallback`, by the memory it holds,
+    `_memory_weighted`). Each phase gets its share of
     the limit (`EDGE_USAGE_SHARES`); only the relaxation's and the exact phase's bounds
     hold. An `initial` assignment that fits is an answer like the others; a `reference`
     that fits is the relaxation's to end on (`solve`'s `reference`): when it does, it is
@@ -87,10 +89,13 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
     if not refining:
         answers += _lower_limits(problem, relaxed_problem, relaxed, shares[2], run)
     answers += [given] if given else []
-    if _best_fit(problem, answers) is None and any_fit:  # costs aside, any that fits
-        found = solve_with_edge_usages(cost_free(problem, problem.usage_limit), solve,
-                                       time_limit=shares[3] * FIT_SHARE, any_fit=False,
-                                       **options)
+    searches = (cost_free(problem, problem.usage_limit),) + (
+        (_memory_weighted(problem),) if fallback else ())
+    for unpriced in searches if any_fit else ():
+        if _best_fit(problem, answers) is not None:
+            break
+        found = solve_with_edge_usages(unpriced, solve, time_limit=shares[3] * FIT_SHARE,
+                                       any_fit=False, **options)
         answers.append(_truncated(found, problem))
         shares[3] *= 1 - FIT_SHARE
     exact = _exact(problem, _best_fit(problem, answers), shares[3], run,
@@ -211,3 +216,20 @@ def cost_free(problem: ShardingProblem, limit: float | None) -> ShardingProblem:
         problem, usage_limit=limit,
         node_costs=tuple(np.where(np.isfinite(c), 0.0, np.inf) for c in problem.node_costs),
         edge_costs=tuple(np.where(np.isfinite(m), 0.0, np.inf) for m in problem.edge_costs))
+
+
+def _memory_weighted(problem: ShardingProblem) -> ShardingProblem:
+    """The same problem costed by the memory each choice holds over time (its usage times
+    the time steps it is live, an edge usage's on an edge of its own; forbidden choices
+    stay forbidden): its cheapest answers hold the least memory, which is what an answer
+    that fits needs, where zero costs leave the search no direction."""
+    def held(usage: np.ndarray, interval: tuple[int, int]) -> np.ndarray:
+        return np.maximum(usage, 0.0) * max(interval[1] - interval[0], 0)
+
+    return dataclasses.replace(
+        problem,
+        node_costs=tuple(np.where(np.isfinite(c), held(u, span), np.inf) for c, u, span
+                         in zip(problem.node_costs, problem.node_usages, problem.intervals)),
+        edges=problem.edges + tuple(u.nodes for u in problem.edge_usages),
+        edge_costs=tuple(np.where(np.isfinite(m), 0.0, np.inf) for m in problem.edge_costs)
+        + tuple(held(u.usages, u.interval) for u in problem.edge_usages))

@@ -43,6 +43,7 @@ from autopar.solver.lagrange import Best, lagrangian
 from autopar.solver.lns import large_neighbourhoods
 from autopar.solver.problem import ShardingProblem
 from autopar.solver.progress import Progress
+from autopar.solver.reduced_problem import ReducedProblem
 from autopar.solver.reductions import Infeasible, reduce_problem
 from autopar.solver.solution import Solution
 
@@ -60,7 +61,7 @@ def _check_args(time_limit: float, workers: int) -> None:
 def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
           workers: int = 2, progress: Callable[[str], None] | None = None,
           repeatable: bool = False, initial: tuple[int, ...] | None = None,
-          reference: tuple[int, ...] | None = None) -> Solution:
+          reference: tuple[int, ...] | None = None, fallback: bool = False) -> Solution:
     """Best assignment found within `time_limit` seconds, with a proven lower bound.
 
     Returned choices always satisfy `problem.is_feasible`. Status "infeasible" is a proof
@@ -70,13 +71,15 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
     `initial`: an assignment to start from, the first incumbent when it fits.
     `reference`: one the caller already has (an earlier round's), not searched from: the
     search ends on it when a bound proves it within the tolerance, and otherwise goes as
-    it would without it."""
+    it would without it. `fallback`: for a caller with nothing else to try, a problem
+    with edge usages whose answers do not fit looks for one by the memory each choice
+    holds (`edge_usage_phases`), a slow plan rather than none."""
     _check_args(time_limit, workers)
     if problem.edge_usages:
         return solve_with_edge_usages(problem, solve, time_limit=time_limit, seed=seed,
                                       workers=workers, progress=progress,
                                       repeatable=repeatable, initial=initial,
-                                      reference=reference)
+                                      reference=reference, fallback=fallback)
     start = time.monotonic()
     best = Best()
     report = Progress(progress, best, started=start)
@@ -113,9 +116,15 @@ def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
         outcome = _search(flat, best, time_limit - estimate_reduce_seconds(problem) - margin,
                           left=lambda: left() - margin, seed=seed, workers=workers,
                           repeatable=repeatable, report=report)
+    return _answer(problem, reduced, best, outcome, max(outcome.bound, cheap_bound), done)
+
+
+def _answer(problem: ShardingProblem, reduced: ReducedProblem, best: Best, outcome: Outcome,
+            bound: float, done: Callable[..., Solution]) -> Solution:
+    """The solve's answer after its search ended in `outcome` with `best` and the proven
+    `bound`: `done(choices, cost, bound, status)` of the problem before reductions."""
     if outcome.status == "infeasible":
         return done((), math.inf, math.inf, "infeasible")
-    bound = max(outcome.bound, cheap_bound)
     if best.x is None:
         return done((), math.inf, bound, "unknown")
     choices = reduced.expand(best.x)

@@ -54,8 +54,8 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                 edge_caches: EdgeCaches | None = None,
                 progress: Callable[[str], None] | None = None,
                 deadline: Deadline | None = None) -> tuple[HandStrategyRecord, Plan | None]:
-    """The Megatron 3D record and its plan (None when it doesn't apply or fit); `micro`
-    (the call's `MicroBatches`, or its own), `edge_caches`, `deadline`: the call's."""
+    """The Megatron 3D record and its plan (None when it doesn't apply or fit, a slow one
+    that fits counting); `micro` (or its own), `edge_caches`, `deadline`: the call's."""
     axis = pipeline_axis_3d(mesh) if mesh.ndim >= 2 else None
     inner_link = mesh.hardware.links[0].name
     if axis is None:
@@ -88,7 +88,7 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                           memory_budget=memory_budget, time_limit=solve["time_limit"],
                           fold_layers=fold_layers, seed=seed, optimizer=optimizer,
                           microbatches=microbatches, in_flight=in_flight, least_memory=False,
-                          overlap_rounds=solve["overlap_rounds"],
+                          fallback=True, overlap_rounds=solve["overlap_rounds"],
                           charges=solve.get("charges", Background()),
                           edge_cache=edge_caches.of(inner) if edge_caches else None,
                           deadline=deadline)

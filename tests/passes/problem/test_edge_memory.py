@@ -351,3 +351,26 @@ def test_a_solve_given_an_answer_that_fits_keeps_it_when_nothing_beats_it(monkey
         assert solution.cost == pytest.approx(problem.cost(cheapest), rel=1e-12)
         started += 1
     assert started > 5
+
+
+def test_the_search_for_any_answer_that_fits_prices_the_memory_each_choice_holds():
+    # When no answer of the relaxation fits, a solve looks for any that fits on the problem
+    # costed by memory held over time: usage times live steps, an edge usage's too, and
+    # forbidden choices still forbidden.
+    rng = np.random.default_rng(5)
+    problem = _random_problem(rng, 0.7, tied=False)
+    weighted = phases._memory_weighted(problem)
+
+    def steps(interval):
+        return max(interval[1] - interval[0], 0)
+
+    for choices in itertools.product(*(range(c.size) for c in problem.node_costs)):
+        if not math.isfinite(problem.cost(choices)):
+            assert not math.isfinite(weighted.cost(choices))
+            continue
+        held = sum(problem.node_usages[i][k] * steps(problem.intervals[i])
+                   for i, k in enumerate(choices))
+        held += sum(max(u.usages[choices[u.nodes[0]], choices[u.nodes[1]]], 0.0)
+                    * steps(u.interval) for u in problem.edge_usages)
+        assert weighted.cost(choices) == pytest.approx(held, rel=1e-12)
+        assert np.array_equal(weighted.usage_profile(choices), problem.usage_profile(choices))
