@@ -49,10 +49,10 @@ class Best:
     def settle(self, flat: Flat, bound: float, tolerance: float) -> bool:
         """Take the reference when it is cheaper than the best and within `tolerance`
         (relative) of the proven `bound`; whether it was taken."""
-        ref = self.reference
-        if ref is None or flat.objective(ref) > bound + tolerance * abs(flat.objective(ref)):
+        if self.reference is None:
             return False
-        return self.offer(flat, ref)
+        cost = flat.objective(self.reference)
+        return cost <= bound + tolerance * abs(cost) and self.offer(flat, self.reference)
 
 
 def _big(flat: Flat) -> float:
