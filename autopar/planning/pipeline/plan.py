@@ -37,6 +37,7 @@ stage DP also chooses a sub-mesh shape per stage.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 
@@ -47,6 +48,7 @@ from autopar.errors import InfeasiblePlanError, PipelineError, ShardingError
 from autopar.passes.layout.split_microbatches import batch_size
 from autopar.passes.layout.split_stages import (
     Stage,
+    Units,
     balanced_cuts,
     find_units,
     split_stages,
@@ -57,6 +59,7 @@ from autopar.planning.deadline import Deadline, expired
 from autopar.planning.microbatches import MicroBatches
 from autopar.planning.pipeline.request import check_request, divisors
 from autopar.planning.pipeline.stages import candidate_plan, costed, holds, refined_stages
+from autopar.values.hardware import HardwareProfile
 from autopar.values.mesh import Mesh
 from autopar.values.microbatch import ACCUMULATED, REFUSE
 from autopar.values.pipeline import Pipeline, Schedule
@@ -202,9 +205,9 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
             split = micro.split(m, mixing=mixing) if m > 1 else None
             if split is not None and split.weighting == ACCUMULATED:
                 mixes[m] = split.mixes
-            candidates += _candidates(
-                pipeline, m, ranks, devices, step_times,
-                lambda split=split: gm if split is None else micro.graph(split))
+            measured = functools.cache(lambda split=split: _measured(
+                gm if split is None else micro.graph(split), stager.mesh.hardware))
+            candidates += _candidates(pipeline, m, ranks, devices, step_times, measured)
         best, failed = _screen(candidates, best, stager, batch, overflowing, say, deadline)
         if failed is not None:
             failure = failed
@@ -223,7 +226,7 @@ def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
     `InfeasiblePlanError` among them (None if none). A candidate that does not fit joins
     `overflowing`; one that holds at least the samples of one there is skipped."""
     failure: Exception | None = None
-    for bound, m, schedule, count, micro in sorted(candidates, key=lambda c: c[0]):
+    for bound, m, schedule, count, measured in sorted(candidates, key=lambda c: c[0]):
         if best is not None and (bound >= best.plan.step_time_s or (
                 expired(deadline))):
             break  # no later candidate can be faster (they are sorted by bound), or no time
@@ -231,10 +234,8 @@ def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
         if any(n == count and all(a >= b for a, b in zip(held, least))
                for n, least in overflowing):
             continue
-        graph = micro()
-        units = find_units(graph)
-        stages = split_stages(graph, units, balanced_cuts(
-            unit_times(graph, units, stager.mesh.hardware), count))
+        graph, units, times = measured()
+        stages = split_stages(graph, units, balanced_cuts(times, count))
         say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
         chosen = _Chosen(stages, units.names, schedule, m)
         try:
@@ -276,12 +277,20 @@ def _with_accumulation_warning(best: Plan, mixes: dict[int, str]) -> Plan:
     return best
 
 
+def _measured(graph: fx.GraphModule, hardware: HardwareProfile
+              ) -> tuple[fx.GraphModule, Units, list[float]]:
+    """`graph` with its units and their times on `hardware` (`unit_times`)."""
+    units = find_units(graph)
+    return graph, units, unit_times(graph, units, hardware)
+
+
 def _candidates(pipeline: Pipeline, microbatches: int, ranks: int, devices: int,
-                step_times: list[float], micro: Callable[[], fx.GraphModule]) -> list[tuple]:
+                step_times: list[float], measured: Callable[[], tuple]) -> list[tuple]:
     """The candidates of `microbatches` micro-batches, each `(lower bound of its step
-    (`_least_step`), m, schedule, stage count, micro)`: `micro()` captures the
-    micro-batch's graph, only once a candidate is screened (a capture of a large model
-    takes seconds, and most candidates are never screened). The bound divides the whole
+    (`_least_step`), m, schedule, stage count, measured)`: `measured()` captures the
+    micro-batch's graph and measures its units (`_measured`, once for all of m's
+    candidates), only once a candidate is screened (a capture of a large model takes
+    seconds, and most candidates are never screened). The bound divides the whole
     step's unit times `step_times` by m: no more than a micro-batch's own (a unit's time
     is at least proportional to its samples: its weights are read whatever their count)."""
     runnable = [s for s in pipeline.schedules()
@@ -299,7 +308,7 @@ def _candidates(pipeline: Pipeline, microbatches: int, ranks: int, devices: int,
             if count <= len(times):
                 bound = _least_step(times, balanced_cuts(times, count), devices,
                                     microbatches, ranks, schedule)
-                found.append((bound, microbatches, schedule, count, micro))
+                found.append((bound, microbatches, schedule, count, measured))
     return found
 
 
