@@ -186,10 +186,13 @@ def standard_hand_strategies(mesh: Mesh) -> tuple[HandStrategy, ...]:
 
 def _check_strategy_name(strategy: str | None, mesh: Mesh) -> None:
     """Raise `ShardingError` unless `strategy` (the `strategy` option of `autopar.plan`) is
-    None or the name of a standard hand strategy that applies to `mesh`."""
+    None or the name of a standard hand strategy that applies to `mesh`, or of Megatron 3D
+    on a mesh of two axes or more."""
     if strategy is None:
         return
     applicable = [s.name for s in standard_hand_strategies(mesh) if s.roles is not None]
+    if mesh.ndim >= 2:  # where it has no pipeline axis, `megatron_3d` says why
+        applicable.append(MEGATRON_3D)
     if strategy not in applicable:
         raise ShardingError(f"no standard hand strategy {strategy!r} on {mesh.describe()}",
                             expected=f"one of {', '.join(map(repr, applicable))}",

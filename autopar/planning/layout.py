@@ -39,6 +39,9 @@ def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     budget = default_budget(mesh, memory_budget)
     options = {**options, "micro": MicroBatches(model, example_inputs, gm),
                "edge_caches": EdgeCaches()}
+    if options.get("strategy") == MEGATRON_3D:
+        return _megatron_3d_plan(model, gm, example_inputs, mesh, budget, options,
+                                 pipeline=pipeline)
     if request is None:
         plain = plan_unpipelined(model, gm, example_inputs, mesh, microbatches=microbatches,
                                  memory_budget=memory_budget, **options)
@@ -98,6 +101,43 @@ def _with_megatron_3d(chosen: Plan, model: nn.Module, gm: fx.GraphModule,
             and not options.get("strategy") and plan.step_time_s < chosen.step_time_s:
         chosen = dataclasses.replace(plan, model=chosen.model, warnings=chosen.warnings)
     return dataclasses.replace(chosen, hand_strategies=tuple(records))
+
+
+def _megatron_3d_plan(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple,
+                      mesh: Mesh, budget: float, options: dict, *,
+                      pipeline: Pipeline | str | bool) -> Plan:
+    """The Megatron 3D hand strategy's plan, asked for by name (`strategy`), with its
+    record as its only hand strategy; `ShardingError` where it does not apply (no pipeline
+    wanted, or no axis to pipeline over), `InfeasiblePlanError` where no plan of it fits."""
+    if pipeline is False or isinstance(pipeline, Pipeline) or options.get("constraints"):
+        raise ShardingError(f"strategy {MEGATRON_3D!r} chooses its own pipeline and placements",
+                            expected="pipeline left at \"auto\" and no constraints",
+                            got=f"pipeline={pipeline!r}, constraints="
+                                f"{dict(options.get('constraints') or {})!r}",
+                            fix="drop those options, or leave strategy unset to let the "
+                                "solver plan with them")
+    record, plan = megatron_3d(model, gm, example_inputs, mesh, memory_budget=budget,
+                               edge_caches=options.get("edge_caches"),
+                               time_limit=options.get("time_limit", 30.0),
+                               fold_layers=options.get("fold_layers", True),
+                               seed=options.get("seed", 0),
+                               optimizer=optimizer_state(options.get("optimizer")),
+                               micro=options["micro"], progress=options.get("progress"),
+                               deadline=options.get("deadline"))
+    if record.step_time_s is None:
+        raise ShardingError(f"no {MEGATRON_3D} plan on {mesh.describe()}",
+                            expected="an axis named pp, or one across nodes, and another",
+                            got=record.note or "none", fix="name the pipeline axis pp")
+    if plan is None or plan.peak_memory_bytes > budget:
+        peak = record.peak_memory_bytes
+        raise InfeasiblePlanError(
+            f"the hand strategy {MEGATRON_3D!r} has no plan that fits on {mesh.describe()}",
+            min_bytes=peak, expected=f"a plan within {budget:.4g} bytes per device",
+            got=record.note or f"{peak:.4g} bytes per device",
+            fix="raise memory_budget, use more devices, or let the solver choose (no "
+                "strategy)")
+    return dataclasses.replace(plan, model=options.get("model_name", plan.model),
+                               hand_strategies=(record,))
 
 
 def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh,

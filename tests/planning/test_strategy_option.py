@@ -47,3 +47,29 @@ def test_an_unknown_or_inapplicable_strategy_is_refused(model_and_inputs, name) 
     with pytest.raises(autopar.ShardingError, match="no standard hand strategy") as error:
         autopar.plan(model, autopar.Mesh((2,), ("dp",)), inputs, strategy=name)
     assert "'data parallel'" in str(error.value)
+
+
+def test_megatron_3d_by_name_is_its_pipelined_plan(model_and_inputs) -> None:
+    """On a (pp, tp) mesh "Megatron 3D" is the hand strategy's own plan: pipelined over pp,
+    its weights split over tp, its record the only one, its step the record's."""
+    model, inputs = model_and_inputs
+    mesh = autopar.Mesh((2, 2), ("pp", "tp"), hardware="h100-sxm")
+    plan = autopar.plan(model, mesh, inputs, strategy="Megatron 3D", time_limit=5)
+    assert plan.pipeline is not None and plan.pipeline.axis == "pp"
+    assert [r.name for r in plan.hand_strategies] == ["Megatron 3D"]
+    assert plan.step_time_s == pytest.approx(plan.hand_strategies[0].step_time_s)
+    linears = [n for n in plan.nodes if n.op == "aten.linear.default"]
+    assert linears and all("S(" in n.inputs[1].split(",")[1] for n in linears)
+    assert plan.model == "GPT"
+
+
+def test_megatron_3d_by_name_refuses_what_it_cannot_plan(model_and_inputs) -> None:
+    model, inputs = model_and_inputs
+    with pytest.raises(autopar.ShardingError, match="no standard hand strategy"):
+        autopar.plan(model, autopar.Mesh((4,), ("dp",)), inputs, strategy="Megatron 3D")
+    two_nvlink = autopar.Mesh((2, 2), ("a", "b"), hardware="h100-sxm")  # one node: no pp
+    with pytest.raises(autopar.ShardingError, match="pp"):
+        autopar.plan(model, two_nvlink, inputs, strategy="Megatron 3D", time_limit=5)
+    pp = autopar.Mesh((2, 2), ("pp", "tp"), hardware="h100-sxm")
+    with pytest.raises(autopar.ShardingError, match="chooses its own pipeline"):
+        autopar.plan(model, pp, inputs, strategy="Megatron 3D", pipeline=False)
