@@ -390,15 +390,21 @@ def plan_by_hand(gm: fx.GraphModule, mesh: Mesh, name: str, **options) -> Plan:
     hand = _evaluated(tables, mesh, (name,), options)
     record = hand.records[0]
     if hand.fastest_fitting is None:
-        peak = record.peak_memory_bytes
-        raise InfeasiblePlanError(
-            f"the hand strategy {name!r} has no plan that fits on {mesh.describe()}",
-            min_bytes=peak, expected=f"a plan within {budget:.4g} bytes per device",
-            got=record.note or f"{peak:.4g} bytes per device",
-            fix="raise memory_budget, use more micro-batches, or let the solver choose "
-                "(no strategy)")
+        raise unfit(record, mesh, budget)
     return dataclasses.replace(hand.fastest_fitting, model=options["model_name"],
                                memory_limit_bytes=budget, hand_strategies=(record,))
+
+
+def unfit(record: HandStrategyRecord, mesh: Mesh, budget: float) -> InfeasiblePlanError:
+    """The error of a hand strategy asked for by name (`strategy`) whose `record` has no
+    plan within `budget` bytes per device on `mesh`."""
+    peak = record.peak_memory_bytes
+    return InfeasiblePlanError(
+        f"the hand strategy {record.name!r} has no plan that fits on {mesh.describe()}",
+        min_bytes=peak, expected=f"a plan within {budget:.4g} bytes per device",
+        got=record.note or f"{peak:.4g} bytes per device",
+        fix="raise memory_budget, use more micro-batches, or let the solver choose "
+            "(no strategy)")
 
 
 def plan_compared(gm: fx.GraphModule, mesh: Mesh, *,

@@ -17,7 +17,7 @@ from autopar.passes.layout.split_microbatches import batch_size
 from autopar.passes.problem.edge_cache import EdgeCaches
 from autopar.planning.deadline import Deadline, expired
 from autopar.planning.graph import SCREENING_TIME, STAGE, default_budget, refined, screened
-from autopar.planning.hand_strategies import MEGATRON_3D, plan_compared
+from autopar.planning.hand_strategies import MEGATRON_3D, plan_compared, unfit
 from autopar.planning.microbatches import MicroBatches
 from autopar.planning.pipeline.megatron_3d import megatron_3d
 from autopar.planning.pipeline.plan import MAX_MICROBATCHES, MEMORY_BINDS, plan_pipeline
@@ -129,13 +129,7 @@ def _megatron_3d_plan(model: nn.Module, gm: fx.GraphModule, example_inputs: tupl
                             expected="an axis named pp, or one across nodes, and another",
                             got=record.note or "none", fix="name the pipeline axis pp")
     if plan is None or plan.peak_memory_bytes > budget:
-        peak = record.peak_memory_bytes
-        raise InfeasiblePlanError(
-            f"the hand strategy {MEGATRON_3D!r} has no plan that fits on {mesh.describe()}",
-            min_bytes=peak, expected=f"a plan within {budget:.4g} bytes per device",
-            got=record.note or f"{peak:.4g} bytes per device",
-            fix="raise memory_budget, use more devices, or let the solver choose (no "
-                "strategy)")
+        raise unfit(record, mesh, budget)
     return dataclasses.replace(plan, model=options.get("model_name", plan.model),
                                hand_strategies=(record,))
 
