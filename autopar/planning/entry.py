@@ -57,8 +57,8 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     names carries those only. `strategy` names one to plan with instead of the solver's free
     choice (or "Megatron 3D", `autopar.planning.pipeline.megatron_3d`). `optimizer` is what
     the model is trained with: a torch optimizer class, `(class, options)` or state bytes
-    per parameter element (default AdamW; `autopar.costs.optimizer_state`), stepping a `master_weights` copy (e.g. torch.float32 for
-    a bfloat16 model) when given. `recompute` lets the solver recompute activations in the
+    per parameter element (default AdamW; `autopar.costs.optimizer_state`), stepping a
+    `master_weights` copy (e.g. torch.float32 for a bfloat16 model) when given. `recompute` lets the solver recompute activations in the
     backward instead of keeping them. `microbatches` runs a step as that many micro-batches one
     after the other (gradient accumulation: one micro-batch's activations at a time, against
     smaller matmuls and collectives repeated per micro-batch); "auto" tries more of them while
