@@ -46,24 +46,24 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     `example_inputs` may live on the meta device (and the model too), so plans for large models
     need no memory. The plan minimises the modelled training step time such that every device
     holds at most `memory_budget` bytes (default: the hardware's memory less its reserve,
-    `HardwareProfile.reserve_bytes`). `time_limit` bounds the whole call, spread over its
-    solves (`autopar.planning.deadline`; `plan.solver` says more). `constraints` pins named
-    tensors' placements (see `autopar.passes.strategies.constrain`; with a pipeline, placements
-    on the whole mesh replicated on the pipeline axis, each applied in the stage holding the
-    tensor); `fold_layers` makes identical blocks share one decision. With `hand_strategies`,
-    the plan also carries the standard hand-written strategies (data parallel, ZeRO-3,
-    Megatron, data x tensor, and with recomputation) costed the same way
-    (`autopar.planning.hand_strategies`), which costs one more solve each; a tuple of their
-    names carries those only. `strategy` names one to plan with instead of the solver's free
-    choice (or "Megatron 3D", `autopar.planning.pipeline.megatron_3d`). `optimizer` is what
-    the model is trained with: a torch optimizer class, `(class, options)` or state bytes
-    per parameter element (default AdamW; `autopar.costs.optimizer_state`), stepping a
-    `master_weights` copy (e.g. torch.float32 for a bfloat16 model) when given. `recompute` lets the solver recompute activations in the
-    backward instead of keeping them. `microbatches` runs a step as that many micro-batches one
-    after the other (gradient accumulation: one micro-batch's activations at a time, against
-    smaller matmuls and collectives repeated per micro-batch); "auto" tries more of them while
-    the plan of fewer holds most of the memory budget, and keeps the fastest plan (see
-    `layout.plan_unpipelined`). `pipeline` cuts the model into stages of consecutive blocks
+    `HardwareProfile.reserve_bytes`). `time_limit` bounds the whole call, spread over its solves
+    (`autopar.planning.deadline`; `plan.solver` says more). `constraints` pins named tensors'
+    placements (see `autopar.passes.strategies.constrain`; with a pipeline, placements on the
+    whole mesh replicated on the pipeline axis, each applied in the stage holding the tensor);
+    `fold_layers` makes identical blocks share one decision. With `hand_strategies`, the plan
+    also carries the standard hand-written strategies (data parallel, ZeRO-3, Megatron, data x
+    tensor, and with recomputation) costed the same way (`autopar.planning.hand_strategies`),
+    which costs one more solve each; a tuple of their names carries those only. `strategy` names
+    one to plan with instead of the solver's free choice (or "Megatron 3D",
+    `autopar.planning.pipeline.megatron_3d`). `optimizer` is what the model is trained with: a
+    torch optimizer class, `(class, options)` or state bytes per parameter element (default
+    AdamW; `autopar.costs.optimizer_state`), stepping a `master_weights` copy (e.g.
+    torch.float32 for a bfloat16 model) when given. `recompute` lets the solver recompute
+    activations in the backward instead of keeping them. `microbatches` runs a step as that many
+    micro-batches one after the other (gradient accumulation: one micro-batch's activations at a
+    time, against smaller matmuls and collectives repeated per micro-batch); "auto" tries more
+    of them while the plan of fewer holds most of the memory budget, and keeps the fastest plan
+    (see `layout.plan_unpipelined`). `pipeline` cuts the model into stages of consecutive blocks
     over one mesh axis (`autopar.Pipeline`: axis, stages, micro-batches, schedule;
     `autopar.planning.pipeline.plan`); "auto" (the default) also plans a pipeline over the axis
     named "pp" when the mesh has one and keeps it when it is faster, False never pipelines.
