@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from autopar.solver.edge_usage import around, expansion_cells, relaxation, with_usage_nodes
+from autopar.solver.fit_repair import repair_to_fit
 from autopar.solver.problem import ShardingProblem
 from autopar.solver.solution import Solution
 
@@ -35,6 +36,9 @@ LOWER_LIMITS = 4
 # expansion; a small problem's expansion, reduced in milliseconds, is still searched (and
 # its optimum found, as tests/passes/problem/test_edge_memory.py's brute force checks).
 REFINE_SHARE = 0.1
+# When none of those answers fits, this share of the lower limits' time repairs the
+# cheapest of them in the true problem (`fit_repair`) before they run.
+REPAIR_SHARE = 0.5
 # When none of the relaxation's answers fits, this share of the exact phase's looks for any
 # answer that fits, costs aside, for the exact solve to start from; where none is found
 # and the caller has nothing else to try (`fallback`), this share of the rest looks for
@@ -85,6 +89,9 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
         # moves blocked by the usage nodes' ties) would start from it and rarely do better.
         return dataclasses.replace(relaxed, wall_time=time.monotonic() - start)
     answers = [relaxed] + _linearized(problem, relaxed, shares[1], run)
+    if _best_fit(problem, answers) is None:
+        answers += _repaired(problem, answers, REPAIR_SHARE * shares[2])
+        shares[2] *= 1 - REPAIR_SHARE
     refining = _best_fit(problem, answers) is not None
     if not refining:
         answers += _lower_limits(problem, relaxed_problem, relaxed, shares[2], run)
@@ -108,6 +115,22 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
     status = "optimal" if best.cost <= bound + 1e-9 * abs(best.cost) else "feasible"
     return dataclasses.replace(best, bound=min(bound, best.cost), status=status,
                                wall_time=time.monotonic() - start)
+
+
+def _repaired(problem: ShardingProblem, answers: list[Solution],
+              seconds: float) -> list[Solution]:
+    """The cheapest of `answers` that overflow, repaired in `problem` until it fits
+    (`fit_repair.repair_to_fit`), as an answer; none when the repair gives up."""
+    overflowing = [a for a in answers if a.choices and math.isfinite(a.cost)]
+    if not overflowing:
+        return []
+    start = min(overflowing, key=lambda a: a.cost)
+    began = time.monotonic()
+    fitted = repair_to_fit(problem, start.choices, seconds=seconds)
+    if fitted is None:
+        return []
+    return [Solution(fitted, problem.cost(fitted), -math.inf, "feasible",
+                     time.monotonic() - began)]
 
 
 def _exact(problem: ShardingProblem, start: Solution | None, seconds: float,
