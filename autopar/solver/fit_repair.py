@@ -45,7 +45,9 @@ class _Repair:
         group_of = np.arange(n)
         for g, members in enumerate(problem.ties):
             group_of[list(members)] = n + g
-        self.groups = [np.flatnonzero(group_of == label) for label in np.unique(group_of)]
+        order = np.argsort(group_of, kind="stable")
+        starts = np.flatnonzero(np.diff(group_of[order], prepend=-1))
+        self.groups = np.split(order, starts[1:])
         self.group_of = np.empty(n, dtype=np.int64)
         for g, members in enumerate(self.groups):
             self.group_of[members] = g
