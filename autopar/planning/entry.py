@@ -20,7 +20,10 @@ from autopar.passes.capturing.annotate import annotate
 from autopar.passes.capturing.capture import capture
 from autopar.planning.deadline import Deadline
 from autopar.planning.graph import NO_RULE, STAGE
-from autopar.planning.hand_strategies import check_hand_strategy_names
+from autopar.planning.hand_strategies import (
+    check_hand_strategy_names,
+    check_megatron_3d_options,
+)
 from autopar.planning.layout import plan_layout
 from autopar.solver.budget import PLANNER_GAP
 from autopar.values.mesh import Mesh
@@ -77,6 +80,8 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     deadline = Deadline(check_time_limit(time_limit))
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
     check_hand_strategy_names(hand_strategies, mesh, strategy)
+    check_megatron_3d_options(strategy, microbatches=microbatches, pipeline=pipeline,
+                              constraints=constraints)
     say = progress or (lambda message: None)
     raised: list[str] = []
     with _warned_once(raised):

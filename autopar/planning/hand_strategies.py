@@ -201,6 +201,22 @@ def _check_strategy_name(strategy: str | None, mesh: Mesh) -> None:
                                 "solver choose")
 
 
+def check_megatron_3d_options(strategy: str | None, *, microbatches: object,
+                              pipeline: object, constraints: object) -> None:
+    """Raise `ShardingError` when `strategy` is Megatron 3D and `autopar.plan`'s options
+    choose what it chooses itself: the micro-batches, the pipeline, pinned placements."""
+    if strategy != MEGATRON_3D:
+        return
+    if microbatches != "auto" or pipeline != "auto" or constraints:
+        raise ShardingError(f"strategy {MEGATRON_3D!r} chooses its own micro-batches, "
+                            "pipeline and placements",
+                            expected='microbatches and pipeline left at "auto", no constraints',
+                            got=f"microbatches={microbatches!r}, pipeline={pipeline!r}, "
+                                f"constraints={dict(constraints or {})!r}",
+                            fix="drop those options, or leave strategy unset to let the solver "
+                                "plan with them")
+
+
 def check_hand_strategy_names(asked: bool | tuple[str, ...], mesh: Mesh,
                               strategy: str | None = None) -> None:
     """Raise `ShardingError` unless `asked` (the `hand_strategies` option of

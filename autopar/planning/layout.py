@@ -40,8 +40,7 @@ def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     options = {**options, "micro": MicroBatches(model, example_inputs, gm),
                "edge_caches": EdgeCaches()}
     if options.get("strategy") == MEGATRON_3D:
-        return _megatron_3d_plan(model, gm, example_inputs, mesh, budget, options,
-                                 pipeline=pipeline)
+        return _megatron_3d_plan(model, gm, example_inputs, mesh, budget, options)
     if request is None:
         plain = plan_unpipelined(model, gm, example_inputs, mesh, microbatches=microbatches,
                                  memory_budget=memory_budget, **options)
@@ -104,18 +103,11 @@ def _with_megatron_3d(chosen: Plan, model: nn.Module, gm: fx.GraphModule,
 
 
 def _megatron_3d_plan(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple,
-                      mesh: Mesh, budget: float, options: dict, *,
-                      pipeline: Pipeline | str | bool) -> Plan:
-    """The Megatron 3D hand strategy's plan, asked for by name (`strategy`), with its
-    record as its only hand strategy; `ShardingError` where it does not apply (no pipeline
-    wanted, or no axis to pipeline over), `InfeasiblePlanError` where no plan of it fits."""
-    if pipeline is False or isinstance(pipeline, Pipeline) or options.get("constraints"):
-        raise ShardingError(f"strategy {MEGATRON_3D!r} chooses its own pipeline and placements",
-                            expected="pipeline left at \"auto\" and no constraints",
-                            got=f"pipeline={pipeline!r}, constraints="
-                                f"{dict(options.get('constraints') or {})!r}",
-                            fix="drop those options, or leave strategy unset to let the "
-                                "solver plan with them")
+                      mesh: Mesh, budget: float, options: dict) -> Plan:
+    """The Megatron 3D hand strategy's plan, asked for by name (`strategy`; the options it
+    chooses itself are refused before capture, `check_megatron_3d_options`), with its record
+    as its only hand strategy; `ShardingError` where no axis can be pipelined over,
+    `InfeasiblePlanError` where no plan of it fits."""
     record, plan = megatron_3d(model, gm, example_inputs, mesh, memory_budget=budget,
                                edge_caches=options.get("edge_caches"),
                                time_limit=options.get("time_limit", 30.0),

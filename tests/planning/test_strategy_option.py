@@ -71,5 +71,7 @@ def test_megatron_3d_by_name_refuses_what_it_cannot_plan(model_and_inputs) -> No
     with pytest.raises(autopar.ShardingError, match="pp"):
         autopar.plan(model, two_nvlink, inputs, strategy="Megatron 3D", time_limit=5)
     pp = autopar.Mesh((2, 2), ("pp", "tp"), hardware="h100-sxm")
-    with pytest.raises(autopar.ShardingError, match="chooses its own pipeline"):
-        autopar.plan(model, pp, inputs, strategy="Megatron 3D", pipeline=False)
+    for chosen in ({"pipeline": False}, {"microbatches": 4},
+                   {"constraints": {"lm_head.weight": "R,R"}}):
+        with pytest.raises(autopar.ShardingError, match="chooses its own micro-batches"):
+            autopar.plan(model, pp, inputs, strategy="Megatron 3D", **chosen)
