@@ -20,10 +20,7 @@ from autopar.passes.capturing.annotate import annotate
 from autopar.passes.capturing.capture import capture
 from autopar.planning.deadline import Deadline
 from autopar.planning.graph import NO_RULE, STAGE
-from autopar.planning.hand_strategies import (
-    check_hand_strategy_names,
-    check_megatron_3d_options,
-)
+from autopar.planning.hand_strategies import check_hand_strategy_names
 from autopar.planning.layout import plan_layout
 from autopar.solver.budget import PLANNER_GAP
 from autopar.values.mesh import Mesh
@@ -57,31 +54,29 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     also carries the standard hand-written strategies (data parallel, ZeRO-3, Megatron, data x
     tensor, and with recomputation) costed the same way (`autopar.planning.hand_strategies`),
     which costs one more solve each; a tuple of their names carries those only. `strategy` names
-    one to plan with instead of the solver's free choice (or "Megatron 3D",
-    `autopar.planning.pipeline.megatron_3d`). `optimizer` is what the model is trained with: a
-    torch optimizer class, `(class, options)` or state bytes per parameter element (default
-    AdamW; `autopar.costs.optimizer_state`), stepping a `master_weights` copy (e.g.
-    torch.float32 for a bfloat16 model) when given. `recompute` lets the solver recompute
-    activations in the backward instead of keeping them. `microbatches` runs a step as that many
-    micro-batches one after the other (gradient accumulation: one micro-batch's activations at a
-    time, against smaller matmuls and collectives repeated per micro-batch); "auto" tries more
-    of them while the plan of fewer holds most of the memory budget, and keeps the fastest plan
-    (see `layout.plan_unpipelined`). `pipeline` cuts the model into stages of consecutive blocks
-    over one mesh axis (`autopar.Pipeline`: axis, stages, micro-batches, schedule;
-    `autopar.planning.pipeline.plan`); "auto" (the default) also plans a pipeline over the axis
-    named "pp" when the mesh has one and keeps it when it is faster, False never pipelines.
-    `progress` receives a message as each pass starts (prefixed `STAGE`) and the solver's
-    progress lines. Each distinct warning raised while planning is issued once, at the end, and
-    kept in the plan's `warnings` (which its summary prints). Raises `InfeasiblePlanError` with
-    the least memory any plan needs when nothing fits, `OptimizerError` for an optimizer whose
-    state the cost model can't size, and `MicrobatchError` for a count of micro-batches the
-    model's step can't be cut into.
+    one to plan with instead of the solver's free choice (Megatron 3D too). `optimizer` is what
+    the model is trained with: a torch optimizer class, `(class, options)` or state bytes per
+    parameter element (default AdamW; `autopar.costs.optimizer_state`), stepping a
+    `master_weights` copy (e.g. torch.float32 for a bfloat16 model) when given. `recompute` lets
+    the solver recompute activations in the backward instead of keeping them. `microbatches`
+    runs a step as that many micro-batches one after the other (gradient accumulation: one
+    micro-batch's activations at a time, against smaller matmuls and collectives repeated per
+    micro-batch); "auto" tries more of them while the plan of fewer holds most of the memory
+    budget, and keeps the fastest plan (see `layout.plan_unpipelined`). `pipeline` cuts the
+    model into stages of consecutive blocks over one mesh axis (`autopar.Pipeline`: axis,
+    stages, micro-batches, schedule; `autopar.planning.pipeline.plan`); "auto" (the default)
+    also plans a pipeline over the axis named "pp" when the mesh has one and keeps it when it is
+    faster, False never pipelines. `progress` receives a message as each pass starts (prefixed
+    `STAGE`) and the solver's progress lines. Each distinct warning raised while planning is
+    issued once, at the end, and kept in the plan's `warnings` (which its summary prints).
+    Raises `InfeasiblePlanError` with the least memory any plan needs when nothing fits,
+    `OptimizerError` for an optimizer whose state the cost model can't size, and
+    `MicrobatchError` for a count of micro-batches the model's step can't be cut into.
     """
     deadline = Deadline(check_time_limit(time_limit))
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
-    check_hand_strategy_names(hand_strategies, mesh, strategy)
-    check_megatron_3d_options(strategy, microbatches=microbatches, pipeline=pipeline,
-                              constraints=constraints)
+    check_hand_strategy_names(hand_strategies, mesh, strategy, microbatches=microbatches,
+                              pipeline=pipeline, constraints=constraints)
     say = progress or (lambda message: None)
     raised: list[str] = []
     with _warned_once(raised):

@@ -218,12 +218,16 @@ def check_megatron_3d_options(strategy: str | None, *, microbatches: object,
 
 
 def check_hand_strategy_names(asked: bool | tuple[str, ...], mesh: Mesh,
-                              strategy: str | None = None) -> None:
+                              strategy: str | None = None, **chosen: object) -> None:
     """Raise `ShardingError` unless `asked` (the `hand_strategies` option of
     `autopar.plan`) is a bool or a tuple of names of standard hand strategies of `mesh`
     or of Megatron 3D (`autopar.planning.pipeline.megatron_3d`), and unless `strategy`
-    (its `strategy` option) is None or names a standard hand strategy of `mesh`."""
+    (its `strategy` option) is None or names a standard hand strategy of `mesh`, or
+    Megatron 3D with none of the `chosen` options it chooses itself
+    (`check_megatron_3d_options`: microbatches, pipeline, constraints)."""
     _check_strategy_name(strategy, mesh)
+    if chosen:
+        check_megatron_3d_options(strategy, **chosen)
     if isinstance(asked, bool):
         return
     known = (*(s.name for s in standard_hand_strategies(mesh)), MEGATRON_3D)
