@@ -191,10 +191,11 @@ def test_a_slow_link_between_nodes_is_pipelined_across():
     0.4 GiB per GPU: one node can't hold the model and its AdamW state (0.47e9 x 8 B / 8 =
     0.47 GB per GPU, and the backward's gradients), so a plan without a pipeline must use
     the other node for storage or work, and every way to do it moves weights, gradients or
-    activations over Ethernet each step (the best found steps 96 ms). A pipeline over the nodes keeps each stage's weights, gradients and state
-    inside its node and sends only the boundary activations, 64 x 512 x 2048 x 2 B = 134 MB
-    each way, spread over its micro-batches (85 ms a step): the planner pipelines. (At 16
-    sequences both step near 23 ms, and which is planned is a matter of 1%.)"""
+    activations over Ethernet each step (the best found steps 96 ms). A pipeline over the
+    nodes keeps each stage's weights, gradients and state inside its node and sends only the
+    boundary activations, 64 x 512 x 2048 x 2 B = 134 MB each way, spread over its
+    micro-batches (85 ms a step): the planner pipelines. (At 16 sequences both step near
+    23 ms, and which is planned is a matter of 1%.)"""
     model, inputs = gpt.build(vocab=32000, seq=512, hidden=2048, heads=16, layers=8, batch=64,
                               device="meta", dtype=torch.bfloat16)
     mesh = autopar.Mesh((2, 8), ("pp", "tp"), hardware="h100-ethernet")
