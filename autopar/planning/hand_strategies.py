@@ -423,8 +423,9 @@ def unfit(record: HandStrategyRecord, mesh: Mesh, budget: float) -> InfeasiblePl
         f"the hand strategy {record.name!r} has no plan that fits on {mesh.describe()}",
         min_bytes=peak, expected=f"a plan within {budget:.4g} bytes per device",
         got=record.note or f"{peak:.4g} bytes per device",
-        fix="raise memory_budget, use more micro-batches, or let the solver choose "
-            "(no strategy)")
+        fix="raise memory_budget, use more devices" + (
+            "" if record.name == MEGATRON_3D else " or micro-batches")
+        + ", or let the solver choose (no strategy)")
 
 
 def plan_compared(gm: fx.GraphModule, mesh: Mesh, *,

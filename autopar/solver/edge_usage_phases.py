@@ -1,6 +1,7 @@
 """The solve of a problem with edge usages (`edge_usage.py`'s docstring), in phases: the
-relaxation, the usages around its answer, the relaxation under lower limits, any answer
-that fits, then the exact expansion (`solve_with_edge_usages`). Each phase's problems are
+relaxation, the usages around its answer, the cheapest answer repaired until it fits
+(`fit_repair`), the relaxation under lower limits, any answer that fits, then the exact
+expansion (`solve_with_edge_usages`). Each phase's problems are
 plain ones, solved by the `solve` it is given (`autopar.solver.solve`'s, which calls this
 module for a problem with edge usages)."""
 
@@ -65,9 +66,11 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
     of each phase solved by `solve` (the other arguments are its): with each edge usage
     at its least over its first end (`edge_usage.relaxation`: its answer is the
     problem's when it fits, and its bound holds); unless that answer fits, with them as
-    that answer pays them (`_linearized`); while none fits, the relaxation under lower
-    limits (`_lower_limits`); then exactly (`_exact`, when its expansion is small enough:
-    `REFINE_SHARE` of that after a linearized answer that fits), started from the
+    that answer pays them (`_linearized`); while none fits, the cheapest of them repaired in
+    the problem itself (`_repaired`, `REPAIR_SHARE` of the next phase's time), then the
+    relaxation under lower limits (`_lower_limits`); then exactly (`_exact`, when its
+    expansion is small enough: `REFINE_SHARE` of that after an answer that fits, linearized
+    or repaired), started from the
     cheapest answer that fits (or, when none does and `any_fit`, any that fits, costs
     aside: `FIT_SHARE`, `cost_free`; then, with `fallback`, by the memory it holds,
     `_memory_weighted`). Each phase gets its share of
