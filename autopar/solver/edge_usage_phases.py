@@ -63,21 +63,19 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
                            initial: tuple[int, ...] | None = None,
                            reference: tuple[int, ...] | None = None) -> Solution:
     """`solve` of a problem with edge usages (`edge_usage.py`'s docstring), the problems
-    of each phase solved by `solve` (the other arguments are its): with each edge usage
-    at its least over its first end (`edge_usage.relaxation`: its answer is the
-    problem's when it fits, and its bound holds); unless that answer fits, with them as
-    that answer pays them (`_linearized`); while none fits, the cheapest of them repaired in
-    the problem itself (`_repaired`, `REPAIR_SHARE` of the next phase's time), then the
-    relaxation under lower limits (`_lower_limits`); then exactly (`_exact`, when its
-    expansion is small enough: `REFINE_SHARE` of that after an answer that fits, linearized
-    or repaired), started from the
-    cheapest answer that fits (or, when none does and `any_fit`, any that fits, costs
-    aside: `FIT_SHARE`, `cost_free`; then, with `fallback`, by the memory it holds,
-    `_memory_weighted`). Each phase gets its share of
-    the limit (`EDGE_USAGE_SHARES`); only the relaxation's and the exact phase's bounds
-    hold. An `initial` assignment that fits is an answer like the others; a `reference`
-    that fits is the relaxation's to end on (`solve`'s `reference`): when it does, it is
-    the answer."""
+    of each phase solved by `solve` (the other arguments are its): with each edge usage at
+    its least over its first end (`edge_usage.relaxation`: its answer is the problem's when
+    it fits, and its bound holds); unless that answer fits, with them as that answer pays
+    them (`_linearized`); while none fits, the cheapest of them repaired in the problem
+    itself (`_repaired`, `REPAIR_SHARE` of the next phase's time), then the relaxation under
+    lower limits (`_lower_limits`); then exactly (`_exact`, when its expansion is small
+    enough: `REFINE_SHARE` of that after an answer that fits, linearized or repaired),
+    started from the cheapest answer that fits (or, when none does and `any_fit`, any that
+    fits, costs aside: `FIT_SHARE`, `cost_free`; then, with `fallback`, by the memory it
+    holds, `_memory_weighted`). Each phase gets its share of the limit
+    (`EDGE_USAGE_SHARES`); only the relaxation's and the exact phase's bounds hold. An
+    `initial` assignment that fits is an answer like the others; a `reference` that fits
+    is the relaxation's to end on (`solve`'s `reference`): when it does, it is the answer."""
     start, shares = time.monotonic(), [share * time_limit for share in EDGE_USAGE_SHARES]
     options = dict(seed=seed, workers=workers, progress=progress, repeatable=repeatable)
     run = functools.partial(solve, **options)
