@@ -20,8 +20,8 @@ from autopar.passes.capturing.annotate import annotate
 from autopar.passes.capturing.capture import capture
 from autopar.planning.deadline import Deadline
 from autopar.planning.graph import NO_RULE, STAGE
-from autopar.planning.hand_strategies import check_hand_strategy_names
 from autopar.planning.layout import plan_layout
+from autopar.planning.strategy_names import check_hand_strategy_names
 from autopar.solver.budget import PLANNER_GAP
 from autopar.values.mesh import Mesh
 from autopar.values.pipeline import Pipeline

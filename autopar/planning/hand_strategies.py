@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from autopar.costs.optimizer_state import ADAMW, OptimizerState, optimizer_state
-from autopar.errors import InfeasiblePlanError, ShardingError
+from autopar.errors import InfeasiblePlanError
 from autopar.passes.strategies.find_strategies import StrategyTable, find_strategies
 from autopar.passes.strategies.restrict import RECOMPUTE, ROLES, Restriction, restrict
 from autopar.planning.deadline import Deadline
@@ -182,59 +182,6 @@ def standard_hand_strategies(mesh: Mesh) -> tuple[HandStrategy, ...]:
             name, "sequence split over one axis with ring attention, Megatron over the last",
             None, note=two_axes))
     return tuple(strategies)
-
-
-def _check_strategy_name(strategy: str | None, mesh: Mesh) -> None:
-    """Raise `ShardingError` unless `strategy` (the `strategy` option of `autopar.plan`) is
-    None or the name of a standard hand strategy that applies to `mesh`, or of Megatron 3D
-    on a mesh of two axes or more."""
-    if strategy is None:
-        return
-    applicable = [s.name for s in standard_hand_strategies(mesh) if s.roles is not None]
-    if mesh.ndim >= 2:  # where it has no pipeline axis, `megatron_3d` says why
-        applicable.append(MEGATRON_3D)
-    if strategy not in applicable:
-        raise ShardingError(f"no standard hand strategy {strategy!r} on {mesh.describe()}",
-                            expected=f"one of {', '.join(map(repr, applicable))}",
-                            got=repr(strategy),
-                            fix="pick one of those, or leave strategy unset to let the "
-                                "solver choose")
-
-
-def check_megatron_3d_options(strategy: str | None, *, microbatches: object,
-                              pipeline: object, constraints: object) -> None:
-    """Raise `ShardingError` when `strategy` is Megatron 3D and `autopar.plan`'s options
-    choose what it chooses itself: the micro-batches, the pipeline, pinned placements."""
-    if strategy != MEGATRON_3D:
-        return
-    if microbatches != "auto" or pipeline != "auto" or constraints:
-        raise ShardingError(f"strategy {MEGATRON_3D!r} chooses its own micro-batches, "
-                            "pipeline and placements",
-                            expected='microbatches and pipeline left at "auto", no constraints',
-                            got=f"microbatches={microbatches!r}, pipeline={pipeline!r}, "
-                                f"constraints={dict(constraints or {})!r}",
-                            fix="drop those options, or leave strategy unset to let the solver "
-                                "plan with them")
-
-
-def check_hand_strategy_names(asked: bool | tuple[str, ...], mesh: Mesh,
-                              strategy: str | None = None, **chosen: object) -> None:
-    """Raise `ShardingError` unless `asked` (the `hand_strategies` option of
-    `autopar.plan`) is a bool or a tuple of names of standard hand strategies of `mesh`
-    or of Megatron 3D (`autopar.planning.pipeline.megatron_3d`), and unless `strategy`
-    (its `strategy` option) is None or names a standard hand strategy of `mesh`, or
-    Megatron 3D with none of the `chosen` options it chooses itself
-    (`check_megatron_3d_options`: microbatches, pipeline, constraints)."""
-    _check_strategy_name(strategy, mesh)
-    if chosen:
-        check_megatron_3d_options(strategy, **chosen)
-    if isinstance(asked, bool):
-        return
-    known = (*(s.name for s in standard_hand_strategies(mesh)), MEGATRON_3D)
-    if not isinstance(asked, tuple) or not all(name in known for name in asked):
-        raise ShardingError("unknown hand strategies asked for",
-                            expected=f"True, False or a tuple of names among {known}",
-                            got=repr(asked), fix=f"e.g. hand_strategies=({known[0]!r},)")
 
 
 def asked_hand_strategies(asked: bool | tuple[str, ...], mesh: Mesh

@@ -25,7 +25,7 @@ from autopar.planning.pipeline.request import pipeline_request
 from autopar.values.mesh import Mesh
 from autopar.values.microbatch import BatchSplit
 from autopar.values.pipeline import Pipeline
-from autopar.values.plan import Plan
+from autopar.values.plan import HandStrategyRecord, Plan
 
 
 def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
@@ -77,6 +77,19 @@ def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                              model, gm, example_inputs, mesh, budget, options, adopt=True)
 
 
+def _megatron_3d_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh,
+                    budget: float, options: dict) -> tuple[HandStrategyRecord, Plan | None]:
+    """`megatron_3d`'s record and plan with the planning call's `options`."""
+    return megatron_3d(model, gm, example_inputs, mesh, memory_budget=budget,
+                       edge_caches=options.get("edge_caches"),
+                       time_limit=options.get("time_limit", 30.0),
+                       fold_layers=options.get("fold_layers", True),
+                       seed=options.get("seed", 0),
+                       optimizer=optimizer_state(options.get("optimizer")),
+                       micro=options["micro"], progress=options.get("progress"),
+                       deadline=options.get("deadline"))
+
+
 def _with_megatron_3d(chosen: Plan, model: nn.Module, gm: fx.GraphModule,
                       example_inputs: tuple, mesh: Mesh, budget: float, options: dict, *,
                       adopt: bool) -> Plan:
@@ -86,14 +99,7 @@ def _with_megatron_3d(chosen: Plan, model: nn.Module, gm: fx.GraphModule,
     asked = options.get("hand_strategies")
     if not (asked is True or (isinstance(asked, tuple) and MEGATRON_3D in asked)) or mesh.ndim < 2:
         return chosen
-    state = optimizer_state(options.get("optimizer"))
-    record, plan = megatron_3d(model, gm, example_inputs, mesh, memory_budget=budget,
-                               edge_caches=options.get("edge_caches"),
-                               time_limit=options.get("time_limit", 30.0),
-                               fold_layers=options.get("fold_layers", True),
-                               seed=options.get("seed", 0), optimizer=state,
-                               micro=options["micro"], progress=options.get("progress"),
-                               deadline=options.get("deadline"))
+    record, plan = _megatron_3d_of(model, gm, example_inputs, mesh, budget, options)
     records = list(chosen.hand_strategies)
     records.insert(max(0, len(records) - 1), record)  # before the single-device reference
     if adopt and plan is not None and not options.get("constraints") \
@@ -108,14 +114,7 @@ def _megatron_3d_plan(model: nn.Module, gm: fx.GraphModule, example_inputs: tupl
     chooses itself are refused before capture, `check_megatron_3d_options`), with its record
     as its only hand strategy; `ShardingError` where no axis can be pipelined over,
     `InfeasiblePlanError` where no plan of it fits."""
-    record, plan = megatron_3d(model, gm, example_inputs, mesh, memory_budget=budget,
-                               edge_caches=options.get("edge_caches"),
-                               time_limit=options.get("time_limit", 30.0),
-                               fold_layers=options.get("fold_layers", True),
-                               seed=options.get("seed", 0),
-                               optimizer=optimizer_state(options.get("optimizer")),
-                               micro=options["micro"], progress=options.get("progress"),
-                               deadline=options.get("deadline"))
+    record, plan = _megatron_3d_of(model, gm, example_inputs, mesh, budget, options)
     if record.step_time_s is None:
         raise ShardingError(f"no {MEGATRON_3D} plan on {mesh.describe()}",
                             expected="an axis named pp, or one across nodes, and another",

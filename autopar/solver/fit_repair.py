@@ -62,22 +62,14 @@ class _Repair:
                 self.usages_of[end].append(u)
         self.steps = max([hi for _, hi in problem.intervals]
                          + [u.interval[1] for u in problem.edge_usages] + [1])
-        self.profile = self._profile()
+        # `usage_profile` starts at the earliest step anything is live; steps count from 0.
+        self.profile = np.zeros(self.steps)
+        live = problem.usage_profile(self.x)
+        first = min([lo for lo, hi in problem.intervals if lo < hi]
+                    + [lo for lo, hi in (u.interval for u in problem.edge_usages) if lo < hi],
+                    default=0)
+        self.profile[first:first + live.size] = live
         self._costs: dict[int, np.ndarray] = {}  # group -> added cost per strategy
-
-    def _profile(self) -> np.ndarray:
-        diff = np.zeros(self.steps + 1)
-        for (lo, hi), u, k in zip(self.p.intervals, self.p.node_usages, self.x):
-            if lo < hi:
-                diff[lo] += u[k]
-                diff[hi] -= u[k]
-        for usage in self.p.edge_usages:
-            lo, hi = usage.interval
-            if lo < hi:
-                value = usage.usages[self.x[usage.nodes[0]], self.x[usage.nodes[1]]]
-                diff[lo] += value
-                diff[hi] -= value
-        return np.cumsum(diff)[:-1]
 
     def _pair(self, matrix: np.ndarray, a: int, b: int, g: int) -> np.ndarray:
         """`matrix[x_a, x_b]` per strategy of group `g` (which holds a, b or both)."""
@@ -114,13 +106,6 @@ class _Repair:
                 total = total + self._pair(usage.usages, *usage.nodes, g)
         return total - total[self.x[members[0]]]
 
-    def holds(self, g: int, t: int) -> bool:
-        """Whether group `g` has any usage live at step `t`."""
-        return any(self.p.intervals[i][0] <= t < self.p.intervals[i][1]
-                   for i in self.groups[g]) or any(
-            self.p.edge_usages[u].interval[0] <= t < self.p.edge_usages[u].interval[1]
-            for u in self.usages_of[g])
-
     def delta(self, g: int, k: int) -> np.ndarray:
         """The change of the usage profile were group `g` at strategy `k`."""
         diff = np.zeros(self.steps + 1)
@@ -134,12 +119,10 @@ class _Repair:
             usage = self.p.edge_usages[u]
             lo, hi = usage.interval
             if lo < hi:
-                a, b = usage.nodes
-                now = usage.usages[self.x[a], self.x[b]]
-                then = usage.usages[k if self.group_of[a] == g else self.x[a],
-                                    k if self.group_of[b] == g else self.x[b]]
-                diff[lo] += then - now
-                diff[hi] -= then - now
+                pair = self._pair(usage.usages, *usage.nodes, g)
+                change = pair[k] - pair[self.x[self.groups[g][0]]]
+                diff[lo] += change
+                diff[hi] -= change
         return np.cumsum(diff)[:-1]
 
     def move(self, g: int, k: int, delta: np.ndarray) -> None:
@@ -190,9 +173,7 @@ def _repair(state: _Repair, limit: float, deadline: float) -> bool:
         if excess[t] <= tolerance:
             return True
         candidates = []
-        for g in movable:
-            if not state.holds(g, t):
-                continue
+        for g in movable:  # a group with nothing live at t frees nothing there
             freed = -state.added_usage(g, t)
             cost = state.added_cost(g)
             ratio = np.where((freed > 0) & np.isfinite(cost),
