@@ -27,6 +27,10 @@ from autopar.values.microbatch import BatchSplit
 from autopar.values.pipeline import Pipeline
 from autopar.values.plan import HandStrategyRecord, Plan
 
+# More micro-batches are screened past the deadline where the memory limit adds more than
+# this share to the whole step's objective: the planner's own tolerance against a plan
+# made with ten times the time (a plan that memory costs less can't gain more than that).
+MEMORY_COSTS = 0.02
 
 def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
                 microbatches: int | str, pipeline: Pipeline | str | bool,
@@ -218,7 +222,8 @@ class _Plain:
 def _screened_best(plain: _Plain, *, least_memory: bool, needed: bool) -> Plan:
     """The best plan of the "auto" search (`plan_unpipelined`'s docstring): the whole step
     planned in full, then twice as many micro-batches screened while memory binds (and,
-    unless the plan is `needed`, the deadline lasts); raises the whole step's
+    unless the plan is `needed` or memory costs it much, `_memory_costs`, the deadline
+    lasts); raises the whole step's
     `InfeasiblePlanError` when no count fits (searching for the least memory a plan needs
     only then: another count usually fits)."""
     best: Plan | None = None
@@ -230,8 +235,9 @@ def _screened_best(plain: _Plain, *, least_memory: bool, needed: bool) -> Plan:
     count, batch = 2, batch_size(plain.gm) or 1
     deadline = plain.options.get("deadline")
     while count <= min(batch, MAX_MICROBATCHES) and batch % count == 0 and (
-            best is None and needed or _memory_binds(best, plain.budget)
-            and _room_after_screening(deadline, plain.options.get("time_limit", 30.0))):
+            best is None and needed or _memory_binds(best, plain.budget) and (
+                _room_after_screening(deadline, plain.options.get("time_limit", 30.0))
+                or _memory_costs(best))):
         try:
             split = plain.micro.split(count)
         except MicrobatchError:
@@ -258,6 +264,17 @@ def _room_after_screening(deadline: Deadline | None, time_limit: float) -> bool:
     asks for half (`Deadline.solve_seconds`), so after a first round that did not prove
     its plan optimal no count was ever screened."""
     return deadline is None or deadline.left() > SCREENING_TIME * time_limit
+
+
+def _memory_costs(best: Plan | None) -> bool:
+    """Whether the memory limit costs the whole step's plan more than `MEMORY_COSTS` of its
+    objective (`SolverReport.memory_free`): what more micro-batches may win back, so that
+    they are screened even once the deadline has passed. A plan forced far from its step
+    by memory is one the planning call must not stop at (the 70B shape at 64 x 4096 on
+    8x8 fits its whole step at 9.9 s a step, and 5.2 s at more micro-batches)."""
+    if best is None or best.solver.memory_free is None:
+        return False
+    return best.solver.objective > (1 + MEMORY_COSTS) * best.solver.memory_free
 
 
 def _memory_binds(best: Plan | None, budget: float) -> bool:

@@ -29,6 +29,7 @@ from autopar.values.plan import (
     HandStrategyRecord,
     NodePlan,
     Plan,
+    SolverReport,
     scaling_efficiency,
 )
 
@@ -149,10 +150,18 @@ def _totals_table(plan: Plan) -> Table:
         ("solver", f"{solver.status}, gap {solver.gap:.2%}, {solver.wall_time_s:.2f} s, "
                    f"{solver.decisions} decisions ({solver.tied} tied)"),
         *((("planning time", planning_time(solver)),) if solver.time_limit_s else ()),
+        *((("without the memory limit", _memory_free(solver)),)
+          if solver.memory_free is not None else ()),
     ]
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def _memory_free(solver: SolverReport) -> str:
+    """The solver's objective without the memory limit, and what the limit adds to it."""
+    added = solver.objective / solver.memory_free - 1 if solver.memory_free > 0 else 0.0
+    return f"objective {solver.memory_free:.4g} (the limit adds {added:.1%})"
 
 
 def _budget(plan: Plan) -> str:

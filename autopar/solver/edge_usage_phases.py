@@ -1,6 +1,7 @@
 """The solve of a problem with edge usages (`edge_usage.py`'s docstring), in phases: the
-relaxation, the usages around its answer, the cheapest answer repaired until it fits
-(`fit_repair`), the relaxation under lower limits, any answer that fits, then the exact
+problem without its limit, the relaxation, the usages around its answer, the memory priced
+instead of limited (`memory_prices`), the cheaper answers that overflow repaired until they
+fit (`fit_repair`), the relaxation under lower limits, any answer that fits, then the exact
 expansion (`solve_with_edge_usages`). Each phase's problems are
 plain ones, solved by the `solve` it is given (`autopar.solver.solve`'s, which calls this
 module for a problem with edge usages)."""
@@ -17,6 +18,7 @@ import numpy as np
 
 from autopar.solver.edge_usage import around, expansion_cells, relaxation, with_usage_nodes
 from autopar.solver.fit_repair import repair_to_fit
+from autopar.solver.memory_prices import memory_free, priced_answers
 from autopar.solver.problem import ShardingProblem
 from autopar.solver.solution import Solution
 
@@ -37,8 +39,21 @@ LOWER_LIMITS = 4
 # expansion; a small problem's expansion, reduced in milliseconds, is still searched (and
 # its optimum found, as tests/passes/problem/test_edge_memory.py's brute force checks).
 REFINE_SHARE = 0.1
-# When none of those answers fits, this share of the lower limits' time repairs the
-# cheapest of them in the true problem (`fit_repair`) before they run.
+# The problem without its limit is solved first, with this share of the relaxation's time
+# (it reduces like an unconstrained problem: a tenth of a second on the Llama shapes'):
+# where its answer fits and is optimal it is the answer, and its cost is what the limit adds
+# to (`Solution.memory_free`).
+FREE_SHARE = 0.5
+# This share of the lower limits' time searches the problem with its memory priced
+# instead of limited (`memory_prices`), unless an answer so far fits within PRICED_GAP of
+# the best bound known (the relaxation's, the memory-free answer's): it has little left to
+# find then. On the 405B shape's pipeline stages (370 nodes, 1,828 edge usages) it found
+# answers that fit at 45 to 76 s a step where the phases before found 64 to 116 s, and
+# answers where they found none.
+PRICED_SHARE = 0.5
+PRICED_GAP = 0.01
+# The answers that overflow and are cheaper than the best that fits are repaired in the true
+# problem (`fit_repair`) within this share of what is left, before the lower limits run.
 REPAIR_SHARE = 0.5
 # When none of the relaxation's answers fits, this share of the exact phase's looks for any
 # answer that fits, costs aside, for the exact solve to start from; where none is found
@@ -62,76 +77,130 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
                            any_fit: bool = True, fallback: bool = False,
                            initial: tuple[int, ...] | None = None,
                            reference: tuple[int, ...] | None = None) -> Solution:
-    """`solve` of a problem with edge usages (`edge_usage.py`'s docstring), the problems
-    of each phase solved by `solve` (the other arguments are its): with each edge usage at
-    its least over its first end (`edge_usage.relaxation`: its answer is the problem's when
-    it fits, and its bound holds); unless that answer fits, with them as that answer pays
-    them (`_linearized`); while none fits, the cheapest of them repaired in the problem
-    itself (`_repaired`, `REPAIR_SHARE` of the next phase's time), then the relaxation under
-    lower limits (`_lower_limits`); then exactly (`_exact`, when its expansion is small
-    enough: `REFINE_SHARE` of that after an answer that fits, linearized or repaired),
-    started from the cheapest answer that fits (or, when none does and `any_fit`, any that
-    fits, costs aside: `FIT_SHARE`, `cost_free`; then, with `fallback`, by the memory it
-    holds, `_memory_weighted`). Each phase gets its share of the limit
-    (`EDGE_USAGE_SHARES`); only the relaxation's and the exact phase's bounds hold. An
-    `initial` assignment that fits is an answer like the others; a `reference` that fits
-    is the relaxation's to end on (`solve`'s `reference`): when it does, it is the answer."""
+    """`solve` of a problem with edge usages (`edge_usage.py`'s docstring), each phase's
+    problems solved by `solve` (the other arguments are its): without its limit
+    (`memory_free`, `FREE_SHARE` of the relaxation's time: the answer where it fits and is
+    optimal; its cost is the solution's `memory_free`); with each edge usage at its least
+    over its first end (`edge_usage.relaxation`: its answer is the problem's when it fits);
+    unless that answer fits, with them as that answer pays them (`_linearized`), with its
+    memory priced and the cheaper answers that overflow repaired (`_priced_and_repaired`);
+    while none fits, the relaxation under lower limits (`_lower_limits`); then exactly
+    (`_exact`, when its expansion is small enough: `REFINE_SHARE` of that after an answer
+    that fits), started from the cheapest answer that fits (or, when none does and
+    `any_fit`, any that fits, costs aside: `_any_fit`). Each phase gets its share of the
+    limit (`EDGE_USAGE_SHARES`); only the bounds of the memory-free, relaxed and exact
+    solves hold. An `initial` assignment that fits is an answer like the others; a
+    `reference` that fits is the relaxation's to end on (`solve`'s `reference`)."""
     start, shares = time.monotonic(), [share * time_limit for share in EDGE_USAGE_SHARES]
     options = dict(seed=seed, workers=workers, progress=progress, repeatable=repeatable)
     run = functools.partial(solve, **options)
     given = _given(problem, initial)
+    free = memory_free(problem, FREE_SHARE * shares[0], run) \
+        if problem.usage_limit is not None else Solution((), math.inf, -math.inf, "unknown", 0.0)
+    if free.status == "optimal" and _best_fit(problem, [free]) is not None:
+        return _done(free, free.bound, free, start)
     relaxed_problem = with_usage_nodes(relaxation(problem))
     referred = _given(problem, reference)
     relaxed = _truncated(run(relaxed_problem, time_limit=shares[0],
                              reference=_completed(relaxed_problem, referred)), problem)
-    if relaxed.status == "infeasible" or _best_fit(problem, [relaxed]) is not None:
+    if relaxed.status == "infeasible":
+        return _done(relaxed, relaxed.bound, free, start)
+    if _best_fit(problem, [relaxed]) is not None:
         # An answer of the relaxation that fits is one of the problem's at the same cost,
         # and the relaxation's optimum bounds the problem's: the exact search (larger, its
         # moves blocked by the usage nodes' ties) would start from it and rarely do better.
-        return dataclasses.replace(relaxed, wall_time=time.monotonic() - start)
-    answers = [relaxed] + _linearized(problem, relaxed, shares[1], run)
-    if _best_fit(problem, answers) is None:
-        answers += _repaired(problem, answers, REPAIR_SHARE * shares[2])
-        shares[2] *= 1 - REPAIR_SHARE
+        return _done(_best_fit(problem, [relaxed, free]), max(relaxed.bound, free.bound),
+                     free, start)
+    answers = [relaxed, *([free] if free.choices else [])]
+    answers += _linearized(problem, relaxed, shares[1], run)
+    answers += _priced_and_repaired(problem, answers, relaxed, free, shares[2], run)
+    shares[2] *= (1 - PRICED_SHARE) * (1 - REPAIR_SHARE)
     refining = _best_fit(problem, answers) is not None
     if not refining:
         answers += _lower_limits(problem, relaxed_problem, relaxed, shares[2], run)
     answers += [given] if given else []
-    searches = (cost_free(problem, problem.usage_limit),) + (
-        (_memory_weighted(problem),) if fallback else ())
-    for unpriced in searches if any_fit else ():
-        if _best_fit(problem, answers) is not None:
-            break
-        found = solve_with_edge_usages(unpriced, solve, time_limit=shares[3] * FIT_SHARE,
-                                       any_fit=False, **options)
-        answers.append(_truncated(found, problem))
-        shares[3] *= 1 - FIT_SHARE
+    if any_fit:
+        found, shares[3] = _any_fit(problem, answers, solve, shares[3], fallback, options)
+        answers += found
     exact = _exact(problem, _best_fit(problem, answers), shares[3], run,
                    EXPANSION_SHARE * (REFINE_SHARE if refining else 1.0))
     best = _best_fit(problem, [*answers, exact])
-    bound = max(relaxed.bound, exact.bound)
+    bound = max(relaxed.bound, exact.bound, free.bound)
     if best is None:
         return Solution((), math.inf, bound, exact.status if exact.status == "infeasible"
-                        else "unknown", time.monotonic() - start)
-    status = "optimal" if best.cost <= bound + 1e-9 * abs(best.cost) else "feasible"
-    return dataclasses.replace(best, bound=min(bound, best.cost), status=status,
+                        else "unknown", time.monotonic() - start, _cost(free))
+    return _done(best, bound, free, start)
+
+
+def _any_fit(problem: ShardingProblem, answers: list[Solution], solve: Callable[..., Solution],
+             seconds: float, fallback: bool, options: dict) -> tuple[list[Solution], float]:
+    """While none of `answers` fits, an answer that fits costs aside (`cost_free`, then with
+    `fallback` `_memory_weighted`), each search `FIT_SHARE` of what is left of `seconds`:
+    the answers found, and the seconds left."""
+    found: list[Solution] = []
+    searches = (cost_free(problem, problem.usage_limit),) + (
+        (_memory_weighted(problem),) if fallback else ())
+    for unpriced in searches:
+        if _best_fit(problem, answers + found) is not None:
+            break
+        result = solve_with_edge_usages(unpriced, solve, time_limit=seconds * FIT_SHARE,
+                                        any_fit=False, **options)
+        found.append(_truncated(result, problem))
+        seconds *= 1 - FIT_SHARE
+    return found, seconds
+
+
+def _done(best: Solution, bound: float, free: Solution, start: float) -> Solution:
+    """`best` as the solve's answer: under `bound` (capped at its cost; "optimal" when it
+    meets it), with the memory-free answer's cost, timed from `start`."""
+    bound = min(bound, best.cost) if best.choices else bound
+    status = best.status if not best.choices else (
+        "optimal" if best.cost <= bound + 1e-9 * abs(best.cost) else "feasible")
+    return dataclasses.replace(best, bound=bound, status=status, memory_free=_cost(free),
                                wall_time=time.monotonic() - start)
+
+
+def _cost(answer: Solution) -> float | None:
+    return answer.cost if answer.choices else None
+
+
+def _priced_and_repaired(problem: ShardingProblem, answers: list[Solution],
+                         relaxed: Solution, free: Solution, seconds: float,
+                         run: Callable[..., Solution]) -> list[Solution]:
+    """The answers of `problem` with its memory priced (`PRICED_SHARE` of `seconds`, unless
+    one of `answers` fits within `PRICED_GAP` of the bounds of `relaxed` and `free`), then
+    the overflowing ones cheaper than any that fits repaired (`REPAIR_SHARE` of the rest)."""
+    fitting = _best_fit(problem, answers)
+    found = []
+    if fitting is None or fitting.cost > (1 + PRICED_GAP) * max(relaxed.bound, free.bound):
+        found = priced_answers(problem, relaxed if relaxed.choices else free,
+                               PRICED_SHARE * seconds, run)
+    return found + _repaired(problem, answers + found,
+                             REPAIR_SHARE * (1 - PRICED_SHARE) * seconds)
 
 
 def _repaired(problem: ShardingProblem, answers: list[Solution],
               seconds: float) -> list[Solution]:
-    """The cheapest of `answers` that overflow, repaired in `problem` until it fits
-    (`fit_repair.repair_to_fit`), as an answer; none when the repair gives up."""
-    overflowing = [a for a in answers if a.choices and math.isfinite(a.cost)]
-    if not overflowing:
-        return []
-    start = min(overflowing, key=lambda a: a.cost)
+    """The `answers` that overflow and are cheaper than the cheapest that fits, cheapest
+    first, each repaired in `problem` until it fits (`fit_repair.repair_to_fit`) within
+    what is left of `seconds`: the fitting ones, as answers."""
     began = time.monotonic()
-    fitted = repair_to_fit(problem, start.choices, seconds=seconds)
-    if fitted is None:
-        return []
-    return [Solution(fitted, problem.cost(fitted), -math.inf, "feasible",
-                     time.monotonic() - began)]
+    fitting = _best_fit(problem, answers)
+    best = fitting.cost if fitting is not None else math.inf
+    repaired = []
+    for answer in sorted(answers, key=lambda a: a.cost):
+        left = seconds - (time.monotonic() - began)
+        if answer.cost >= best or left <= 0:
+            break
+        if not answer.choices or problem.is_feasible(answer.choices):
+            continue
+        at = time.monotonic()
+        fitted = repair_to_fit(problem, answer.choices, seconds=left)
+        if fitted is not None:
+            repaired.append(Solution(fitted, problem.cost(fitted), -math.inf, "feasible",
+                                     time.monotonic() - at))
+            best = min(best, repaired[-1].cost)
+    return repaired
 
 
 def _exact(problem: ShardingProblem, start: Solution | None, seconds: float,

@@ -12,7 +12,10 @@ class Solution:
 
     `status` is "optimal" (cost == bound), "feasible" (an assignment that fits, maybe not
     optimal), "infeasible" (proven: no assignment fits) or "unknown" (none found in time).
-    `choices` is empty and `cost` infinite unless an assignment was found.
+    `choices` is empty and `cost` infinite unless an assignment was found. `memory_free`:
+    the cost of the best answer found for the problem without its usage limit (at least
+    that problem's optimum; None where none was searched for): the limit adds at most
+    `cost - memory_free`.
     """
 
     choices: tuple[int, ...]
@@ -20,6 +23,7 @@ class Solution:
     bound: float
     status: str
     wall_time: float
+    memory_free: float | None = None
 
     @property
     def gap(self) -> float:

@@ -91,7 +91,9 @@ class SolverReport:
     gradient reductions and parameter gathers its compute does not hide, the charges of a
     further overlap round (`autopar.planning.graph.plan_table`). `planning_s`: the whole
     planning call's wall seconds, against its `time_limit_s` (0: not recorded);
-    `cut_short`: the limit ran out with this solve's gap open."""
+    `cut_short`: the limit ran out with this solve's gap open; `memory_free`: the
+    objective of the same problem's best answer without its memory limit (at least its
+    optimum: the limit adds at most `objective - memory_free`; None where not searched)."""
 
     objective: float
     bound: float
@@ -105,6 +107,7 @@ class SolverReport:
     planning_s: float = 0.0
     time_limit_s: float = 0.0
     cut_short: bool = False
+    memory_free: float | None = None
 
 
 @dataclass(frozen=True)

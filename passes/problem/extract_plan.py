@@ -183,7 +183,8 @@ def extract_plan(gm: fx.GraphModule, build: ProblemBuild, solution: Solution, *,
                           decisions=problem.num_nodes,
                           tied=sum(len(group) - 1 for group in problem.ties),
                           exposed_reductions=1 - hidden.reductions,
-                          exposed_gathers=1 - hidden.gathers)
+                          exposed_gathers=1 - hidden.gathers,
+                          memory_free=solution.memory_free)
     limit = problem.usage_limit if problem.usage_limit is not None else float("inf")
     return Plan(model=model_name, mesh=mesh, nodes=tuple(nodes), solver=report,
                 memory_limit_bytes=limit, optimizer=build.optimizer.describe(),

@@ -103,3 +103,29 @@ def test_micro_batch_counts_are_screened_while_a_screening_solve_fits_in_what_is
     assert _room_after_screening(Deadline(30.0, allotted=15.0), 30.0)
     assert _room_after_screening(Deadline(300.0, allotted=150.0), 300.0)
     assert not _room_after_screening(Deadline(30.0, allotted=30.0 * (1 - SCREENING_TIME)), 30.0)
+
+
+def test_past_the_deadline_more_micro_batches_are_screened_where_memory_costs_the_step():
+    # The long-sequence GPT at 70% of the least memory its whole step needs without
+    # recomputation: recomputing, its whole step fits, at a cost the memory-free answer
+    # shows (`SolverReport.memory_free`). With the deadline passed, the search still
+    # screens two micro-batches, which step faster; with room to spare it does not.
+    from autopar.planning.layout import MEMORY_COSTS
+
+    model, inputs = gpt.build(batch=8, seq=8192, hidden=256, heads=4, layers=2, vocab=512,
+                              device="meta")
+    mesh = autopar.Mesh((4,), ("dp",), hardware="h100-sxm")
+    gm = annotate(capture(model, inputs))
+    with pytest.raises(autopar.InfeasiblePlanError) as whole:
+        autopar.plan(model, mesh, inputs, memory_budget=1, recompute=False, microbatches=1)
+    for share, costly in ((0.7, True), (1.2, False)):
+        budget = share * whole.value.min_bytes
+        step = autopar.plan(model, mesh, inputs, memory_budget=budget, microbatches=1)
+        assert step.solver.memory_free is not None
+        costs = step.solver.objective > (1 + MEMORY_COSTS) * step.solver.memory_free
+        assert costs == costly
+        late = plan_model(model, gm, inputs, mesh, microbatches="auto", model_name="gpt",
+                          memory_budget=budget, deadline=Deadline(1.0, allotted=1.0))
+        assert (late.microbatches > 1) == costly and late.peak_memory_bytes <= budget
+        if costly:
+            assert late.step_time_s < step.step_time_s

@@ -17,7 +17,10 @@ from autopar.passes.layout.split_stages import (
     find_units,
     split_stages,
 )
+from autopar.planning.graph import plan_graph
+from autopar.planning.pipeline.plan import sub_mesh
 from autopar.planning.pipeline.request import check_request, pipeline_request
+from autopar.planning.pipeline.stages import Beaten, candidate_plan
 from autopar.values.pipeline import SCHEDULES, Pipeline
 from examples import llama, moe
 from examples.gpt import build
@@ -172,6 +175,33 @@ def test_cuts_fall_between_blocks_and_move_only_the_hidden_state():
     assert stages[0].shared == stages[1].shared == ("wte.weight",)
     ops = sum(1 for s in stages for n in s.module.graph.nodes if n.op == "call_function")
     assert ops == sum(1 for n in gm.graph.nodes if n.op == "call_function")
+
+
+def test_a_candidate_whose_first_stages_already_lose_is_not_planned_further():
+    """Its step is monotone in every stage's time: once the stages planned bound it at the
+    best step found, the rest are not planned (`Beaten`)."""
+    model, inputs = build(batch=8, hidden=64, layers=4)
+    gm = annotate(capture(model, inputs))
+    units = find_units(gm)
+    stages = split_stages(gm, units, balanced_cuts([1.0] * 4, 4))
+    mesh = autopar.Mesh((4,), ("pp",), hardware="h100-sxm")
+    inner = sub_mesh(mesh, 0)
+    planned = []
+
+    def plan_stage(graph, stage_mesh, **options):
+        planned.append(graph)
+        return plan_graph(graph, stage_mesh, model_name="gpt", time_limit=1.0, **options)
+
+    def candidate(best_step: float) -> autopar.Plan:
+        return candidate_plan(stages, units.names, SCHEDULES["1F1B"], 4, 4, mesh, 0, inner,
+                              None, plan_stage, {}, {}, best_step)
+
+    whole = candidate(float("inf"))
+    assert len(planned) == 4
+    planned.clear()
+    with pytest.raises(Beaten):
+        candidate(whole.step_time_s / 8)  # one stage's time already bounds it above
+    assert len(planned) < 4
 
 
 def test_balanced_cuts_minimise_the_slowest_stage():

@@ -58,7 +58,13 @@ from autopar.passes.strategies.constrain import pin_placements
 from autopar.planning.deadline import Deadline, expired
 from autopar.planning.microbatches import MicroBatches
 from autopar.planning.pipeline.request import check_request, divisors
-from autopar.planning.pipeline.stages import candidate_plan, costed, holds, refined_stages
+from autopar.planning.pipeline.stages import (
+    Beaten,
+    candidate_plan,
+    costed,
+    holds,
+    refined_stages,
+)
 from autopar.values.hardware import HardwareProfile
 from autopar.values.mesh import Mesh
 from autopar.values.microbatch import ACCUMULATED, REFUSE
@@ -161,11 +167,12 @@ class _Stager:
     def ranks(self) -> int:
         return self.mesh.shape[self.axis]
 
-    def screened(self, chosen: _Chosen) -> Plan:
-        """The candidate's plan from screening solves of its stages (`candidate_plan`)."""
+    def screened(self, chosen: _Chosen, best_step: float) -> Plan:
+        """The candidate's plan from screening solves of its stages (`candidate_plan`;
+        `Beaten` once they show it no faster than `best_step`)."""
         return candidate_plan(chosen.stages, chosen.names, chosen.schedule, chosen.microbatches,
                               self.ranks, self.mesh, self.axis, self.inner, self.memory_budget,
-                              self.plan_stage, self.cache, self.pins)
+                              self.plan_stage, self.cache, self.pins, best_step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +206,7 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
     # stages hold as many or more samples' activations does not fit either.
     overflowing: list[tuple[int, tuple[float, ...]]] = []
     step_times = unit_times(gm, find_units(gm), stager.mesh.hardware)
-    while counts and not (best is not None and expired(deadline)):
+    while counts and not _settled(best, stager.memory_budget, deadline):
         before, candidates = best, []
         for m in counts:
             split = micro.split(m, mixing=mixing) if m > 1 else None
@@ -227,8 +234,8 @@ def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
     `overflowing`; one that holds at least the samples of one there is skipped."""
     failure: Exception | None = None
     for bound, m, schedule, count, measured in sorted(candidates, key=lambda c: c[0]):
-        if best is not None and (bound >= best.plan.step_time_s or (
-                expired(deadline))):
+        if best is not None and (bound >= best.plan.step_time_s or _settled(
+                best, stager.memory_budget, deadline)):
             break  # no later candidate can be faster (they are sorted by bound), or no time
         held = _held_samples(schedule, m, stager.ranks, count, batch or m)
         if any(n == count and all(a >= b for a, b in zip(held, least))
@@ -239,7 +246,10 @@ def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
         say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
         chosen = _Chosen(stages, units.names, schedule, m)
         try:
-            candidate = stager.screened(chosen)
+            candidate = stager.screened(
+                chosen, best.plan.step_time_s if best is not None else math.inf)
+        except Beaten:
+            continue
         except InfeasiblePlanError as error:
             failure = error
             overflowing.append((count, held))
@@ -247,6 +257,19 @@ def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
         if best is None or candidate.step_time_s < best.plan.step_time_s:
             best = dataclasses.replace(chosen, plan=candidate)
     return best, failure
+
+
+def _settled(best: _Chosen | None, memory_budget: float | None,
+             deadline: Deadline | None) -> bool:
+    """Whether the search ends for want of time: the call's deadline has passed and the
+    best candidate so far does not hold `MEMORY_BINDS` of the budget. One that does is a
+    plan memory may have forced far from its step without that pressure (the 405B shape
+    at 64 micro-batches fits at 4.7 times the step it takes at 128), and more micro-batches
+    are what relieves it, so their search goes on (`_more_microbatches`, a few rounds at
+    most) with the least time each solve may have."""
+    if best is None or not expired(deadline):
+        return False
+    return memory_budget is None or best.plan.peak_memory_bytes < MEMORY_BINDS * memory_budget
 
 
 def _refined(best: _Chosen, stager: _Stager) -> Plan:

@@ -33,14 +33,28 @@ SCREENED_SHARE = 0.1
 LOSS_BYTES = 4
 
 
+class Beaten(Exception):
+    """A candidate's stages planned so far already make its step no faster than the best."""
+
+
 def candidate_plan(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Schedule,
                    microbatches: int, ranks: int, mesh: Mesh, axis: int, inner: Mesh,
                    memory_budget: float | None, plan_stage: Callable[..., Plan],
-                   cache: dict[tuple, Plan], pins: Mapping[str, str]) -> Plan:
+                   cache: dict[tuple, Plan], pins: Mapping[str, str],
+                   best_step: float = float("inf")) -> Plan:
     """The candidate's plan from its stages' screening plans (`_screened_stages`), costed
-    by the schedule (`autopar.planning.pipeline.plan`'s docstring)."""
+    by the schedule (`autopar.planning.pipeline.plan`'s docstring). Raises `Beaten` as soon
+    as the stages planned so far bound its step at `best_step` or more: the schedule's step
+    with the stages still to plan at no time and no sends, a lower bound (the step is
+    monotone in every stage's time), so the rest are not planned."""
+    def check(planned: list[Plan]) -> None:
+        times = [_split_time(plan, microbatches)[0] for plan in planned]
+        times += [0.0] * (len(stages) - len(times))
+        if step_time(times, microbatches, ranks, schedule) >= best_step:
+            raise Beaten()
+
     plans = _screened_stages(stages, schedule, microbatches, ranks, inner, memory_budget,
-                             plan_stage, cache, pins)
+                             plan_stage, cache, pins, check=check)
     return costed(stages, blocks, [plan for plan, _ in plans], schedule, microbatches,
                   ranks, mesh, axis, memory_budget)
 
@@ -49,12 +63,15 @@ def _screened_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches
                      ranks: int, inner: Mesh, memory_budget: float | None,
                      plan_stage: Callable[..., Plan], cache: dict[tuple, Plan],
                      pins: Mapping[str, str],
-                     chosen: Mapping[tuple, Plan] | None = None) -> list[tuple[Plan, tuple]]:
+                     chosen: Mapping[tuple, Plan] | None = None,
+                     check: Callable[[list[Plan]], None] | None = None
+                     ) -> list[tuple[Plan, tuple]]:
     """Each stage's plan with the key it was planned under: the plan `chosen` has for the
     key, else its screening plan (`plan_stage`; cached). The key is (micro-batches, stage
     count, stage, micro-batches in flight, pins), the pins what the stage is planned with:
     the `pins` (`_stage_pins`) of the tensors it holds, a shared weight where the first
-    stage holding it stored it, and its boundary inputs as their sender sends them."""
+    stage holding it stored it, and its boundary inputs as their sender sends them.
+    `check` sees the plans so far after each stage (and may raise to stop)."""
     pinned: dict[str, str] = {}
     sent: dict[str, str] = {}  # boundary tensor -> the placement its sender chose
     planned = []
@@ -76,6 +93,8 @@ def _screened_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches
         for name, placements in _shared_placements(plan, stage).items():
             pinned.setdefault(name, placements)
         planned.append((plan, key))
+        if check is not None:
+            check([plan for plan, _ in planned])
     return planned
 
 

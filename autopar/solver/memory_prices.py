@@ -1,0 +1,119 @@
+"""Answers of a problem with a usage limit from solves without one, its memory priced.
+
+The limit couples every node live at a time step. Pricing it instead (the Lagrangian
+relaxation of the limit) leaves a problem without one (`priced`): each strategy of a node
+pays its usage times the summed price of the steps it is live at, each edge usage the same
+on an edge of its own, exactly, so an answer's priced cost is its cost plus its usage
+weighted by the prices. Such a problem reduces and solves like an unconstrained one, and
+its answer trades time for memory across the whole graph at once, where the repair's moves
+of one tied group at a time (`fit_repair`) stop far from that.
+
+`priced_answers` searches one price per byte on the steps where an answer so far exceeded
+the limit (the start's first). The first is the price at which the limit's bytes at every
+such step cost `FIRST_PRICE` of the start's cost; it is multiplied by `RAISE` while the
+answers overflow (divided while they fit) until one of each is found, then bisected
+geometrically between the highest price whose answer overflowed and the lowest whose
+answer fits, until the two are within `CLOSED` of each other, `PRICED_SOLVES` solves at
+most. Every distinct answer is returned. A price is a multiplier, not an answer: the
+answers jump between a few points as it moves, so this brackets the cheapest answer that
+fits in that family, not the problem's optimum; the overflowing answers near it are the
+repair's to finish.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from autopar.solver.problem import ShardingProblem
+from autopar.solver.solution import Solution
+
+FIRST_PRICE = 0.1
+RAISE = 4.0
+PRICED_SOLVES = 8
+CLOSED = 1.1
+SAFETY = 4.0
+
+
+def priced(problem: ShardingProblem, prices: np.ndarray, start: int) -> ShardingProblem:
+    """`problem` without its usage limit, each usage paying `prices[t - start]` per unit at
+    every step t it is live at (steps outside the prices pay nothing): node usages on their
+    node's costs, edge usages as edges of their own."""
+    summed = np.concatenate([[0.0], np.cumsum(prices)])
+
+    def weight(interval: tuple[int, int]) -> float:
+        lo, hi = (min(max(t - start, 0), prices.size) for t in interval)
+        return float(summed[hi] - summed[lo]) if hi > lo else 0.0
+
+    return dataclasses.replace(
+        problem, usage_limit=None, edge_usages=(),
+        node_costs=tuple(np.where(np.isfinite(c), c + weight(span) * u, np.inf)
+                         for c, u, span in zip(problem.node_costs, problem.node_usages,
+                                               problem.intervals)),
+        edges=problem.edges + tuple(u.nodes for u in problem.edge_usages),
+        edge_costs=problem.edge_costs + tuple(weight(u.interval) * u.usages
+                                              for u in problem.edge_usages))
+
+
+def first_step(problem: ShardingProblem) -> int:
+    """The step `ShardingProblem.usage_profile` starts at: the earliest usage's."""
+    starts = [lo for lo, hi in problem.intervals if lo < hi]
+    starts += [u.interval[0] for u in problem.edge_usages if u.interval[0] < u.interval[1]]
+    return min(starts, default=0)
+
+
+def memory_free(problem: ShardingProblem, seconds: float,
+                run: Callable[..., Solution]) -> Solution:
+    """The answer of `problem` without its usage limit (`run` within `seconds`), costed in
+    `problem` (an answer of it where it fits); its bound holds for `problem` too."""
+    return _costed(run(priced(problem, np.zeros(0), 0), time_limit=seconds), problem,
+                   priced=False)
+
+
+def priced_answers(problem: ShardingProblem, start: Solution, seconds: float,
+                   run: Callable[..., Solution]) -> list[Solution]:
+    """Distinct answers of `problem` (which has a usage limit) from `run`s of it priced
+    (module docstring), beginning at the overflowing answer `start`, within `seconds`."""
+    began, limit = time.monotonic(), problem.usage_limit
+    if limit is None or not start.choices or not 0 < start.cost < math.inf:
+        return []
+    over = problem.usage_profile(start.choices) > limit
+    if not over.any():
+        return []
+    price = FIRST_PRICE * start.cost / (limit * over.sum())
+    low, high = 0.0, math.inf  # the highest price that overflowed, the lowest that fit
+    answers: list[Solution] = []
+    for _ in range(PRICED_SOLVES):
+        # Each solve may take half the time, and the loop ends on its own counts, not on
+        # the clock, which only caps it (at SAFETY times the time): the solves end early
+        # (a priced problem reduces like an unconstrained one), and the answers stay the
+        # same on any machine that is not much slower.
+        if high <= CLOSED * low or time.monotonic() - began > SAFETY * seconds:
+            break
+        answer = _costed(run(priced(problem, price * over, first_step(problem)),
+                             time_limit=seconds / 2), problem)
+        if not answer.choices:
+            break
+        if all(answer.choices != a.choices for a in answers):
+            answers.append(answer)
+        profile = problem.usage_profile(answer.choices)
+        if profile.max() <= limit:
+            high = price
+        else:
+            low, over = price, over | (profile > limit)
+        price = (price * RAISE if math.isinf(high) else price / RAISE if low == 0
+                 else math.sqrt(low * high))
+    return answers
+
+
+def _costed(answer: Solution, problem: ShardingProblem, *, priced: bool = True) -> Solution:
+    """`answer` of a priced `problem` as an answer of `problem` itself; its bound only
+    where nothing was `priced` (a lower bound of the problem without its limit)."""
+    if not answer.choices:
+        return answer
+    return dataclasses.replace(answer, cost=problem.cost(answer.choices), status="feasible",
+                               bound=-math.inf if priced else answer.bound)

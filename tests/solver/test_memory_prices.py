@@ -1,0 +1,101 @@
+"""`memory_prices`: a problem's usage limit priced instead of imposed, and the answers a
+search over one price finds; the memory-free answer `solve` reports beside its own."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+from solver_cases import enumerate_all, random_problem
+
+from autopar.solver.memory_prices import first_step, memory_free, priced, priced_answers
+from autopar.solver.problem import EdgeUsage, ShardingProblem
+from autopar.solver.solve import solve
+
+
+def _with_edge_usages(rng: np.random.Generator, base: ShardingProblem) -> ShardingProblem:
+    usages = []
+    for _ in range(int(rng.integers(1, 4))):
+        a, b = (int(v) for v in rng.choice(base.num_nodes, size=2, replace=False))
+        lo = int(rng.integers(0, 6))
+        matrix = rng.integers(0, 12, size=(base.node_costs[a].size,
+                                          base.node_costs[b].size)).astype(float)
+        usages.append(EdgeUsage((a, b), matrix, (lo, lo + int(rng.integers(1, 6)))))
+    return dataclasses.replace(base, edge_usages=tuple(usages))
+
+
+def _cases(seed: int, count: int):
+    """Random problems with ties and edge usages, each with its enumerated assignments,
+    whose cheapest assignment peaks above the least peak of any (of their node usages, a
+    lower bound): the limit is set halfway between the two."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        base = random_problem(rng, limit="none", ties=True)
+        if base.num_nodes < 2:
+            continue
+        problem = _with_edge_usages(rng, base)
+        table = enumerate_all(problem)
+        finite = np.isfinite(table.costs)
+        if not finite.any():
+            continue
+        cheapest = tuple(int(k) for k in
+                         table.choices[int(np.argmin(np.where(finite, table.costs, math.inf)))])
+        least, peak = table.peaks[finite].min(), problem.peak_usage(cheapest)
+        if peak > least:
+            yield dataclasses.replace(problem, usage_limit=float(least + (peak - least) / 2)), table
+
+
+def test_a_priced_problem_charges_every_assignment_its_usage_at_the_prices():
+    # cost' (x) = cost(x) + sum_t price_t usage_t(x), whatever the assignment: the priced
+    # problem is the Lagrangian relaxation of the limit, exactly.
+    rng = np.random.default_rng(3)
+    checked = 0
+    for problem, table in _cases(5, 60):
+        start = first_step(problem)
+        for choices in table.choices[:: max(1, len(table.choices) // 7)]:
+            x = tuple(int(k) for k in choices)
+            if not math.isfinite(problem.cost(x)):
+                continue
+            profile = problem.usage_profile(x)
+            prices = rng.uniform(0.0, 2.0, size=profile.size + 2)
+            charged = priced(problem, prices, start)
+            assert charged.usage_limit is None and not charged.edge_usages
+            expected = problem.cost(x) + float(prices[:profile.size] @ profile)
+            assert math.isclose(charged.cost(x), expected, rel_tol=1e-9, abs_tol=1e-9)
+            checked += 1
+    assert checked >= 50
+
+
+def test_the_memory_free_answer_is_the_optimum_without_the_limit_and_bounds_the_solve():
+    run = functools.partial(solve, repeatable=True)
+    for problem, table in _cases(7, 40):
+        free = memory_free(problem, 5.0, run)
+        finite = np.isfinite(table.costs)
+        assert math.isclose(free.cost, table.costs[finite].min(), rel_tol=1e-9)
+        solved = solve(problem, time_limit=5.0)
+        if solved.choices:
+            assert solved.memory_free is not None
+            assert solved.memory_free <= solved.cost + 1e-9
+            assert solved.bound <= solved.cost + 1e-9
+
+
+def test_priced_answers_respect_ties_and_find_answers_that_fit():
+    run = functools.partial(solve, repeatable=True)
+    fitted = tried = 0
+    for problem, table in _cases(11, 150):
+        start = solve(dataclasses.replace(problem, usage_limit=None), time_limit=5.0)
+        answers = priced_answers(problem, start, 5.0, run)
+        tried += 1
+        for answer in answers:
+            assert math.isfinite(answer.cost)
+            assert all(len({answer.choices[i] for i in group}) == 1 for group in problem.ties)
+            assert math.isclose(answer.cost, problem.cost(answer.choices))
+        fits = [a.cost for a in answers if problem.is_feasible(a.choices)]
+        if fits:
+            fitted += 1
+            optimum = min(cost for choices, cost in zip(table.choices, table.costs)
+                          if math.isfinite(cost) and problem.is_feasible(tuple(choices)))
+            assert min(fits) >= optimum - 1e-9  # no answer beats the true optimum
+    assert tried >= 30 and fitted >= tried // 2
