@@ -79,7 +79,7 @@ def priced_answers(problem: ShardingProblem, start: Solution, seconds: float,
     """Distinct answers of `problem` (which has a usage limit) from `run`s of it priced
     (module docstring), beginning at the overflowing answer `start`, within `seconds`."""
     began, limit = time.monotonic(), problem.usage_limit
-    if limit is None or not start.choices or not 0 < start.cost < math.inf:
+    if limit is None or limit <= 0 or not start.choices or not 0 < start.cost < math.inf:
         return []
     over = problem.usage_profile(start.choices) > limit
     if not over.any():
