@@ -51,18 +51,24 @@ def _rounds(messages: list[str]) -> int:
     return sum(a == "extract_plan" and b == "build_problem" for a, b in zip(stages, stages[1:]))
 
 
+def _long_sequence_gpt():
+    """A GPT of 8 sequences of 8192 tokens on 4 H100s, captured, and the least memory its
+    whole step needs without recomputation."""
+    model, inputs = gpt.build(batch=8, seq=8192, hidden=256, heads=4, layers=2, vocab=512,
+                              device="meta")
+    mesh = autopar.Mesh((4,), ("dp",), hardware="h100-sxm")
+    with pytest.raises(autopar.InfeasiblePlanError) as whole:
+        autopar.plan(model, mesh, inputs, memory_budget=1, recompute=False, microbatches=1)
+    return model, inputs, mesh, annotate(capture(model, inputs)), whole.value.min_bytes
+
+
 def test_once_the_deadline_has_passed_no_optional_work_starts():
     # A long-sequence GPT that fits only in micro-batches: with the deadline passed, the
     # search still finds a plan that fits, but plans no further overlap round, tries no
     # more micro-batch counts than it takes to fit and does not plan the chosen one again
     # in full, as it does in time.
-    model, inputs = gpt.build(batch=8, seq=8192, hidden=256, heads=4, layers=2, vocab=512,
-                              device="meta")
-    mesh = autopar.Mesh((4,), ("dp",), hardware="h100-sxm")
-    gm = annotate(capture(model, inputs))
-    with pytest.raises(autopar.InfeasiblePlanError) as whole:
-        autopar.plan(model, mesh, inputs, memory_budget=1, recompute=False, microbatches=1)
-    budget = 0.7 * whole.value.min_bytes
+    model, inputs, mesh, gm, least = _long_sequence_gpt()
+    budget = 0.7 * least
     runs = {}
     for name, deadline in (("in time", None), ("late", Deadline(1.0, allotted=1.0))):
         said: list[str] = []
@@ -112,14 +118,9 @@ def test_past_the_deadline_more_micro_batches_are_screened_where_memory_costs_th
     # screens two micro-batches, which step faster; with room to spare it does not.
     from autopar.planning.layout import MEMORY_COSTS
 
-    model, inputs = gpt.build(batch=8, seq=8192, hidden=256, heads=4, layers=2, vocab=512,
-                              device="meta")
-    mesh = autopar.Mesh((4,), ("dp",), hardware="h100-sxm")
-    gm = annotate(capture(model, inputs))
-    with pytest.raises(autopar.InfeasiblePlanError) as whole:
-        autopar.plan(model, mesh, inputs, memory_budget=1, recompute=False, microbatches=1)
+    model, inputs, mesh, gm, least = _long_sequence_gpt()
     for share, costly in ((0.7, True), (1.2, False)):
-        budget = share * whole.value.min_bytes
+        budget = share * least
         step = autopar.plan(model, mesh, inputs, memory_budget=budget, microbatches=1)
         assert step.solver.memory_free is not None
         costs = step.solver.objective > (1 + MEMORY_COSTS) * step.solver.memory_free

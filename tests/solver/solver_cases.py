@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
 from autopar.solver import ShardingProblem
+from autopar.solver.problem import EdgeUsage
 
 # Brute force enumerates at most this many assignments.
 MAX_ASSIGNMENTS = 60_000
@@ -117,3 +120,33 @@ def brute_min_peak(problem: ShardingProblem) -> float:
     table = enumerate_all(problem)
     ok = np.isfinite(table.costs)
     return float(table.peaks[ok].min()) if ok.any() else math.inf
+
+
+def halfway_limited(rng: np.random.Generator, count: int
+                    ) -> Iterator[tuple[ShardingProblem, Table, tuple[int, ...]]]:
+    """Of `count` random problems with ties and one to three edge usages, those whose
+    cheapest assignment peaks above the least peak of any (of their node usages, a lower
+    bound): each with its limit halfway between the two, its enumerated assignments
+    (`enumerate_all`) and that cheapest assignment."""
+    for _ in range(count):
+        base = random_problem(rng, limit="none", ties=True)
+        if base.num_nodes < 2:
+            continue
+        usages = []
+        for _ in range(int(rng.integers(1, 4))):
+            a, b = (int(v) for v in rng.choice(base.num_nodes, size=2, replace=False))
+            lo = int(rng.integers(0, 6))
+            matrix = rng.integers(0, 12, size=(base.node_costs[a].size,
+                                              base.node_costs[b].size)).astype(float)
+            usages.append(EdgeUsage((a, b), matrix, (lo, lo + int(rng.integers(1, 6)))))
+        problem = dataclasses.replace(base, edge_usages=tuple(usages))
+        table = enumerate_all(problem)
+        finite = np.isfinite(table.costs)
+        if not finite.any():
+            continue
+        cheapest = tuple(int(k) for k in
+                         table.choices[int(np.argmin(np.where(finite, table.costs, math.inf)))])
+        least, peak = table.peaks[finite].min(), problem.peak_usage(cheapest)
+        if peak > least:
+            limit = float(least + (peak - least) / 2)
+            yield dataclasses.replace(problem, usage_limit=limit), table, cheapest

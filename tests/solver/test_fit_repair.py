@@ -3,11 +3,8 @@ tie group by tie group, to one that fits, by the least added cost per byte freed
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 import numpy as np
-from solver_cases import enumerate_all, random_problem
+from solver_cases import halfway_limited
 
 from autopar.solver.fit_repair import repair_to_fit
 from autopar.solver.problem import EdgeUsage, ShardingProblem
@@ -32,30 +29,9 @@ def test_the_move_freeing_bytes_most_cheaply_is_taken():
 def test_repaired_answers_fit_and_keep_their_ties():
     rng = np.random.default_rng(11)
     repaired = tried = 0
-    for _ in range(150):
-        base = random_problem(rng, limit="none", ties=True)
-        if base.num_nodes < 2:
-            continue
-        usages = []
-        for _ in range(int(rng.integers(1, 4))):
-            a, b = (int(v) for v in rng.choice(base.num_nodes, size=2, replace=False))
-            lo = int(rng.integers(0, 6))
-            matrix = rng.integers(0, 12, size=(base.node_costs[a].size,
-                                              base.node_costs[b].size)).astype(float)
-            usages.append(EdgeUsage((a, b), matrix, (lo, lo + int(rng.integers(1, 6)))))
-        problem = dataclasses.replace(base, edge_usages=tuple(usages))
-        table = enumerate_all(problem)
-        finite = np.isfinite(table.costs)
-        if not finite.any():
-            continue
-        cheapest = table.choices[int(np.argmin(np.where(finite, table.costs, math.inf)))]
-        least = table.peaks[finite].min()
-        peak = problem.peak_usage(tuple(int(k) for k in cheapest))
-        if peak <= least:
-            continue
-        problem = dataclasses.replace(problem, usage_limit=float(least + (peak - least) / 2))
+    for problem, _, cheapest in halfway_limited(rng, 150):
         tried += 1
-        answer = repair_to_fit(problem, tuple(int(k) for k in cheapest), seconds=5.0)
+        answer = repair_to_fit(problem, cheapest, seconds=5.0)
         if answer is not None:
             repaired += 1
             assert problem.is_feasible(answer)  # fits, finite, ties respected

@@ -8,43 +8,10 @@ import functools
 import math
 
 import numpy as np
-from solver_cases import enumerate_all, random_problem
+from solver_cases import halfway_limited
 
 from autopar.solver.memory_prices import first_step, memory_free, priced, priced_answers
-from autopar.solver.problem import EdgeUsage, ShardingProblem
 from autopar.solver.solve import solve
-
-
-def _with_edge_usages(rng: np.random.Generator, base: ShardingProblem) -> ShardingProblem:
-    usages = []
-    for _ in range(int(rng.integers(1, 4))):
-        a, b = (int(v) for v in rng.choice(base.num_nodes, size=2, replace=False))
-        lo = int(rng.integers(0, 6))
-        matrix = rng.integers(0, 12, size=(base.node_costs[a].size,
-                                          base.node_costs[b].size)).astype(float)
-        usages.append(EdgeUsage((a, b), matrix, (lo, lo + int(rng.integers(1, 6)))))
-    return dataclasses.replace(base, edge_usages=tuple(usages))
-
-
-def _cases(seed: int, count: int):
-    """Random problems with ties and edge usages, each with its enumerated assignments,
-    whose cheapest assignment peaks above the least peak of any (of their node usages, a
-    lower bound): the limit is set halfway between the two."""
-    rng = np.random.default_rng(seed)
-    for _ in range(count):
-        base = random_problem(rng, limit="none", ties=True)
-        if base.num_nodes < 2:
-            continue
-        problem = _with_edge_usages(rng, base)
-        table = enumerate_all(problem)
-        finite = np.isfinite(table.costs)
-        if not finite.any():
-            continue
-        cheapest = tuple(int(k) for k in
-                         table.choices[int(np.argmin(np.where(finite, table.costs, math.inf)))])
-        least, peak = table.peaks[finite].min(), problem.peak_usage(cheapest)
-        if peak > least:
-            yield dataclasses.replace(problem, usage_limit=float(least + (peak - least) / 2)), table
 
 
 def test_a_priced_problem_charges_every_assignment_its_usage_at_the_prices():
@@ -52,7 +19,7 @@ def test_a_priced_problem_charges_every_assignment_its_usage_at_the_prices():
     # problem is the Lagrangian relaxation of the limit, exactly.
     rng = np.random.default_rng(3)
     checked = 0
-    for problem, table in _cases(5, 60):
+    for problem, table, _ in halfway_limited(np.random.default_rng(5), 60):
         start = first_step(problem)
         for choices in table.choices[:: max(1, len(table.choices) // 7)]:
             x = tuple(int(k) for k in choices)
@@ -70,7 +37,7 @@ def test_a_priced_problem_charges_every_assignment_its_usage_at_the_prices():
 
 def test_the_memory_free_answer_is_the_optimum_without_the_limit_and_bounds_the_solve():
     run = functools.partial(solve, repeatable=True)
-    for problem, table in _cases(7, 40):
+    for problem, table, _ in halfway_limited(np.random.default_rng(7), 40):
         free = memory_free(problem, 5.0, run)
         finite = np.isfinite(table.costs)
         assert math.isclose(free.cost, table.costs[finite].min(), rel_tol=1e-9)
@@ -84,7 +51,7 @@ def test_the_memory_free_answer_is_the_optimum_without_the_limit_and_bounds_the_
 def test_priced_answers_respect_ties_and_find_answers_that_fit():
     run = functools.partial(solve, repeatable=True)
     fitted = tried = 0
-    for problem, table in _cases(11, 150):
+    for problem, table, _ in halfway_limited(np.random.default_rng(11), 150):
         start = solve(dataclasses.replace(problem, usage_limit=None), time_limit=5.0)
         answers = priced_answers(problem, start, 5.0, run)
         tried += 1
