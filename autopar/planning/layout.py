@@ -32,6 +32,7 @@ from autopar.values.plan import HandStrategyRecord, Plan
 # made with ten times the time (a plan that memory costs less can't gain more than that).
 MEMORY_COSTS = 0.02
 
+
 def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
                 microbatches: int | str, pipeline: Pipeline | str | bool,
                 memory_budget: float | None = None, **options) -> Plan:

@@ -159,9 +159,9 @@ def _totals_table(plan: Plan) -> Table:
 
 
 def _memory_free(solver: SolverReport) -> str:
-    """The solver's objective without the memory limit, and what the limit adds to it."""
+    """The solver's objective without the memory limit, and how much more the plan's is."""
     added = solver.objective / solver.memory_free - 1 if solver.memory_free > 0 else 0.0
-    return f"objective {solver.memory_free:.4g} (the limit adds {added:.1%})"
+    return f"objective {solver.memory_free:.4g} (the plan's is {added:.1%} more)"
 
 
 def _budget(plan: Plan) -> str:

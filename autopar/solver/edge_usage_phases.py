@@ -41,8 +41,8 @@ LOWER_LIMITS = 4
 REFINE_SHARE = 0.1
 # The problem without its limit is solved first, with this share of the relaxation's time
 # (it reduces like an unconstrained problem: a tenth of a second on the Llama shapes'):
-# where its answer fits and is optimal it is the answer, and its cost is what the limit adds
-# to (`Solution.memory_free`).
+# where its answer fits and is optimal it is the answer, and its cost is reported
+# (`Solution.memory_free`).
 FREE_SHARE = 0.5
 # This share of the lower limits' time searches the problem with its memory priced
 # instead of limited (`memory_prices`), unless an answer so far fits within PRICED_GAP of

@@ -14,8 +14,8 @@ class Solution:
     optimal), "infeasible" (proven: no assignment fits) or "unknown" (none found in time).
     `choices` is empty and `cost` infinite unless an assignment was found. `memory_free`:
     the cost of the best answer found for the problem without its usage limit (at least
-    that problem's optimum; None where none was searched for): the limit adds at most
-    `cost - memory_free`.
+    that problem's optimum; None where none was searched for): how far the limit moves
+    the answer's cost from the memory-free one is `cost - memory_free`, at least.
     """
 
     choices: tuple[int, ...]

@@ -93,7 +93,8 @@ class SolverReport:
     planning call's wall seconds, against its `time_limit_s` (0: not recorded);
     `cut_short`: the limit ran out with this solve's gap open; `memory_free`: the
     objective of the same problem's best answer without its memory limit (at least its
-    optimum: the limit adds at most `objective - memory_free`; None where not searched)."""
+    optimum; None where not searched): the plan's objective is at least `objective -
+    memory_free` above the memory-free optimum."""
 
     objective: float
     bound: float

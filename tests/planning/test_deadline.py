@@ -125,6 +125,7 @@ def test_past_the_deadline_more_micro_batches_are_screened_where_memory_costs_th
         assert step.solver.memory_free is not None
         costs = step.solver.objective > (1 + MEMORY_COSTS) * step.solver.memory_free
         assert costs == costly
+        assert f"objective {step.solver.memory_free:.4g}" in autopar.summary(step)
         late = plan_model(model, gm, inputs, mesh, microbatches="auto", model_name="gpt",
                           memory_budget=budget, deadline=Deadline(1.0, allotted=1.0))
         assert (late.microbatches > 1) == costly and late.peak_memory_bytes <= budget

@@ -23,9 +23,11 @@ Stage plans are cached by (m, s, stage, micro-batches in flight, pins), so the s
 that hold as many activations reuse them. Candidates are planned in the order of a lower bound
 of their step (`_least_step`: perfect splits, no communication) and the search stops at
 the first whose bound is no better than the best plan found (branch and bound); a
-candidate whose stages hold at least the samples' activations of one that did not fit is
-skipped; while nothing fits, or the best holds `MEMORY_BINDS` of the budget, twice as
-many micro-batches are tried (`_more_microbatches`). Candidates are compared by
+candidate is abandoned once its stages planned so far bound its step at the best's
+(`stages.Beaten`); a candidate whose stages hold at least the samples' activations of one
+that did not fit is skipped; while nothing fits, or the best holds `MEMORY_BINDS` of the
+budget, twice as many micro-batches are tried (`_more_microbatches`), past the call's
+deadline too (`_settled`). Candidates are compared by
 screening solves (`autopar.planning.graph.screened`); the chosen one's stages are then
 planned in full slowest first, until the slowest is one so planned and the others weigh little
 in the step (`autopar.planning.pipeline.stages.refined_stages`). Complexity: at most
