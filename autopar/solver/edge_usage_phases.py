@@ -127,8 +127,8 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
     best = _best_fit(problem, [*answers, exact])
     bound = max(relaxed.bound, exact.bound, free.bound)
     if best is None:
-        return Solution((), math.inf, bound, exact.status if exact.status == "infeasible"
-                        else "unknown", time.monotonic() - start, _cost(free))
+        best = Solution((), math.inf, bound, "infeasible" if exact.status == "infeasible"
+                        else "unknown", 0.0)
     return _done(best, bound, free, start)
 
 

@@ -62,12 +62,9 @@ class _Repair:
                 self.usages_of[end].append(u)
         self.steps = max([hi for _, hi in problem.intervals]
                          + [u.interval[1] for u in problem.edge_usages] + [1])
-        # `usage_profile` starts at the earliest step anything is live; steps count from 0.
+        # `usage_profile` starts at `profile_start`; these steps count from 0.
         self.profile = np.zeros(self.steps)
-        live = problem.usage_profile(self.x)
-        first = min([lo for lo, hi in problem.intervals if lo < hi]
-                    + [lo for lo, hi in (u.interval for u in problem.edge_usages) if lo < hi],
-                    default=0)
+        live, first = problem.usage_profile(self.x), problem.profile_start
         self.profile[first:first + live.size] = live
         self._costs: dict[int, np.ndarray] = {}  # group -> added cost per strategy
 

@@ -59,19 +59,12 @@ def priced(problem: ShardingProblem, prices: np.ndarray, start: int) -> Sharding
                                               for u in problem.edge_usages))
 
 
-def first_step(problem: ShardingProblem) -> int:
-    """The step `ShardingProblem.usage_profile` starts at: the earliest usage's."""
-    starts = [lo for lo, hi in problem.intervals if lo < hi]
-    starts += [u.interval[0] for u in problem.edge_usages if u.interval[0] < u.interval[1]]
-    return min(starts, default=0)
-
-
 def memory_free(problem: ShardingProblem, seconds: float,
                 run: Callable[..., Solution]) -> Solution:
     """The answer of `problem` without its usage limit (`run` within `seconds`), costed in
     `problem` (an answer of it where it fits); its bound holds for `problem` too."""
     return _costed(run(priced(problem, np.zeros(0), 0), time_limit=seconds), problem,
-                   priced=False)
+                   keep_bound=True)
 
 
 def priced_answers(problem: ShardingProblem, start: Solution, seconds: float,
@@ -85,6 +78,7 @@ def priced_answers(problem: ShardingProblem, start: Solution, seconds: float,
     if not over.any():
         return []
     price = FIRST_PRICE * start.cost / (limit * over.sum())
+    first = problem.profile_start  # the step `over` starts at
     low, high = 0.0, math.inf  # the highest price that overflowed, the lowest that fit
     answers: list[Solution] = []
     for _ in range(PRICED_SOLVES):
@@ -94,8 +88,8 @@ def priced_answers(problem: ShardingProblem, start: Solution, seconds: float,
         # same on any machine that is not much slower.
         if high <= CLOSED * low or time.monotonic() - began > SAFETY * seconds:
             break
-        answer = _costed(run(priced(problem, price * over, first_step(problem)),
-                             time_limit=seconds / 2), problem)
+        answer = _costed(run(priced(problem, price * over, first), time_limit=seconds / 2),
+                         problem)
         if not answer.choices:
             break
         if all(answer.choices != a.choices for a in answers):
@@ -110,10 +104,12 @@ def priced_answers(problem: ShardingProblem, start: Solution, seconds: float,
     return answers
 
 
-def _costed(answer: Solution, problem: ShardingProblem, *, priced: bool = True) -> Solution:
-    """`answer` of a priced `problem` as an answer of `problem` itself; its bound only
-    where nothing was `priced` (a lower bound of the problem without its limit)."""
+def _costed(answer: Solution, problem: ShardingProblem, *, keep_bound: bool = False
+            ) -> Solution:
+    """`answer` of a priced `problem` as an answer of `problem` itself; its bound kept only
+    where no price was charged (`keep_bound`: a lower bound of the problem without its
+    limit, so of `problem` too)."""
     if not answer.choices:
         return answer
     return dataclasses.replace(answer, cost=problem.cost(answer.choices), status="feasible",
-                               bound=-math.inf if priced else answer.bound)
+                               bound=answer.bound if keep_bound else -math.inf)

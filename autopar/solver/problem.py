@@ -219,8 +219,16 @@ class ShardingProblem:
                            for (a, b), m in zip(self.edges, self.edge_costs))
         return total
 
+    @property
+    def profile_start(self) -> int:
+        """The step `usage_profile` starts at: the earliest `lo` of a usage live at any
+        step (0 when none is)."""
+        starts = [lo for lo, hi in self.intervals if lo < hi]
+        starts += [lo for lo, hi in (u.interval for u in self.edge_usages) if lo < hi]
+        return min(starts, default=0)
+
     def usage_profile(self, choices: Sequence[int]) -> np.ndarray:
-        """Summed usage (nodes' and edge usages') at every time step from the earliest `lo`
+        """Summed usage (nodes' and edge usages') at every time step from `profile_start`
         to the latest `hi` - 1."""
         picked = self._check(choices)
         live = [(lo, hi, u[k]) for (lo, hi), u, k in
@@ -229,7 +237,7 @@ class ShardingProblem:
                  for u in self.edge_usages for lo, hi in (u.interval,) if lo < hi]
         if not live:
             return np.zeros(0)
-        start = min(lo for lo, _, _ in live)
+        start = self.profile_start
         diff = np.zeros(max(hi for _, hi, _ in live) - start + 1)
         for lo, hi, usage in live:
             diff[lo - start] += usage

@@ -10,7 +10,7 @@ import math
 import numpy as np
 from solver_cases import halfway_limited
 
-from autopar.solver.memory_prices import first_step, memory_free, priced, priced_answers
+from autopar.solver.memory_prices import memory_free, priced, priced_answers
 from autopar.solver.solve import solve
 
 
@@ -20,7 +20,7 @@ def test_a_priced_problem_charges_every_assignment_its_usage_at_the_prices():
     rng = np.random.default_rng(3)
     checked = 0
     for problem, table, _ in halfway_limited(np.random.default_rng(5), 60):
-        start = first_step(problem)
+        start = problem.profile_start
         for choices in table.choices[:: max(1, len(table.choices) // 7)]:
             x = tuple(int(k) for k in choices)
             if not math.isfinite(problem.cost(x)):
