@@ -68,10 +68,11 @@ def _unruled_warnings(gm: fx.GraphModule, table: StrategyTable) -> tuple[str, ..
 def screened(options: dict) -> dict:
     """`plan_graph`'s `options` for screening one of many candidates (micro-batch counts,
     pipeline cuts and schedules): one solve with `SCREENING_TIME` of the time limit, no
-    hand strategies, no least-memory search; the chosen candidate is then planned with
-    `refined`'s options."""
+    hand strategies, no least-memory search, the solver's quicker phases (`screening`);
+    the chosen candidate is then planned with `refined`'s options."""
     return {**options, "time_limit": options.get("time_limit", 30.0) * SCREENING_TIME,
-            "overlap_rounds": 1, "hand_strategies": False, "least_memory": False}
+            "overlap_rounds": 1, "hand_strategies": False, "least_memory": False,
+            "screening": True}
 
 
 def refined(options: dict, screening: Plan) -> dict:
@@ -127,13 +128,15 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                overlap_rounds: int = OVERLAP_ROUNDS, charges: Background = Background(),
                edge_caches: EdgeCaches | None = None,
                progress: Callable[[str], None] | None = None,
-               tables: Tables | None = None, deadline: Deadline | None = None) -> Plan:
+               tables: Tables | None = None, deadline: Deadline | None = None,
+               screening: bool = False) -> Plan:
     """`plan` from the strategy pass on, for a graph already captured and annotated (with
     `microbatches` > 1, one micro-batch's graph, run that many times a step, holding
     `in_flight` micro-batches' activations at once: see `build_problem`; `least_memory`,
     `overlap_rounds`, `charges`: see `plan_table`; `edge_caches`: the planning call's, to
     share edge costs with its other problems; `tables`: `strategy_tables` of the same
-    arguments when the caller has made them; `deadline`: the planning call's)."""
+    arguments when the caller has made them; `deadline`: the planning call's;
+    `screening`: see `plan_table`)."""
     if tables is None:
         tables = strategy_tables(gm, mesh, fold_layers=fold_layers, constraints=constraints,
                                  recompute=recompute, microbatches=microbatches,
@@ -146,7 +149,7 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                       least_memory=least_memory, overlap_rounds=overlap_rounds,
                       charges=charges,
                       edge_cache=edge_caches.of(mesh) if edge_caches else None,
-                      progress=progress, deadline=deadline)
+                      progress=progress, deadline=deadline, screening=screening)
 
 
 def default_budget(mesh: Mesh, memory_budget: float | None) -> float:
@@ -163,15 +166,16 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                optimizer: OptimizerState = ADAMW, microbatches: int = 1, in_flight: int = 1,
                least_memory: bool = True, overlap_rounds: int = OVERLAP_ROUNDS,
                charges: Background = Background(), edge_cache: EdgeCache | None = None,
-               progress: Callable[[str], None] | None = None,
+               progress: Callable[[str], None] | None = None, screening: bool = False,
                deadline: Deadline | None = None, fallback: bool | None = None) -> Plan:
     """The cheapest plan choosing among `table`'s strategies (the problem, solve and
     extract passes), within `memory_budget` bytes per device (None: no limit), for a step
     of `microbatches` runs of `gm`, `in_flight` of them holding activations at once. Raises
     `InfeasiblePlanError` when none fits, with the least memory any plan of the table needs
     when `least_memory` (a search of its own, which a caller trying many candidates skips).
-    `fallback`: whether its solves take a slow plan that fits over none (`solve`'s; by
-    default when `least_memory`: a caller with nothing else to try).
+    `fallback`, `screening`: its solves' (`solve`'s; `fallback` by default when
+    `least_memory`). `edge_cache`: an `EdgeCache` of `mesh` (default: its own).
+    `deadline`: the call's, capping each solve and the rounds.
 
     Gradient reductions the runtime overlaps with the backward cost only what the backward's
     compute does not hide, max(0, G - B), and parameter gathers it starts ahead only what
@@ -180,9 +184,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     full; a refinement starts from the fractions its screening plan left exposed), each
     next one at the fractions the previous plan left exposed (`Background`; at most
     `overlap_rounds` solves, the later ones with half the time limit), and the plan with
-    the least step time is returned. `edge_cache`: an `EdgeCache` of `mesh` for the edges'
-    costs (default: its own). `deadline`: the call's, capping each solve and the rounds.
-    """
+    the least step time is returned."""
     say, hints = progress or (lambda message: None), size_hints(gm)
     sizes = {str(k): v for k, v in hints.items()}
     warnings = _unruled_warnings(gm, table)
@@ -198,7 +200,8 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                               microbatches=microbatches, in_flight=in_flight)
         solution = _solved(build, limit, seed=seed, progress=progress, deadline=deadline,
                            rounds=overlap_rounds - done, reference=chosen,
-                           fallback=least_memory if fallback is None else fallback)
+                           fallback=least_memory if fallback is None else fallback,
+                           screening=screening)
         if not solution.choices:
             if best is not None:  # the charges change no memory: only time can run out
                 break
@@ -222,12 +225,13 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
 
 def _solved(build: ProblemBuild, seconds: float, *, seed: int,
             progress: Callable[[str], None] | None, deadline: Deadline | None,
-            rounds: int, reference: tuple[int, ...] | None, fallback: bool) -> Solution:
+            rounds: int, reference: tuple[int, ...] | None, fallback: bool,
+            screening: bool = False) -> Solution:
     """One round's solve, for `seconds` capped by `deadline`, where the `rounds` still to
     come share what is left (the later ones, charged closer to what the plan hides, tend
     to find the faster plans). `reference`: the best plan's choices so far, which the
     solve ends on when its bound shows no plan of the round much faster; `fallback`:
-    whether a slow plan that fits beats none (`solve`'s)."""
+    whether a slow plan that fits beats none, `screening` (`solve`'s)."""
     say = progress or (lambda message: None)
     spent = "" if deadline is None else f"; {deadline.describe()}"
     say(f"{STAGE} solve ({build.problem.num_nodes} decisions, "
@@ -235,7 +239,8 @@ def _solved(build: ProblemBuild, seconds: float, *, seed: int,
     if deadline is not None:
         seconds = deadline.solve_seconds(seconds, 1 / rounds)
     solution = solve(build.problem, time_limit=seconds, seed=seed, progress=progress,
-                     repeatable=True, reference=reference, fallback=fallback)
+                     repeatable=True, reference=reference, fallback=fallback,
+                     screening=screening)
     if deadline is not None:
         deadline.charge(seconds, optimal=solution.status in ("optimal", "infeasible"))
     return solution

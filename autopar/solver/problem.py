@@ -12,26 +12,70 @@ solve turns each into a node of its own (`autopar.solver.edge_usage`).
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from autopar.errors import ProblemFormatError
 
+# Values checked per numpy call when validating (`_first_bad`): one call per batch of
+# arrays, not per array, on problems of thousands of small vectors and matrices.
+CHECKED_PER_CALL = 1 << 22
+
 
 def _vector(value: object, what: str) -> np.ndarray:
+    """`value` as a float64 vector; its values are checked by the caller (`_first_bad`)."""
     try:
         array = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         raise ProblemFormatError(f"{what} is not numeric", expected="a list of numbers",
                                  got=repr(value)[:80], fix="give numbers only") from exc
-    if array.ndim != 1 or array.size == 0 or np.isnan(array).any():
+    if array.ndim != 1 or array.size == 0:
         raise ProblemFormatError(f"{what} is not a non-empty list of numbers",
                                  expected="a 1-d array without NaN",
                                  got=f"shape {array.shape}", fix="give one value per strategy")
     return array
+
+
+def _first_bad(arrays: Sequence[np.ndarray], bad: Callable[[np.ndarray], np.ndarray]
+               ) -> int | None:
+    """The index of the first of `arrays` where the elementwise test `bad` holds somewhere,
+    or None: tested over batches of up to `CHECKED_PER_CALL` values, then, in a batch where
+    it holds, array by array."""
+    start, size = 0, 0
+    for end, array in enumerate([*arrays, None]):
+        if array is not None and size + array.size <= CHECKED_PER_CALL:
+            size += array.size
+            continue
+        batch = arrays[start:end]
+        if batch and bad(np.concatenate([a.ravel() for a in batch])).any():
+            return start + next(k for k, a in enumerate(batch) if bad(a).any())
+        start, size = end, 0 if array is None else array.size
+    return None
+
+
+@dataclass(frozen=True, eq=False)
+class _LiveTerms:
+    """A problem's usage terms live at some step, as arrays: each term's steps [lo, hi)
+    from the profile's start (nodes' terms first, then edge usages'), the profile's
+    `length`; the live nodes with their usage vectors concatenated (`node_usage`, each from
+    `node_offset`); the live edge usages' ends with their matrices concatenated row-major
+    (`pair_usage`, each from `pair_offset`, rows `pair_stride` long)."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+    length: int
+    node: np.ndarray
+    node_usage: np.ndarray
+    node_offset: np.ndarray
+    pair_a: np.ndarray
+    pair_b: np.ndarray
+    pair_usage: np.ndarray
+    pair_offset: np.ndarray
+    pair_stride: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,25 +116,7 @@ class ShardingProblem:
     edge_usages: tuple[EdgeUsage, ...] = ()
 
     def __post_init__(self) -> None:
-        costs = tuple(_vector(c, f"cost vector of node {i}")
-                      for i, c in enumerate(self.node_costs))
-        usages = tuple(_vector(u, f"usage vector of node {i}")
-                       for i, u in enumerate(self.node_usages))
-        n = len(costs)
-        if len(usages) != n or len(self.intervals) != n:
-            raise ProblemFormatError("nodes are described inconsistently",
-                                     expected=f"{n} usage vectors and {n} intervals",
-                                     got=f"{len(usages)} and {len(self.intervals)}",
-                                     fix="give costs, usages and an interval for every node")
-        for i, (c, u) in enumerate(zip(costs, usages)):
-            if c.shape != u.shape:
-                raise ProblemFormatError(f"node {i} has {c.size} costs but {u.size} usages",
-                                         expected="one usage per strategy", got=f"{u.size}",
-                                         fix="make both lists the same length")
-            if (c == -math.inf).any() or np.isinf(u).any():
-                raise ProblemFormatError(f"node {i} has an infinite usage or -inf cost",
-                                         expected="finite usages, costs > -inf",
-                                         got="inf", fix="use inf costs to forbid a strategy")
+        costs, usages = self._nodes()
         intervals = tuple(self._interval(i, iv) for i, iv in enumerate(self.intervals))
         edges, matrices = self._edges(costs)
         limit = self.usage_limit
@@ -102,6 +128,11 @@ class ShardingProblem:
         ties = self._ties(costs)
         edge_usages = tuple(self._edge_usage(e, usage, costs)
                             for e, usage in enumerate(self.edge_usages))
+        e = _first_bad([u.usages for u in edge_usages], lambda v: ~np.isfinite(v))
+        if e is not None:
+            raise ProblemFormatError(f"usages of edge usage {e} are malformed",
+                                     expected="finite numbers", got="NaN or inf",
+                                     fix="one finite usage per pair")
         for name, value in (("node_costs", costs), ("node_usages", usages),
                             ("intervals", intervals), ("edges", edges),
                             ("edge_costs", matrices), ("usage_limit", limit), ("ties", ties),
@@ -109,6 +140,38 @@ class ShardingProblem:
             object.__setattr__(self, name, value)
         for array in (*costs, *usages, *matrices, *(u.usages for u in edge_usages)):
             array.flags.writeable = False
+
+    def _nodes(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+        """The nodes' cost and usage vectors, checked: numeric, one usage per cost, no NaN,
+        no -inf cost, no infinite usage."""
+        costs = tuple(_vector(c, f"cost vector of node {i}")
+                      for i, c in enumerate(self.node_costs))
+        usages = tuple(_vector(u, f"usage vector of node {i}")
+                       for i, u in enumerate(self.node_usages))
+        for what, vectors in (("cost", costs), ("usage", usages)):
+            i = _first_bad(vectors, np.isnan)
+            if i is not None:
+                raise ProblemFormatError(f"{what} vector of node {i} is not a non-empty list "
+                                         "of numbers", expected="a 1-d array without NaN",
+                                         got="NaN", fix="give one value per strategy")
+        n = len(costs)
+        if len(usages) != n or len(self.intervals) != n:
+            raise ProblemFormatError("nodes are described inconsistently",
+                                     expected=f"{n} usage vectors and {n} intervals",
+                                     got=f"{len(usages)} and {len(self.intervals)}",
+                                     fix="give costs, usages and an interval for every node")
+        for i, (c, u) in enumerate(zip(costs, usages)):
+            if c.shape != u.shape:
+                raise ProblemFormatError(f"node {i} has {c.size} costs but {u.size} usages",
+                                         expected="one usage per strategy", got=f"{u.size}",
+                                         fix="make both lists the same length")
+        infinite = [i for i in (_first_bad(costs, lambda c: c == -math.inf),
+                                _first_bad(usages, np.isinf)) if i is not None]
+        if infinite:
+            raise ProblemFormatError(f"node {min(infinite)} has an infinite usage or -inf cost",
+                                     expected="finite usages, costs > -inf",
+                                     got="inf", fix="use inf costs to forbid a strategy")
+        return costs, usages
 
     @staticmethod
     def _interval(i: int, interval: object) -> tuple[int, int]:
@@ -148,12 +211,13 @@ class ShardingProblem:
                                          expected=f"{shape[0]} x {shape[1]} numbers",
                                          got=f"{np.size(matrix)} values",
                                          fix="one cost per strategy pair, row-major") from exc
-            if np.isnan(m).any() or (m == -math.inf).any():
-                raise ProblemFormatError(f"cost matrix of edge {e} has NaN or -inf",
-                                         expected="numbers or inf", got="NaN/-inf",
-                                         fix="use inf to forbid a pair")
             edges.append((a, b))
             matrices.append(m)
+        e = _first_bad(matrices, lambda m: np.isnan(m) | (m == -math.inf))
+        if e is not None:
+            raise ProblemFormatError(f"cost matrix of edge {e} has NaN or -inf",
+                                     expected="numbers or inf", got="NaN/-inf",
+                                     fix="use inf to forbid a pair")
         return tuple(edges), tuple(matrices)
 
     def _edge_usage(self, e: int, usage: object, costs: tuple[np.ndarray, ...]) -> EdgeUsage:
@@ -169,7 +233,7 @@ class ShardingProblem:
             raise ProblemFormatError(f"edge usage {e} joins invalid nodes",
                                      expected=f"two distinct nodes in [0, {len(costs)})",
                                      got=f"({a}, {b})", fix="fix the node indices")
-        if values.shape != (costs[a].size, costs[b].size) or not np.isfinite(values).all():
+        if values.shape != (costs[a].size, costs[b].size):
             raise ProblemFormatError(f"usages of edge usage {e} are malformed",
                                      expected=f"{costs[a].size} x {costs[b].size} finite numbers",
                                      got=f"shape {values.shape}", fix="one usage per pair")
@@ -230,19 +294,45 @@ class ShardingProblem:
     def usage_profile(self, choices: Sequence[int]) -> np.ndarray:
         """Summed usage (nodes' and edge usages') at every time step from `profile_start`
         to the latest `hi` - 1."""
-        picked = self._check(choices)
-        live = [(lo, hi, u[k]) for (lo, hi), u, k in
-                zip(self.intervals, self.node_usages, picked) if lo < hi]
-        live += [(lo, hi, u.usages[picked[u.nodes[0]], picked[u.nodes[1]]])
-                 for u in self.edge_usages for lo, hi in (u.interval,) if lo < hi]
-        if not live:
+        picked = np.asarray(self._check(choices), dtype=np.int64)
+        terms = self._live_terms
+        if terms.lo.size == 0:
             return np.zeros(0)
-        start = self.profile_start
-        diff = np.zeros(max(hi for _, hi, _ in live) - start + 1)
-        for lo, hi, usage in live:
-            diff[lo - start] += usage
-            diff[hi - start] -= usage
+        usage = terms.node_usage[terms.node_offset + picked[terms.node]]
+        if terms.pair_a.size:
+            pairs = terms.pair_usage[terms.pair_offset + picked[terms.pair_a] * terms.pair_stride
+                                     + picked[terms.pair_b]]
+            usage = np.concatenate([usage, pairs])
+        # Each term added at its lo and taken back at its hi, term after term, then summed:
+        # the same additions in the same order as a loop over the terms.
+        steps = np.stack([terms.lo, terms.hi], axis=1).ravel()
+        deltas = np.stack([usage, -usage], axis=1).ravel()
+        diff = np.bincount(steps, weights=deltas, minlength=terms.length + 1)
         return np.cumsum(diff)[:-1]
+
+    @functools.cached_property
+    def _live_terms(self) -> _LiveTerms:
+        """The usage terms live at some step, flattened for `usage_profile`."""
+        start = self.profile_start
+        live = [i for i, (lo, hi) in enumerate(self.intervals) if lo < hi]
+        pairs = [u for u in self.edge_usages if u.interval[0] < u.interval[1]]
+        sizes = [self.node_usages[i].size for i in live]
+        pair_sizes = [u.usages.size for u in pairs]
+        spans = [self.intervals[i] for i in live] + [u.interval for u in pairs]
+        lo = np.array([a for a, _ in spans], dtype=np.int64) - start
+        hi = np.array([b for _, b in spans], dtype=np.int64) - start
+
+        def flat(arrays: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate([a.ravel() for a in arrays]) if arrays else np.zeros(0)
+
+        return _LiveTerms(
+            lo, hi, int(hi.max()) if hi.size else 0,
+            np.array(live, dtype=np.int64), flat([self.node_usages[i] for i in live]),
+            np.cumsum([0, *sizes[:-1]], dtype=np.int64),
+            np.array([u.nodes[0] for u in pairs], dtype=np.int64),
+            np.array([u.nodes[1] for u in pairs], dtype=np.int64),
+            flat([u.usages for u in pairs]), np.cumsum([0, *pair_sizes[:-1]], dtype=np.int64),
+            np.array([u.usages.shape[1] for u in pairs], dtype=np.int64))
 
     def peak_usage(self, choices: Sequence[int]) -> float:
         """Largest summed usage over all time steps (0 when no node has an interval)."""

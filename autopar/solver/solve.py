@@ -61,25 +61,26 @@ def _check_args(time_limit: float, workers: int) -> None:
 def solve(problem: ShardingProblem, *, time_limit: float = 10.0, seed: int = 0,
           workers: int = 2, progress: Callable[[str], None] | None = None,
           repeatable: bool = False, initial: tuple[int, ...] | None = None,
-          reference: tuple[int, ...] | None = None, fallback: bool = False) -> Solution:
+          reference: tuple[int, ...] | None = None, fallback: bool = False,
+          screening: bool = False) -> Solution:
     """Best assignment found within `time_limit` seconds, with a proven lower bound.
 
     Returned choices always satisfy `problem.is_feasible`. Status "infeasible" is a proof
     that no assignment fits; "unknown" means none was found in time. `progress` receives
     lines with the clock, objective, bound and gap (`progress.py`); `repeatable` trades
     the rest of the time limit for the same answer on every machine (module docstring).
-    `initial`: an assignment to start from, the first incumbent when it fits.
-    `reference`: one the caller already has (an earlier round's), not searched from: the
-    search ends on it when a bound proves it within the tolerance, and otherwise goes as
-    it would without it. `fallback`: for a caller with nothing else to try, a problem
-    with edge usages whose answers do not fit looks for one by the memory each choice
-    holds (`edge_usage_phases`), a slow plan rather than none."""
+    `initial`: an assignment to start from, the first incumbent when it fits. `reference`:
+    one the caller already has (an earlier round's), not searched from: the search ends on
+    it when a bound proves it within the tolerance. A problem with edge usages is solved
+    in phases (`edge_usage_phases`), with `fallback` (nothing else to try: a slow plan
+    rather than none) and `screening` (many candidates to compare: quicker phases first)."""
     _check_args(time_limit, workers)
     if problem.edge_usages:
         return solve_with_edge_usages(problem, solve, time_limit=time_limit, seed=seed,
                                       workers=workers, progress=progress,
                                       repeatable=repeatable, initial=initial,
-                                      reference=reference, fallback=fallback)
+                                      reference=reference, fallback=fallback,
+                                      screening=screening)
     start = time.monotonic()
     best = Best()
     report = Progress(progress, best, started=start)

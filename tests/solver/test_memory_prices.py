@@ -66,3 +66,22 @@ def test_priced_answers_respect_ties_and_find_answers_that_fit():
                           if math.isfinite(cost) and problem.is_feasible(tuple(choices)))
             assert min(fits) >= optimum - 1e-9  # no answer beats the true optimum
     assert tried >= 30 and fitted >= tried // 2
+
+
+def test_a_screening_solve_fits_wherever_the_full_solve_does_and_never_beats_the_optimum():
+    # Its quick phases (the memory priced, then repaired) answer when one of theirs fits;
+    # otherwise the other phases run, so that screening never loses a fit.
+    answered = 0
+    for problem, table, _ in halfway_limited(np.random.default_rng(13), 80):
+        full = solve(problem, time_limit=5.0, repeatable=True)
+        quick = solve(problem, time_limit=5.0, repeatable=True, screening=True)
+        assert bool(quick.choices) == bool(full.choices)
+        if not quick.choices:
+            continue
+        answered += 1
+        optimum = min(cost for choices, cost in zip(table.choices, table.costs)
+                      if math.isfinite(cost) and problem.is_feasible(tuple(choices)))
+        assert problem.is_feasible(quick.choices)
+        assert quick.cost >= optimum - 1e-9 and quick.bound <= optimum + 1e-9
+        assert quick.memory_free is not None and quick.memory_free <= quick.cost + 1e-9
+    assert answered >= 20

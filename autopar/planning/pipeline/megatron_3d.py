@@ -91,7 +91,7 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                           fallback=True, overlap_rounds=solve["overlap_rounds"],
                           charges=solve.get("charges", Background()),
                           edge_cache=edge_caches.of(inner) if edge_caches else None,
-                          deadline=deadline)
+                          deadline=deadline, screening=solve.get("screening", False))
 
     request = Pipeline(axis=mesh.axis_names[axis])
     for budget in (memory_budget, None):
