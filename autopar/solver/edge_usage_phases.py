@@ -31,7 +31,7 @@ import numpy as np
 
 from autopar.solver.edge_usage import around, expansion_cells, relaxation, with_usage_nodes
 from autopar.solver.fit_repair import repair_to_fit
-from autopar.solver.memory_prices import memory_free, priced_answers
+from autopar.solver.memory_prices import PRICED_SOLVES, memory_free, priced_answers
 from autopar.solver.problem import ShardingProblem
 from autopar.solver.solution import Solution
 
@@ -146,12 +146,13 @@ def _screened(problem: ShardingProblem, free: Solution, seconds: float,
               run: Callable[..., Solution]) -> list[Solution]:
     """The answers of `problem` with its memory priced from the memory-free answer `free`
     and the overflowing ones repaired (with the shares of `seconds` `_priced_and_repaired`
-    gives them). On the 405B shape's pipeline stages, their cheapest that fits was the full
-    solve's answer on 12 of 16 problems and 2 to 6% dearer on the others, in 40% of the
-    time: enough to compare candidates, whose chosen one is planned in full."""
+    gives them; each priced solve an even share). On 16 of the 405B shape's stage problems
+    their cheapest that fits was the full solve's answer on 9 and 2 to 6% dearer on 7, in
+    30% of the time: enough to compare candidates, whose chosen one is planned in full."""
     if not free.choices:
         return []
-    answers = priced_answers(problem, free, PRICED_SHARE * seconds, run)
+    answers = priced_answers(problem, free, PRICED_SHARE * seconds, run,
+                             each=1 / PRICED_SOLVES)
     return answers + _repaired(problem, [free, *answers],
                                REPAIR_SHARE * (1 - PRICED_SHARE) * seconds)
 

@@ -68,9 +68,11 @@ def memory_free(problem: ShardingProblem, seconds: float,
 
 
 def priced_answers(problem: ShardingProblem, start: Solution, seconds: float,
-                   run: Callable[..., Solution]) -> list[Solution]:
+                   run: Callable[..., Solution], *, each: float = 0.5) -> list[Solution]:
     """Distinct answers of `problem` (which has a usage limit) from `run`s of it priced
-    (module docstring), beginning at the overflowing answer `start`, within `seconds`."""
+    (module docstring), beginning at the overflowing answer `start`, within `seconds`,
+    each solve within `each` of them (a screening's `1 / PRICED_SOLVES`: its answers only
+    compare candidates)."""
     began, limit = time.monotonic(), problem.usage_limit
     if limit is None or limit <= 0 or not start.choices or not 0 < start.cost < math.inf:
         return []
@@ -82,14 +84,15 @@ def priced_answers(problem: ShardingProblem, start: Solution, seconds: float,
     low, high = 0.0, math.inf  # the highest price that overflowed, the lowest that fit
     answers: list[Solution] = []
     for _ in range(PRICED_SOLVES):
-        # Each solve may take half the time, and the loop ends on its own counts, not on
-        # the clock, which only caps it (at SAFETY times the time): the solves end early
+        # Each solve may take `each` of the time (half, unless screening), and the loop
+        # ends on its own counts, not on the clock, which only caps it (at SAFETY times
+        # the time): the solves end early
         # (a priced problem reduces like an unconstrained one), and the answers stay the
         # same on any machine that is not much slower.
         if high <= CLOSED * low or time.monotonic() - began > SAFETY * seconds:
             break
-        answer = _costed(run(priced(problem, price * over, first), time_limit=seconds / 2),
-                         problem)
+        answer = _costed(run(priced(problem, price * over, first),
+                             time_limit=each * seconds), problem)
         if not answer.choices:
             break
         if all(answer.choices != a.choices for a in answers):
