@@ -5,7 +5,9 @@ relaxed and exact solves hold):
 1. without its limit (`memory_free`, `FREE_SHARE` of the relaxation's time): the answer
    where it fits and is optimal; its cost is the solution's `memory_free`;
 2. for a caller screening many candidates, the memory priced and the overflowing answers
-   repaired (`_screened`): the cheapest that fits is the answer;
+   repaired (`_screened`): the cheapest that fits is the answer, and where none fits,
+   phases 3 and 4 end the screening (5 and 6 only with `fallback`: on the 405B shape's
+   planning and on 218 random problems, they never found a fit that 3 and 4 missed);
 3. with each edge usage at its least over its first end (`edge_usage.relaxation`): its
    answer is the problem's when it fits;
 4. with the usages as that answer pays them (`_linearized`), then the memory priced instead
@@ -95,8 +97,8 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
     problems solved by `solve` (the other arguments are its). An `initial` assignment that
     fits is an answer like the others; a `reference` that fits is the relaxation's to end
     on (`solve`'s `reference`); `any_fit`: whether phase 6 looks for any answer that fits
-    when none does; `screening`: whether phase 2 runs (the other phases then only when it
-    finds no answer that fits)."""
+    when none does; `screening`: whether phase 2 runs (the others then only when it finds
+    no answer that fits, phases 5 and 6 only with `fallback`)."""
     start, shares = time.monotonic(), [share * time_limit for share in EDGE_USAGE_SHARES]
     options = dict(seed=seed, workers=workers, progress=progress, repeatable=repeatable)
     run = functools.partial(solve, **options)
@@ -126,6 +128,9 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
         answers += _priced_and_repaired(problem, answers, relaxed, free, shares[2], run)
     shares[2] *= (1 - PRICED_SHARE) * (1 - REPAIR_SHARE)
     refining = _best_fit(problem, answers) is not None
+    if screening and not fallback:
+        return _done(_best_fit(problem, answers) or _unknown(relaxed.bound),
+                     max(relaxed.bound, free.bound), free, start)
     if not refining:
         answers += _lower_limits(problem, relaxed_problem, relaxed, shares[2], run)
     answers += [given] if given else []
@@ -137,9 +142,14 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
     best = _best_fit(problem, [*answers, exact])
     bound = max(relaxed.bound, exact.bound, free.bound)
     if best is None:
-        best = Solution((), math.inf, bound, "infeasible" if exact.status == "infeasible"
-                        else "unknown", 0.0)
+        best = dataclasses.replace(_unknown(bound), status="infeasible") \
+            if exact.status == "infeasible" else _unknown(bound)
     return _done(best, bound, free, start)
+
+
+def _unknown(bound: float) -> Solution:
+    """No answer, under `bound`."""
+    return Solution((), math.inf, bound, "unknown", 0.0)
 
 
 def _screened(problem: ShardingProblem, free: Solution, seconds: float,
