@@ -14,7 +14,8 @@ such step cost `FIRST_PRICE` of the start's cost; it is multiplied by `RAISE` wh
 answers overflow (divided while they fit) until one of each is found, then bisected
 geometrically between the highest price whose answer overflowed and the lowest whose
 answer fits, until the two are within `CLOSED` of each other, `PRICED_SOLVES` solves at
-most. Every distinct answer is returned. A price is a multiplier, not an answer: the
+most; raising ends once `STALLED` raises lowered no answer's peak (`_stalled`). Every
+distinct answer is returned. A price is a multiplier, not an answer: the
 answers jump between a few points as it moves, so this brackets the cheapest answer that
 fits in that family, not the problem's optimum; the overflowing answers near it are the
 repair's to finish.
@@ -37,6 +38,7 @@ RAISE = 4.0
 PRICED_SOLVES = 8
 CLOSED = 1.1
 SAFETY = 4.0
+STALLED = 2
 
 
 def priced(problem: ShardingProblem, prices: np.ndarray, start: int) -> ShardingProblem:
@@ -83,13 +85,14 @@ def priced_answers(problem: ShardingProblem, start: Solution, seconds: float,
     first = problem.profile_start  # the step `over` starts at
     low, high = 0.0, math.inf  # the highest price that overflowed, the lowest that fit
     answers: list[Solution] = []
+    peaks: list[float] = []  # of the answers while the price is raised
     for _ in range(PRICED_SOLVES):
         # Each solve may take `each` of the time (half, unless screening), and the loop
         # ends on its own counts, not on the clock, which only caps it (at SAFETY times
-        # the time): the solves end early
-        # (a priced problem reduces like an unconstrained one), and the answers stay the
-        # same on any machine that is not much slower.
-        if high <= CLOSED * low or time.monotonic() - began > SAFETY * seconds:
+        # the time): the solves end early (a priced problem reduces like an unconstrained
+        # one), and the answers stay the same on any machine that is not much slower.
+        if high <= CLOSED * low or time.monotonic() - began > SAFETY * seconds \
+                or _stalled(peaks):
             break
         answer = _costed(run(priced(problem, price * over, first),
                              time_limit=each * seconds), problem)
@@ -102,9 +105,18 @@ def priced_answers(problem: ShardingProblem, start: Solution, seconds: float,
             high = price
         else:
             low, over = price, over | (profile > limit)
+            peaks += [float(profile.max())] if math.isinf(high) else []
         price = (price * RAISE if math.isinf(high) else price / RAISE if low == 0
                  else math.sqrt(low * high))
     return answers
+
+
+def _stalled(peaks: list[float]) -> bool:
+    """Whether the last `STALLED` raises of the price lowered the peak of none of their
+    answers: the least memory the priced answers reach overflows (on the 405B shape's
+    stage problems without a fit, the peak held from the fifth of eight solves on, while
+    the others' fell at every raise until one fit)."""
+    return len(peaks) > STALLED and min(peaks[-STALLED:]) >= peaks[-STALLED - 1]
 
 
 def _costed(answer: Solution, problem: ShardingProblem, *, keep_bound: bool = False
