@@ -10,7 +10,8 @@ import math
 import numpy as np
 from solver_cases import halfway_limited
 
-from autopar.solver.memory_prices import memory_free, priced, priced_answers
+from autopar.solver.memory_prices import PRICED_SOLVES, memory_free, priced, priced_answers
+from autopar.solver.problem import ShardingProblem
 from autopar.solver.solve import solve
 
 
@@ -85,3 +86,23 @@ def test_a_screening_solve_fits_wherever_the_full_solve_does_and_never_beats_the
         assert quick.cost >= optimum - 1e-9 and quick.bound <= optimum + 1e-9
         assert quick.memory_free is not None and quick.memory_free <= quick.cost + 1e-9
     assert answered >= 20
+
+
+def test_raising_the_price_stops_once_it_lowers_no_answer_s_peak():
+    # No assignment fits (the least usage is 5 over a limit of 3): once the answers hold
+    # the least, raising the price further buys nothing, and the search ends there.
+    problem = ShardingProblem(node_costs=([1.0, 2.0, 4.0], [1.0, 2.0]),
+                              node_usages=([10.0, 5.0, 5.0], [0.0, 0.0]),
+                              intervals=((0, 2), (0, 2)), edges=((0, 1),),
+                              edge_costs=(np.zeros((3, 2)),), usage_limit=3.0)
+    calls = []
+
+    def run(priced_problem, **options):
+        calls.append(priced_problem)
+        return solve(priced_problem, repeatable=True, **options)
+
+    start = solve(dataclasses.replace(problem, usage_limit=None), time_limit=5.0)
+    answers = priced_answers(problem, start, 5.0, run)
+    assert answers and problem.peak_usage(answers[-1].choices) == 5.0
+    assert not any(problem.is_feasible(a.choices) for a in answers)
+    assert len(calls) < PRICED_SOLVES
