@@ -84,6 +84,8 @@ FIT_SHARE = 0.25
 # of cells, seconds to minutes before any search.
 REDUCE_SECONDS_PER_CELL = 4e-8
 EXPANSION_SHARE = 0.5
+# No answer (`_done` gives it the solve's bound).
+NO_ANSWER = Solution((), math.inf, -math.inf, "unknown", 0.0)
 
 
 def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Solution], *,
@@ -104,12 +106,12 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
     run = functools.partial(solve, **options)
     given = _given(problem, initial)
     free = memory_free(problem, FREE_SHARE * shares[0], run) \
-        if problem.usage_limit is not None else Solution((), math.inf, -math.inf, "unknown", 0.0)
+        if problem.usage_limit is not None else NO_ANSWER
     if free.status == "optimal" and _best_fit(problem, [free]) is not None:
         return _done(free, free.bound, free, start)
     quick = _screened(problem, free, shares[2], run) if screening else []
-    if _best_fit(problem, quick) is not None:
-        return _done(_best_fit(problem, quick), free.bound, free, start)
+    if (fitting := _best_fit(problem, quick)) is not None:
+        return _done(fitting, free.bound, free, start)
     relaxed_problem = with_usage_nodes(relaxation(problem))
     referred = _given(problem, reference)
     relaxed = _truncated(run(relaxed_problem, time_limit=shares[0],
@@ -127,10 +129,10 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
     if not screening:  # else done by `_screened`
         answers += _priced_and_repaired(problem, answers, relaxed, free, shares[2], run)
     shares[2] *= (1 - PRICED_SHARE) * (1 - REPAIR_SHARE)
-    refining = _best_fit(problem, answers) is not None
+    fitting = _best_fit(problem, answers)
     if screening and not fallback:
-        return _done(_best_fit(problem, answers) or _unknown(relaxed.bound),
-                     max(relaxed.bound, free.bound), free, start)
+        return _done(fitting or NO_ANSWER, max(relaxed.bound, free.bound), free, start)
+    refining = fitting is not None
     if not refining:
         answers += _lower_limits(problem, relaxed_problem, relaxed, shares[2], run)
     answers += [given] if given else []
@@ -142,14 +144,9 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
     best = _best_fit(problem, [*answers, exact])
     bound = max(relaxed.bound, exact.bound, free.bound)
     if best is None:
-        best = dataclasses.replace(_unknown(bound), status="infeasible") \
-            if exact.status == "infeasible" else _unknown(bound)
+        best = dataclasses.replace(NO_ANSWER, status=exact.status) \
+            if exact.status == "infeasible" else NO_ANSWER
     return _done(best, bound, free, start)
-
-
-def _unknown(bound: float) -> Solution:
-    """No answer, under `bound`."""
-    return Solution((), math.inf, bound, "unknown", 0.0)
 
 
 def _screened(problem: ShardingProblem, free: Solution, seconds: float,

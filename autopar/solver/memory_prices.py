@@ -101,11 +101,11 @@ def priced_answers(problem: ShardingProblem, start: Solution, seconds: float,
         if all(answer.choices != a.choices for a in answers):
             answers.append(answer)
         profile = problem.usage_profile(answer.choices)
-        if profile.max() <= limit:
+        if (peak := float(profile.max())) <= limit:
             high = price
         else:
             low, over = price, over | (profile > limit)
-            peaks += [float(profile.max())] if math.isinf(high) else []
+            peaks += [peak] if math.isinf(high) else []
         price = (price * RAISE if math.isinf(high) else price / RAISE if low == 0
                  else math.sqrt(low * high))
     return answers

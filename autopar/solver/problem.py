@@ -59,15 +59,16 @@ def _first_bad(arrays: Sequence[np.ndarray], bad: Callable[[np.ndarray], np.ndar
 
 @dataclass(frozen=True, eq=False)
 class _LiveTerms:
-    """A problem's usage terms live at some step, as arrays: each term's steps [lo, hi)
-    from the profile's start (nodes' terms first, then edge usages'), the profile's
-    `length`; the live nodes with their usage vectors concatenated (`node_usage`, each from
-    `node_offset`); the live edge usages' ends with their matrices concatenated row-major
-    (`pair_usage`, each from `pair_offset`, rows `pair_stride` long)."""
+    """A problem's usage terms live at some step, as arrays: the profile's `start` (the
+    earliest lo, 0 when none is live), each term's steps [lo, hi) from it (nodes' terms
+    first, then edge usages'); the live nodes with their usage vectors concatenated
+    (`node_usage`, each from `node_offset`); the live edge usages' ends with their matrices
+    concatenated row-major (`pair_usage`, each from `pair_offset`, rows `pair_stride`
+    long)."""
 
+    start: int
     lo: np.ndarray
     hi: np.ndarray
-    length: int
     node: np.ndarray
     node_usage: np.ndarray
     node_offset: np.ndarray
@@ -287,9 +288,7 @@ class ShardingProblem:
     def profile_start(self) -> int:
         """The step `usage_profile` starts at: the earliest `lo` of a usage live at any
         step (0 when none is)."""
-        starts = [lo for lo, hi in self.intervals if lo < hi]
-        starts += [lo for lo, hi in (u.interval for u in self.edge_usages) if lo < hi]
-        return min(starts, default=0)
+        return self._live_terms.start
 
     def usage_profile(self, choices: Sequence[int]) -> np.ndarray:
         """Summed usage (nodes' and edge usages') at every time step from `profile_start`
@@ -307,18 +306,17 @@ class ShardingProblem:
         # the same additions in the same order as a loop over the terms.
         steps = np.stack([terms.lo, terms.hi], axis=1).ravel()
         deltas = np.stack([usage, -usage], axis=1).ravel()
-        diff = np.bincount(steps, weights=deltas, minlength=terms.length + 1)
-        return np.cumsum(diff)[:-1]
+        return np.cumsum(np.bincount(steps, weights=deltas))[:-1]  # to the latest hi - 1
 
     @functools.cached_property
     def _live_terms(self) -> _LiveTerms:
         """The usage terms live at some step, flattened for `usage_profile`."""
-        start = self.profile_start
         live = [i for i, (lo, hi) in enumerate(self.intervals) if lo < hi]
         pairs = [u for u in self.edge_usages if u.interval[0] < u.interval[1]]
         sizes = [self.node_usages[i].size for i in live]
         pair_sizes = [u.usages.size for u in pairs]
         spans = [self.intervals[i] for i in live] + [u.interval for u in pairs]
+        start = min((a for a, _ in spans), default=0)
         lo = np.array([a for a, _ in spans], dtype=np.int64) - start
         hi = np.array([b for _, b in spans], dtype=np.int64) - start
 
@@ -326,9 +324,8 @@ class ShardingProblem:
             return np.concatenate([a.ravel() for a in arrays]) if arrays else np.zeros(0)
 
         return _LiveTerms(
-            lo, hi, int(hi.max()) if hi.size else 0,
-            np.array(live, dtype=np.int64), flat([self.node_usages[i] for i in live]),
-            np.cumsum([0, *sizes[:-1]], dtype=np.int64),
+            start, lo, hi, np.array(live, dtype=np.int64),
+            flat([self.node_usages[i] for i in live]), np.cumsum([0, *sizes[:-1]], dtype=np.int64),
             np.array([u.nodes[0] for u in pairs], dtype=np.int64),
             np.array([u.nodes[1] for u in pairs], dtype=np.int64),
             flat([u.usages for u in pairs]), np.cumsum([0, *pair_sizes[:-1]], dtype=np.int64),
