@@ -20,7 +20,7 @@ from autopar.planning.graph import SCREENING_TIME, STAGE, default_budget, refine
 from autopar.planning.hand_strategies import MEGATRON_3D, plan_compared, unfit
 from autopar.planning.microbatches import MicroBatches
 from autopar.planning.pipeline.megatron_3d import megatron_3d
-from autopar.planning.pipeline.plan import MAX_MICROBATCHES, MEMORY_BINDS, plan_pipeline
+from autopar.planning.pipeline.plan import MAX_MICROBATCHES, plan_pipeline
 from autopar.planning.pipeline.request import pipeline_request
 from autopar.values.mesh import Mesh
 from autopar.values.microbatch import BatchSplit
@@ -31,6 +31,11 @@ from autopar.values.plan import HandStrategyRecord, Plan
 # this share to the whole step's objective: the planner's own tolerance against a plan
 # made with ten times the time (a plan that memory costs less can't gain more than that).
 MEMORY_COSTS = 0.02
+# More micro-batches are screened only while the best plan so far holds at least this
+# fraction of the memory budget (or none fits): without a pipeline they only trade step
+# time (smaller matmuls, collectives repeated) for activation memory, so they can only win
+# where memory binds.
+MEMORY_BINDS = 0.8
 
 
 def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
@@ -148,7 +153,7 @@ def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     try:  # the least memory a plan needs is searched for only if nothing fits (below)
         plain = plan_unpipelined(model, gm, example_inputs, mesh, microbatches=microbatches,
                                  memory_budget=memory_budget, least_memory=False,
-                                 needed=piped is None, **options)
+                                 rival=piped.step_time_s if piped else None, **options)
     except InfeasiblePlanError:
         plain = None
     if piped is not None and (plain is None or piped.step_time_s < plain.step_time_s):
@@ -164,7 +169,8 @@ def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
 def plan_unpipelined(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
                      microbatches: int | str, memory_budget: float | None = None,
                      progress: Callable[[str], None] | None = None,
-                     micro: MicroBatches, least_memory: bool = True, needed: bool = True,
+                     micro: MicroBatches, least_memory: bool = True,
+                     rival: float | None = None,
                      **options) -> Plan:
     """`plan_graph` of `gm` (`model` captured and annotated at `example_inputs`), run as
     `microbatches` micro-batches: a count, or "auto". With "auto" the step is first planned
@@ -176,8 +182,11 @@ def plan_unpipelined(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple
     `MicrobatchError` for a count; `LossError` when the forward returns no loss. `micro`:
     the planning call's splits and micro-batch captures.
     `least_memory`: whether the whole step's `InfeasiblePlanError` says the least memory a
-    plan needs (a search of its own); `needed`: whether more micro-batches are screened
-    while none fits once the call's deadline has passed (no other candidate exists)."""
+    plan needs (a search of its own); `rival`: the step of a plan found otherwise (a
+    pipeline's) that this one must beat, or None: only without one are more micro-batches
+    screened while none fits once the call's deadline has passed, and with one (and no hand
+    strategies asked for) the whole step is screened too, and a screened plan is planned in
+    full only when it is faster than the rival (`_in_full`)."""
     loss_output(gm)  # a model that returns no loss can't be trained: say so before solving
     plain = _Plain(gm, mesh, default_budget(mesh, memory_budget), micro, progress, options)
     if microbatches != "auto":
@@ -187,7 +196,10 @@ def plan_unpipelined(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple
                                   fix="pass microbatches=4, or leave the default 'auto'")
         split = micro.split(microbatches) if microbatches != 1 else None
         return plain.planned(microbatches, split, least_memory=least_memory)
-    return _in_full(plain, _screened_best(plain, least_memory=least_memory, needed=needed))
+    screen_whole = rival is not None and not plain.options.get("hand_strategies")
+    best = _screened_best(plain, least_memory=least_memory, rival=rival,
+                          screen_whole=screen_whole)
+    return _in_full(plain, best, rival, screened=screen_whole or best.microbatches > 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,23 +232,24 @@ class _Plain:
                              progress=self.progress, **chosen)
 
 
-def _screened_best(plain: _Plain, *, least_memory: bool, needed: bool) -> Plan:
+def _screened_best(plain: _Plain, *, least_memory: bool, rival: float | None,
+                   screen_whole: bool) -> Plan:
     """The best plan of the "auto" search (`plan_unpipelined`'s docstring): the whole step
-    planned in full, then twice as many micro-batches screened while memory binds (and,
-    unless the plan is `needed` or memory costs it much, `_memory_costs`, the deadline
-    lasts); raises the whole step's
+    planned in full (screened with `screen_whole`), then twice as many micro-batches
+    screened while memory binds (and, unless none fits and there is no `rival`, or memory
+    costs the plan much, `_memory_costs`, the deadline lasts); raises the whole step's
     `InfeasiblePlanError` when no count fits (searching for the least memory a plan needs
     only then: another count usually fits)."""
     best: Plan | None = None
     failure: InfeasiblePlanError | None = None
     try:
-        best = plain.planned(1, None, least_memory=False)
+        best = plain.planned(1, None, least_memory=False, screening=screen_whole)
     except InfeasiblePlanError as error:
         failure = error
     count, batch = 2, batch_size(plain.gm) or 1
     deadline = plain.options.get("deadline")
     while count <= min(batch, MAX_MICROBATCHES) and batch % count == 0 and (
-            best is None and needed or _memory_binds(best, plain.budget) and (
+            best is None and rival is None or _memory_binds(best, plain.budget) and (
                 _room_after_screening(deadline, plain.options.get("time_limit", 30.0))
                 or _memory_costs(best))):
         try:
@@ -284,14 +297,16 @@ def _memory_binds(best: Plan | None, budget: float) -> bool:
     return best is None or best.peak_memory_bytes >= MEMORY_BINDS * budget
 
 
-def _in_full(plain: _Plain, best: Plan) -> Plan:
-    """`best`, or its micro-batch count chosen by screening planned in full when that is
-    no slower."""
+def _in_full(plain: _Plain, best: Plan, rival: float | None, *, screened: bool) -> Plan:
+    """`best`, or when it was `screened`, its micro-batch count planned in full where that
+    is no slower; not when the deadline has passed, nor when it is no faster than the
+    `rival` (its full plan would be a few percent faster at most, and is not needed)."""
     deadline = plain.options.get("deadline")
-    if best.microbatches == 1 or expired(deadline):
+    if not screened or expired(deadline) or (rival is not None and best.step_time_s >= rival):
         return best
+    count = best.microbatches
     try:  # the count chosen by screening, planned in full
-        full = plain.planned(best.microbatches, plain.micro.split(best.microbatches),
+        full = plain.planned(count, plain.micro.split(count) if count > 1 else None,
                              screened_plan=best)
     except InfeasiblePlanError:
         return best

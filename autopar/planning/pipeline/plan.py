@@ -20,14 +20,16 @@ schedule, stage count s = v p) is planned as follows, and the fastest that fits 
    weights' gradient all-reduce and the loss's broadcast.
 
 Stage plans are cached by (m, s, stage, micro-batches in flight, pins), so the schedules
-that hold as many activations reuse them. Candidates are planned in the order of a lower bound
-of their step (`_least_step`: perfect splits, no communication) and the search stops at
-the first whose bound is no better than the best plan found (branch and bound); a
-candidate is abandoned once its stages planned so far bound its step at the best's
-(`stages.Beaten`); a candidate whose stages hold at least the samples' activations of one
-that did not fit is skipped; while nothing fits, or the best holds `MEMORY_BINDS` of the
-budget, twice as many micro-batches are tried (`_more_microbatches`), past the call's
-deadline too (`_settled`). Candidates are compared by
+that hold as many activations reuse them. The micro-batch counts are the batch's divisors
+from `MAX_MICROBATCHES` down to p, the most first: they hold the fewest activations and
+leave the least bubble, and a step is convex in m (`_fewer_pays`), so the search stops at
+the first count that does not improve on those above it. Within a count, candidates are
+planned in the order of a lower bound of their step (`_least_step`: perfect splits, no
+communication) until one's bound is no better than the best plan found (branch and
+bound); a candidate is abandoned once its stages planned so far bound its step at the
+best's (`stages.Beaten`); a candidate whose stages hold at least the samples'
+activations of one that did not fit is skipped; once the call's deadline has passed,
+no other count is begun once a candidate fits (`_settled`). Candidates are compared by
 screening solves (`autopar.planning.graph.screened`); the chosen one's stages are then
 planned in full slowest first, until the slowest is one so planned and the others weigh little
 in the step (`autopar.planning.pipeline.stages.refined_stages`). Complexity: at most
@@ -77,15 +79,6 @@ from autopar.values.plan import (
     drop_axis,
 )
 
-# With microbatches=None, the counts tried: divisors of the batch up to this many per
-# pipeline rank. At 4 the bubble of 1F1B is already (p - 1) / (5p - 1) < 20%, and each
-# count costs a capture of the model at its micro-batch.
-MAX_MICROBATCHES_PER_RANK = 4
-# More micro-batches are tried only while the best plan so far holds at least this
-# fraction of the memory budget (or none fits): beyond those in
-# MAX_MICROBATCHES_PER_RANK they only trade step time (smaller matmuls, collectives
-# repeated) for activation memory, so they can only win where memory binds.
-MEMORY_BINDS = 0.8
 # The most micro-batches a step is cut into: enough for one sample per data-parallel rank
 # at the batches large models train at (Megatron-LM's micro-batch of 1: a 1024-sample batch
 # over 8 such ranks is 128 micro-batches).
@@ -129,8 +122,8 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
     change what a step computes) it raises `MicrobatchError`. `constraints` pin tensors as
     `plan`'s do, with placements on the whole mesh, replicated on the pipeline axis (which
     places stages): each stage that holds a pinned tensor plans it so on the other axes.
-    Once the planning call's `deadline` has passed, no more candidates are screened
-    than it takes to find one that fits.
+    Once the planning call's `deadline` has passed, no other micro-batch count is
+    screened than it takes to find a candidate that fits.
     Raises `ShardingError` for a pin that names no tensor or splits over the pipeline axis,
     `PipelineError` for a request that can't run, `MicrobatchError` when the step can't be
     cut into micro-batches, `InfeasiblePlanError` when no candidate fits."""
@@ -193,13 +186,15 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
             stager: _Stager, batch: int | None, say: Callable[[str], None],
             deadline: Deadline | None) -> tuple[_Chosen | None, Exception | None,
                                                  dict[int, str]]:
-    """Branch and bound over the candidates (module docstring), round after round of
-    micro-batch counts: the fastest candidate's screened plan (None if none fits), the last
-    `InfeasiblePlanError` (None if none), and what mixes samples per accumulated count."""
+    """Branch and bound over the candidates (module docstring), count after count of
+    micro-batches, the most first: the fastest candidate's screened plan (None if none
+    fits), the last `InfeasiblePlanError` (None if none), and what mixes samples per
+    accumulated count. A count that does not improve on the more numerous ones ends the
+    search (`_fewer_pays`)."""
     ranks = stager.ranks
     # Fewer micro-batches than ranks leave most of every rank idle: not worth a solve.
-    counts = [pipeline.microbatches] if pipeline.microbatches else [
-        m for m in divisors(batch or 1) if ranks <= m <= MAX_MICROBATCHES_PER_RANK * ranks]
+    counts = [pipeline.microbatches] if pipeline.microbatches else sorted(
+        (m for m in divisors(batch or 1) if ranks <= m <= MAX_MICROBATCHES), reverse=True)
     best: _Chosen | None = None
     failure: Exception | None = None
     mixes: dict[int, str] = {}  # micro-batch count -> what mixes samples, when accumulated
@@ -208,37 +203,55 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
     # stages hold as many or more samples' activations does not fit either.
     overflowing: list[tuple[int, tuple[float, ...]]] = []
     step_times = unit_times(gm, find_units(gm), stager.mesh.hardware)
-    while counts and not _settled(best, stager.memory_budget, deadline):
-        before, candidates = best, []
-        for m in counts:
-            split = micro.split(m, mixing=mixing) if m > 1 else None
-            if split is not None and split.weighting == ACCUMULATED:
-                mixes[m] = split.mixes
-            measured = functools.cache(lambda split=split: _measured(
-                gm if split is None else micro.graph(split), stager.mesh.hardware))
-            candidates += _candidates(pipeline, m, ranks, devices, step_times, measured)
-        best, failed = _screen(candidates, best, stager, batch, overflowing, say, deadline)
-        if failed is not None:
-            failure = failed
-        counts = _more_microbatches(counts, best.plan if best is not None else None, pipeline,
-                                    batch, stager.memory_budget,
-                                    improved=before is None or best is not before)
+    for m in counts:
+        if _settled(best, deadline):
+            break
+        before = best
+        measured = functools.cache(lambda m=m: _measured(
+            _micro_graph(gm, micro, m, mixing, mixes), stager.mesh.hardware))
+        candidates = _candidates(pipeline, m, ranks, devices, step_times, measured)
+        best, failed = _screen(candidates, best, stager, batch, overflowing, say)
+        failure = failed or failure
+        if not _fewer_pays(before, best):
+            break
     return best, failure, mixes
+
+
+def _micro_graph(gm: fx.GraphModule, micro: MicroBatches, m: int, mixing: str,
+                 mixes: dict[int, str]) -> fx.GraphModule:
+    """`gm`'s graph of one of `m` micro-batches (`gm` itself for one), noting in `mixes`
+    what mixes the samples where the split accumulates (`split_microbatches`)."""
+    if m == 1:
+        return gm
+    split = micro.split(m, mixing=mixing)
+    if split.weighting == ACCUMULATED:
+        mixes[m] = split.mixes
+    return micro.graph(split)
+
+
+def _fewer_pays(before: _Chosen | None, after: _Chosen | None) -> bool:
+    """Whether fewer micro-batches than the count that took the best from `before` to
+    `after` may still be faster: while none fits (they only hold more activations, but a
+    candidate they make may fit where these did not), or where the count improved on those
+    before it. A pipeline's step over m micro-batches of a fixed batch is about
+    (m + p - 1)(c / m + a): the bubble (p - 1) c / m falls with m, the costs each
+    micro-batch pays again (a: collective latencies, smaller matmuls, the weights read
+    once more) rise, a convex function of m, so once a count is no faster than the
+    count above it, none below is."""
+    return before is None or after is not before
 
 
 def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
             batch: int | None, overflowing: list[tuple[int, tuple[float, ...]]],
-            say: Callable[[str], None], deadline: Deadline | None,
-            ) -> tuple[_Chosen | None, Exception | None]:
+            say: Callable[[str], None]) -> tuple[_Chosen | None, Exception | None]:
     """`candidates` planned by screening solves in the order of their bounds, until one's
     bound is no better than the best plan (`best` so far): the best after them, and the last
     `InfeasiblePlanError` among them (None if none). A candidate that does not fit joins
     `overflowing`; one that holds at least the samples of one there is skipped."""
     failure: Exception | None = None
     for bound, m, schedule, count, measured in sorted(candidates, key=lambda c: c[0]):
-        if best is not None and (bound >= best.plan.step_time_s or _settled(
-                best, stager.memory_budget, deadline)):
-            break  # no later candidate can be faster (they are sorted by bound), or no time
+        if best is not None and bound >= best.plan.step_time_s:
+            break  # no later candidate can be faster (they are sorted by bound)
         held = _held_samples(schedule, m, stager.ranks, count, batch or m)
         if any(n == count and all(a >= b for a, b in zip(held, least))
                for n, least in overflowing):
@@ -261,17 +274,12 @@ def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
     return best, failure
 
 
-def _settled(best: _Chosen | None, memory_budget: float | None,
-             deadline: Deadline | None) -> bool:
-    """Whether the search ends for want of time: the call's deadline has passed and the
-    best candidate so far does not hold `MEMORY_BINDS` of the budget. One that does is a
-    plan memory may have forced far from its step without that pressure (the 405B shape
-    at 64 micro-batches fits at 4.7 times the step it takes at 128), and more micro-batches
-    are what relieves it, so their search goes on (`_more_microbatches`, a few rounds at
-    most) with the least time each solve may have."""
-    if best is None or not expired(deadline):
-        return False
-    return memory_budget is None or best.plan.peak_memory_bytes < MEMORY_BINDS * memory_budget
+def _settled(best: _Chosen | None, deadline: Deadline | None) -> bool:
+    """Whether the search starts no other micro-batch count for want of time: the call's
+    deadline has passed and a candidate fits (until one does, the search goes on). The
+    count begun is screened to its end: its schedules differ in what their bounds do not
+    see, the memory each stage holds (an interleaved rank holds two stages in its budget)."""
+    return best is not None and expired(deadline)
 
 
 def _refined(best: _Chosen, stager: _Stager) -> Plan:
@@ -356,23 +364,6 @@ def _held_samples(schedule: Schedule, microbatches: int, ranks: int, count: int,
     return tuple(in_flight(schedule, microbatches, ranks, rank_of(k, ranks), virtual,
                            k // ranks)
                  * batch / microbatches for k in range(count))
-
-
-def _more_microbatches(tried: list[int], best: Plan | None, pipeline: Pipeline,
-                       batch: int | None, memory_budget: float | None, *,
-                       improved: bool) -> list[int]:
-    """The next micro-batch count to try when the counts `tried` left memory binding (no
-    candidate fit, or the best holds `MEMORY_BINDS` of the budget) and did better than
-    those before them (`improved`): more micro-batches hold fewer activations per stage.
-    Twice the most tried, while it divides the batch and is at most `MAX_MICROBATCHES`;
-    none when the count was asked for."""
-    if pipeline.microbatches or not tried or batch is None or memory_budget is None \
-            or not improved:
-        return []
-    if best is not None and best.peak_memory_bytes < MEMORY_BINDS * memory_budget:
-        return []
-    more = 2 * max(tried)
-    return [more] if more <= min(batch, MAX_MICROBATCHES) and batch % more == 0 else []
 
 
 def _stage_pins(gm: fx.GraphModule, mesh: Mesh, axis: int,
