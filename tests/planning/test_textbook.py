@@ -117,19 +117,21 @@ def test_states_that_do_not_fit_replicated_are_sharded_not_the_parameters_use():
 
 
 def test_with_micro_batches_states_that_do_not_fit_replicated_are_zero_1():
-    """The same MLP as above in 4 micro-batches of 1024 under 560 MB. Replicated (16
+    """The same MLP as above in 16 micro-batches of 256 under 560 MB. Replicated (16
     bytes per element, 537 MB, and the backward's gradients) still does not fit. ZeRO-1
     keeps a gathered copy and a whole gradient for the step and shards the states (12
     bytes per element in this runtime, which also keeps the shard the optimizer steps:
     403 MB; 531 MB at the backward's peak): it gathers each weight once and reduce-scatters
     its accumulated gradient once per step. ZeRO-2 would gather and reduce-scatter in
-    every micro-batch (4x the bytes), ZeRO-3 gather twice in every micro-batch."""
+    every micro-batch (16x the bytes, more than a micro-batch's compute hides: at 4
+    micro-batches of 1024 it hides them, and the plan does so), ZeRO-3 gather twice in
+    every micro-batch."""
     model, inputs = mlp.build(batch=4096, hidden=2048, ffn=8192, device="meta")
     mesh = autopar.Mesh((4,), ("dp",), hardware="h100-sxm")
     pins = {"linear": "S(0)", "linear_1": "S(0)"}
     plan = autopar.plan(model, mesh, inputs, memory_budget=560e6, constraints=pins,
-                        microbatches=4)
-    assert plan.microbatches == 4 and plan.peak_memory_bytes <= 560e6
+                        microbatches=16)
+    assert plan.microbatches == 16 and plan.peak_memory_bytes <= 560e6
     assert all(w.whole_gradient and w.gathered == "R" for w in weights(plan))
     totals = plan.comm_bytes()
     weights_bytes = 2 * 2048 * 8192 * 4  # both weights whole: each collective's buffer

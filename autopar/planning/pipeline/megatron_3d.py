@@ -23,7 +23,6 @@ from torch import nn
 from autopar.costs.optimizer_state import OptimizerState
 from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError
 from autopar.passes.problem.edge_cache import EdgeCaches
-from autopar.passes.problem.edge_costs import Background
 from autopar.passes.problem.fold_depth import fold_depth
 from autopar.passes.strategies.find_strategies import find_strategies
 from autopar.passes.strategies.offer_recompute import offer_recompute
@@ -89,7 +88,7 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                           fold_layers=fold_layers, seed=seed, optimizer=optimizer,
                           microbatches=microbatches, in_flight=in_flight, least_memory=False,
                           fallback=True, overlap_rounds=solve["overlap_rounds"],
-                          charges=solve.get("charges", Background()),
+                          charges=solve.get("charges"),
                           edge_cache=edge_caches.of(inner) if edge_caches else None,
                           deadline=deadline, screening=solve.get("screening", False))
 
