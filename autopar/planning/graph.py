@@ -12,8 +12,9 @@ that a sum of per-op costs can't express. The first solve charges them at `plan_
 from the fractions its screening plan left exposed), each next one at the fractions the
 previous plan left exposed (`Background`; at most `overlap_rounds` solves, the later ones
 with half the time limit). The rounds before the last only estimate those fractions: they
-are screening solves, and the last, by count or once a plan leaves exposed what it was
-charged (`_settled`), is solved in full (so is a round whose screening found no plan).
+are screening solves, and the last, by count, once a plan leaves exposed what it was
+charged (`_settled`), or once the call's deadline has passed, is solved in full (so is a
+round whose screening found no plan).
 """
 
 from __future__ import annotations
@@ -205,17 +206,17 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     saved = find_saved(gm)  # the same for every round, as are the edges' seconds
     edges = edge_cache if edge_cache is not None else EdgeCache(mesh)
     best, chosen, limit = None, None, time_limit  # the best plan and its choices
-    full = overlap_rounds == 1  # whether the round's solve is in full, not screening
-    if charges is None:
-        charges = Background() if overlap_rounds == 1 else FIRST_CHARGES
+    full, built = overlap_rounds == 1, None  # a solve in full; the last problem's charges
+    charges = charges or (Background() if overlap_rounds == 1 else FIRST_CHARGES)
     for done in range(overlap_rounds):
-        full = full or done == overlap_rounds - 1
-        say(f"{STAGE} build_problem (background gradient reductions charged at "
-            f"{charges.reductions:.0%}, parameter gathers at {charges.gathers:.0%})")
-        build = build_problem(gm, table, mesh, memory_budget=memory_budget, hints=hints,
-                              optimizer=optimizer, fold_layers=fold_layers,
-                              charges=charges, saved=saved, edge_cache=edges,
-                              microbatches=microbatches, in_flight=in_flight)
+        full = full or done == overlap_rounds - 1 or expired(deadline)  # the last round
+        if charges != built:
+            say(f"{STAGE} build_problem (background gradient reductions charged at "
+                f"{charges.reductions:.0%}, parameter gathers at {charges.gathers:.0%})")
+            build, built = build_problem(
+                gm, table, mesh, memory_budget=memory_budget, hints=hints,
+                optimizer=optimizer, fold_layers=fold_layers, charges=charges, saved=saved,
+                edge_cache=edges, microbatches=microbatches, in_flight=in_flight), charges
         solution = _solved(build, limit, seed=seed, progress=progress, deadline=deadline,
                            rounds=overlap_rounds - done, reference=chosen,
                            fallback=least_memory if fallback is None else fallback,

@@ -3,6 +3,9 @@ plan's JSON and every refusal of a pipeline that can't run."""
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import pytest
 from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
 
@@ -16,11 +19,11 @@ from autopar.passes.layout.split_stages import (
     dataflow,
     find_units,
     split_stages,
+    unit_times,
 )
 from autopar.planning.graph import plan_graph
-from autopar.planning.pipeline.plan import sub_mesh
+from autopar.planning.pipeline.plan import _least_step, _screen, _Stager, _started, sub_mesh
 from autopar.planning.pipeline.request import check_request, pipeline_request
-from autopar.planning.pipeline.stages import Beaten, candidate_plan
 from autopar.values.pipeline import SCHEDULES, Pipeline
 from examples import llama, moe
 from examples.gpt import build
@@ -177,31 +180,56 @@ def test_cuts_fall_between_blocks_and_move_only_the_hidden_state():
     assert ops == sum(1 for n in gm.graph.nodes if n.op == "call_function")
 
 
-def test_a_candidate_whose_first_stages_already_lose_is_not_planned_further():
-    """Its step is monotone in every stage's time: once the stages planned bound it at the
-    best step found, the rest are not planned (`Beaten`)."""
+def _four_stage_candidate(planned: list):
+    """A 4-layer GPT's 1F1B candidate of 4 stages on a 4x2 (pp, dp) mesh, for `_screen`,
+    and the `_Stager` its stages are screened with: each stage plan appended to `planned`."""
     model, inputs = build(batch=8, hidden=64, layers=4)
     gm = annotate(capture(model, inputs))
     units = find_units(gm)
-    stages = split_stages(gm, units, balanced_cuts([1.0] * 4, 4))
-    mesh = autopar.Mesh((4,), ("pp",), hardware="h100-sxm")
-    inner = sub_mesh(mesh, 0)
-    planned = []
+    mesh = autopar.Mesh((4, 2), ("pp", "dp"), hardware="h100-sxm")
 
     def plan_stage(graph, stage_mesh, **options):
         planned.append(graph)
         return plan_graph(graph, stage_mesh, model_name="gpt", time_limit=1.0, **options)
 
-    def candidate(best_step: float) -> autopar.Plan:
-        return candidate_plan(stages, units.names, SCHEDULES["1F1B"], 4, 4, mesh, 0, inner,
-                              None, plan_stage, {}, {}, best_step)
+    stager = _Stager(mesh, 0, sub_mesh(mesh, 0), None, plan_stage, {}, {})
+    times = unit_times(gm, units, mesh.hardware)
+    bound = _least_step(times, balanced_cuts(times, 4), 2, 4, 4, SCHEDULES["1F1B"])
+    return (bound, 4, SCHEDULES["1F1B"], 4, lambda: (gm, units, times)), stager
 
-    whole = candidate(float("inf"))
-    assert len(planned) == 4
+
+def test_a_screening_bound_rises_with_its_stages_and_bounds_the_step():
+    """Each stage's least time bounds its screened time, so the bound only rises as stages
+    are screened, from the candidate's `_least_step` to at most its step."""
+    planned: list = []
+    candidate, stager = _four_stage_candidate(planned)
+    chosen, screening = _started(candidate, (1.0,) * 4, stager, [], lambda message: None)
+    bounds = [screening.bound()]
+    while not screening.done:
+        screening.advance()
+        bounds.append(screening.bound())
+    assert bounds[0] == pytest.approx(candidate[0]) and len(planned) == 4
+    assert bounds == sorted(bounds) and bounds[-1] > bounds[0]
+    assert bounds[-1] <= stager.costed(chosen, screening.plans).step_time_s
+
+
+def test_a_candidate_whose_first_stages_already_lose_is_not_planned_further():
+    """Its step is monotone in every stage's time: once its bound (the stages screened, the
+    others at their least) reaches the best step found, the rest are not planned."""
+    planned: list = []
+    candidate, stager = _four_stage_candidate(planned)
+    best, _ = _screen([candidate], None, stager, 8, [], lambda message: None)
+    assert best is not None and len(planned) == 4
+    _, screening = _started(candidate, (1.0,) * 4, stager, [], lambda message: None)
+    before = screening.bound()
+    screening.advance()
+    after = screening.bound()  # the first stage screened: above what the best steps
     planned.clear()
-    with pytest.raises(Beaten):
-        candidate(whole.step_time_s / 8)  # one stage's time already bounds it above
-    assert len(planned) < 4
+    stager.cache.clear()
+    beaten = SimpleNamespace(step_time_s=(before + after) / 2)  # all `_screen` reads of it
+    found, _ = _screen([candidate], dataclasses.replace(best, plan=beaten), stager, 8, [],
+                       lambda message: None)
+    assert before < after and found.plan is beaten and len(planned) == 1
 
 
 def test_balanced_cuts_minimise_the_slowest_stage():

@@ -24,10 +24,12 @@ that hold as many activations reuse them. The micro-batch counts are the batch's
 from `MAX_MICROBATCHES` down to p, the most first: they hold the fewest activations and
 leave the least bubble, and a step is convex in m (`_fewer_pays`), so the search stops at
 the first count that does not improve on those above it. Within a count, candidates are
-planned in the order of a lower bound of their step (`_least_step`: perfect splits, no
-communication) until one's bound is no better than the best plan found (branch and
-bound); a candidate is abandoned once its stages planned so far bound its step at the
-best's (`stages.Beaten`); a candidate whose stages hold at least the samples'
+screened a stage at a time, best first (`_screen`): the one of the least lower bound of its
+step screens its next stage, the bound being the schedule's step (monotone in each
+stage's time) with its screened stages at their times and the others at their least
+(`_least_times`: perfect splits, no communication), until the least bound is no better than
+the best plan found (branch and bound), so a candidate whose stages lose is left once the
+few that show it are screened; a candidate whose stages hold at least the samples'
 activations of one that did not fit is skipped; once the call's deadline has passed,
 no other count is begun once a candidate fits (`_settled`). Candidates are compared by
 screening solves (`autopar.planning.graph.screened`); the chosen one's stages are then
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import math
 from collections.abc import Callable, Mapping
 
@@ -63,11 +66,11 @@ from autopar.planning.deadline import Deadline, expired
 from autopar.planning.microbatches import MicroBatches
 from autopar.planning.pipeline.request import check_request, divisors
 from autopar.planning.pipeline.stages import (
-    Beaten,
-    candidate_plan,
+    Screening,
     costed,
     holds,
     refined_stages,
+    screened_stages,
 )
 from autopar.values.hardware import HardwareProfile
 from autopar.values.mesh import Mesh
@@ -162,12 +165,19 @@ class _Stager:
     def ranks(self) -> int:
         return self.mesh.shape[self.axis]
 
-    def screened(self, chosen: _Chosen, best_step: float) -> Plan:
-        """The candidate's plan from screening solves of its stages (`candidate_plan`;
-        `Beaten` once they show it no faster than `best_step`)."""
-        return candidate_plan(chosen.stages, chosen.names, chosen.schedule, chosen.microbatches,
-                              self.ranks, self.mesh, self.axis, self.inner, self.memory_budget,
-                              self.plan_stage, self.cache, self.pins, best_step)
+    def screening(self, chosen: _Chosen, least: tuple[float, ...]) -> Screening:
+        """The candidate's screening, its stages' times at least `least` (`Screening`)."""
+        return Screening(chosen.stages, chosen.schedule, chosen.microbatches, self.ranks,
+                         least, screened_stages(chosen.stages, chosen.schedule,
+                                                chosen.microbatches, self.ranks, self.inner,
+                                                self.memory_budget, self.plan_stage,
+                                                self.cache, self.pins))
+
+    def costed(self, chosen: _Chosen, stage_plans: list[Plan]) -> Plan:
+        """The candidate's plan of the whole mesh from its stages' (`stages.costed`)."""
+        return costed(chosen.stages, chosen.names, stage_plans, chosen.schedule,
+                      chosen.microbatches, self.ranks, self.mesh, self.axis,
+                      self.memory_budget)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,34 +254,56 @@ def _fewer_pays(before: _Chosen | None, after: _Chosen | None) -> bool:
 def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
             batch: int | None, overflowing: list[tuple[int, tuple[float, ...]]],
             say: Callable[[str], None]) -> tuple[_Chosen | None, Exception | None]:
-    """`candidates` planned by screening solves in the order of their bounds, until one's
-    bound is no better than the best plan (`best` so far): the best after them, and the last
-    `InfeasiblePlanError` among them (None if none). A candidate that does not fit joins
-    `overflowing`; one that holds at least the samples of one there is skipped."""
+    """`candidates` screened a stage at a time, best first: the candidate of the least
+    bound (before it starts, its `_least_step`; then its `Screening.bound`) screens its next
+    stage, until the least bound is no better than the best plan (`best` so far), so that
+    a candidate whose stages lose is left after the few that show it. The best after them,
+    and the last `InfeasiblePlanError` among them (None if none). A candidate that does not
+    fit joins `overflowing`; one that holds at least the samples of one there is skipped."""
     failure: Exception | None = None
-    for bound, m, schedule, count, measured in sorted(candidates, key=lambda c: c[0]):
+    queue: list[tuple[float, int, tuple[_Chosen, Screening] | None]] = [
+        (candidate[0], k, None) for k, candidate in enumerate(candidates)]
+    heapq.heapify(queue)
+    while queue:
+        bound, k, started = heapq.heappop(queue)
         if best is not None and bound >= best.plan.step_time_s:
-            break  # no later candidate can be faster (they are sorted by bound)
+            break  # no candidate left can be faster
+        _, m, schedule, count, _ = candidates[k]
         held = _held_samples(schedule, m, stager.ranks, count, batch or m)
-        if any(n == count and all(a >= b for a, b in zip(held, least))
-               for n, least in overflowing):
+        if started is None and (started := _started(
+                candidates[k], held, stager, overflowing, say)) is None:
             continue
-        graph, units, times = measured()
-        stages = split_stages(graph, units, balanced_cuts(times, count))
-        say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
-        chosen = _Chosen(stages, units.names, schedule, m)
+        chosen, screening = started
         try:
-            candidate = stager.screened(
-                chosen, best.plan.step_time_s if best is not None else math.inf)
-        except Beaten:
-            continue
+            screening.advance()
         except InfeasiblePlanError as error:
             failure = error
             overflowing.append((count, held))
             continue
-        if best is None or candidate.step_time_s < best.plan.step_time_s:
-            best = dataclasses.replace(chosen, plan=candidate)
+        if not screening.done:
+            heapq.heappush(queue, (screening.bound(), k, started))
+            continue
+        plan = stager.costed(chosen, screening.plans)
+        if best is None or plan.step_time_s < best.plan.step_time_s:
+            best = dataclasses.replace(chosen, plan=plan)
     return best, failure
+
+
+def _started(candidate: tuple, held: tuple[float, ...], stager: _Stager,
+             overflowing: list[tuple[int, tuple[float, ...]]], say: Callable[[str], None]
+             ) -> tuple[_Chosen, Screening] | None:
+    """`candidate` cut into stages on its micro-batch's graph, and its screening; None when
+    its stages hold at least the samples (`held`) of one in `overflowing`."""
+    _, m, schedule, count, measured = candidate
+    if any(n == count and all(a >= b for a, b in zip(held, least))
+           for n, least in overflowing):
+        return None
+    graph, units, times = measured()
+    cuts = balanced_cuts(times, count)
+    say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
+    chosen = _Chosen(split_stages(graph, units, cuts), units.names, schedule, m)
+    return chosen, stager.screening(chosen, _least_times(times, cuts,
+                                                         math.prod(stager.inner.shape)))
 
 
 def _settled(best: _Chosen | None, deadline: Deadline | None) -> bool:
@@ -348,12 +380,17 @@ def _candidates(pipeline: Pipeline, microbatches: int, ranks: int, devices: int,
 def _least_step(times: list[float], cuts: tuple[int, ...], devices: int, microbatches: int,
                 ranks: int, schedule: Schedule) -> float:
     """A lower bound of a candidate's step: the schedule's step time (monotone in each
-    stage's time) of stages whose time per micro-batch is their ops' training compute on
-    one device over the `devices` of the sub-mesh, the least any plan of them can take
-    (perfect splits, no communication, no recomputation)."""
+    stage's time) of stages at their `_least_times`."""
+    return step_time(list(_least_times(times, cuts, devices)), microbatches, ranks, schedule)
+
+
+def _least_times(times: list[float], cuts: tuple[int, ...], devices: int
+                 ) -> tuple[float, ...]:
+    """Each stage's least time per micro-batch: its ops' training compute on one device
+    (`times` per unit) over the `devices` of the sub-mesh, the least any plan of it can
+    take (perfect splits, no communication, no recomputation)."""
     bounds = [0, *cuts, len(times)]
-    stage_times = [sum(times[a:b]) / devices for a, b in zip(bounds, bounds[1:])]
-    return step_time(stage_times, microbatches, ranks, schedule)
+    return tuple(sum(times[a:b]) / devices for a, b in zip(bounds, bounds[1:]))
 
 
 def _held_samples(schedule: Schedule, microbatches: int, ranks: int, count: int,

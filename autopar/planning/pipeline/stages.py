@@ -1,11 +1,11 @@
-"""One pipeline candidate's stages: planned (screening solves, then the slowest in full),
-and costed by the schedule into one plan of the whole mesh (`autopar.planning.pipeline.plan`'s
-steps 3 and 4)."""
+"""One pipeline candidate's stages: screened a stage at a time (`Screening`), the chosen
+one's slowest then planned in full (`refined_stages`), and costed by the schedule into one
+plan of the whole mesh (`costed`): `autopar.planning.pipeline.plan`'s steps 3 and 4."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch.fx as fx
 
@@ -33,48 +33,48 @@ SCREENED_SHARE = 0.1
 LOSS_BYTES = 4
 
 
-class Beaten(Exception):
-    """A candidate's stages planned so far already make its step no faster than the best."""
+class Screening:
+    """One candidate's screening, a stage at a time, in order (a stage is planned against
+    the placements the stages before it send): `bound()` is a lower bound of its step, the
+    schedule's step with its screened stages at their times per micro-batch and the others
+    at `least` (each a lower bound of its stage's: the step is monotone in every stage's
+    time), `advance()` screens the next stage (`InfeasiblePlanError` when it does not
+    fit), and once `done`, `plans` are its stages' (`costed` makes the candidate's plan).
+    Mutable: each advance adds a plan."""
+
+    def __init__(self, stages: tuple[Stage, ...], schedule: Schedule, microbatches: int,
+                 ranks: int, least: tuple[float, ...], screened: Iterator[tuple[Plan, tuple]]
+                 ) -> None:
+        self.stages, self.schedule, self.microbatches = stages, schedule, microbatches
+        self.ranks, self.least, self._screened = ranks, least, screened
+        self.plans: list[Plan] = []
+
+    @property
+    def done(self) -> bool:
+        return len(self.plans) == len(self.stages)
+
+    def bound(self) -> float:
+        times = [_split_time(plan, self.microbatches)[0] for plan in self.plans]
+        times += self.least[len(times):]
+        return step_time(times, self.microbatches, self.ranks, self.schedule)
+
+    def advance(self) -> None:
+        plan, _ = next(self._screened)
+        self.plans.append(plan)
 
 
-def candidate_plan(stages: tuple[Stage, ...], blocks: tuple[str, ...], schedule: Schedule,
-                   microbatches: int, ranks: int, mesh: Mesh, axis: int, inner: Mesh,
-                   memory_budget: float | None, plan_stage: Callable[..., Plan],
-                   cache: dict[tuple, Plan], pins: Mapping[str, str],
-                   best_step: float = float("inf")) -> Plan:
-    """The candidate's plan from its stages' screening plans (`_screened_stages`), costed
-    by the schedule (`autopar.planning.pipeline.plan`'s docstring). Raises `Beaten` as soon
-    as the stages planned so far bound its step at `best_step` or more: the schedule's step
-    with the stages still to plan at no time and no sends, a lower bound (the step is
-    monotone in every stage's time), so the rest are not planned."""
-    def check(planned: list[Plan]) -> None:
-        times = [_split_time(plan, microbatches)[0] for plan in planned]
-        times += [0.0] * (len(stages) - len(times))
-        if step_time(times, microbatches, ranks, schedule) >= best_step:
-            raise Beaten()
-
-    plans = _screened_stages(stages, schedule, microbatches, ranks, inner, memory_budget,
-                             plan_stage, cache, pins, check=check)
-    return costed(stages, blocks, [plan for plan, _ in plans], schedule, microbatches,
-                  ranks, mesh, axis, memory_budget)
-
-
-def _screened_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches: int,
-                     ranks: int, inner: Mesh, memory_budget: float | None,
-                     plan_stage: Callable[..., Plan], cache: dict[tuple, Plan],
-                     pins: Mapping[str, str],
-                     chosen: Mapping[tuple, Plan] | None = None,
-                     check: Callable[[list[Plan]], None] | None = None
-                     ) -> list[tuple[Plan, tuple]]:
-    """Each stage's plan with the key it was planned under: the plan `chosen` has for the
-    key, else its screening plan (`plan_stage`; cached). The key is (micro-batches, stage
-    count, stage, micro-batches in flight, pins), the pins what the stage is planned with:
-    the `pins` (`_stage_pins`) of the tensors it holds, a shared weight where the first
-    stage holding it stored it, and its boundary inputs as their sender sends them.
-    `check` sees the plans so far after each stage (and may raise to stop)."""
+def screened_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches: int,
+                    ranks: int, inner: Mesh, memory_budget: float | None,
+                    plan_stage: Callable[..., Plan], cache: dict[tuple, Plan],
+                    pins: Mapping[str, str], chosen: Mapping[tuple, Plan] | None = None
+                    ) -> Iterator[tuple[Plan, tuple]]:
+    """Each stage's plan with the key it was planned under, in order: the plan `chosen` has
+    for the key, else its screening plan (`plan_stage`; cached). The key is (micro-batches,
+    stage count, stage, micro-batches in flight, pins), the pins what the stage is planned
+    with: the `pins` (`_stage_pins`) of the tensors it holds, a shared weight where the first
+    stage holding it stored it, and its boundary inputs as their sender sends them."""
     pinned: dict[str, str] = {}
     sent: dict[str, str] = {}  # boundary tensor -> the placement its sender chose
-    planned = []
     for stage in stages:
         held, share = _stage_budget(stage, schedule, microbatches, ranks, len(stages),
                                     memory_budget)
@@ -92,10 +92,7 @@ def _screened_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches
         sent.update(_sent_placements(plan, stage))
         for name, placements in _shared_placements(plan, stage).items():
             pinned.setdefault(name, placements)
-        planned.append((plan, key))
-        if check is not None:
-            check([plan for plan, _ in planned])
-    return planned
+        yield plan, key
 
 
 def _stage_budget(stage: Stage, schedule: Schedule, microbatches: int, ranks: int,
@@ -138,8 +135,8 @@ def refined_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches: 
         return max(waiting, key=times.__getitem__)
 
     for _ in range(2 * len(stages)):
-        planned = _screened_stages(stages, schedule, microbatches, ranks, inner,
-                                   memory_budget, plan_stage, cache, pins, chosen)
+        planned = list(screened_stages(stages, schedule, microbatches, ranks, inner,
+                                       memory_budget, plan_stage, cache, pins, chosen))
         k = next_stage(planned)
         if k is None:
             break
@@ -157,13 +154,13 @@ def refined_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches: 
         if full.step_time_s < plan.step_time_s:
             chosen[key] = full
             try:  # the later stages, screened against its placements
-                _screened_stages(stages, schedule, microbatches, ranks, inner, memory_budget,
-                                 plan_stage, cache, pins, chosen)
+                list(screened_stages(stages, schedule, microbatches, ranks, inner,
+                                     memory_budget, plan_stage, cache, pins, chosen))
             except InfeasiblePlanError:
                 del chosen[key]
-    return [plan for plan, _ in _screened_stages(stages, schedule, microbatches, ranks, inner,
-                                                 memory_budget, plan_stage, cache, pins,
-                                                 chosen)]
+    return [plan for plan, _ in screened_stages(stages, schedule, microbatches, ranks, inner,
+                                                memory_budget, plan_stage, cache, pins,
+                                                chosen)]
 
 
 def costed(stages: tuple[Stage, ...], blocks: tuple[str, ...], stage_plans: list[Plan],
