@@ -20,7 +20,7 @@ from autopar.planning.graph import SCREENING_TIME, STAGE, default_budget, refine
 from autopar.planning.hand_strategies import MEGATRON_3D, plan_compared, unfit
 from autopar.planning.microbatches import MicroBatches
 from autopar.planning.pipeline.megatron_3d import megatron_3d
-from autopar.planning.pipeline.plan import MAX_MICROBATCHES, plan_pipeline
+from autopar.planning.pipeline.plan import MAX_MICROBATCHES, MEMORY_BINDS, plan_pipeline
 from autopar.planning.pipeline.request import pipeline_request
 from autopar.values.mesh import Mesh
 from autopar.values.microbatch import BatchSplit
@@ -31,11 +31,6 @@ from autopar.values.plan import HandStrategyRecord, Plan
 # this share to the whole step's objective: the planner's own tolerance against a plan
 # made with ten times the time (a plan that memory costs less can't gain more than that).
 MEMORY_COSTS = 0.02
-# More micro-batches are screened only while the best plan so far holds at least this
-# fraction of the memory budget (or none fits): without a pipeline they only trade step
-# time (smaller matmuls, collectives repeated) for activation memory, so they can only win
-# where memory binds.
-MEMORY_BINDS = 0.8
 
 
 def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,

@@ -22,7 +22,14 @@ from autopar.passes.layout.split_stages import (
     unit_times,
 )
 from autopar.planning.graph import plan_graph
-from autopar.planning.pipeline.plan import _least_step, _screen, _Stager, _started, sub_mesh
+from autopar.planning.pipeline.plan import (
+    _least_step,
+    _next_counts,
+    _screen,
+    _Stager,
+    _started,
+    sub_mesh,
+)
 from autopar.planning.pipeline.request import check_request, pipeline_request
 from autopar.values.pipeline import SCHEDULES, Pipeline
 from examples import llama, moe
@@ -230,6 +237,33 @@ def test_a_candidate_whose_first_stages_already_lose_is_not_planned_further():
     found, _ = _screen([candidate], dataclasses.replace(best, plan=beaten), stager, 8, [],
                        lambda message: None)
     assert before < after and found.plan is beaten and len(planned) == 1
+
+
+def test_micro_batch_counts_go_up_while_memory_binds_and_down_from_the_most_where_none_fit():
+    """The first round is p to 4p (8, 16, 32 on 8 ranks); a fit holding most of the budget
+    doubles while it improves; no fit jumps to the most (256), which descends while it
+    improves, and where the most does not fit either, the counts double from the first
+    round's."""
+    allowed, first = [8, 16, 32, 64, 128, 256], (8, 16, 32)
+    binding, loose = _fitting(0.9), _fitting(0.5)
+
+    def after(tried, best, improved=True, descending=False):
+        return _next_counts(allowed, first, list(tried), best, 1.0, improved=improved,
+                            descending=descending)
+
+    assert after(first, binding) == [64] and after(first, loose) == []
+    assert after([*first, 64], binding, improved=False) == []
+    assert after(first, None) == [256]
+    assert after([*first, 256], binding, descending=True) == [128]
+    assert after([*first, 256, 128], binding, improved=False, descending=True) == []
+    assert after([*first, 256], None) == [64] and after([*first, 256, 64], None) == [128]
+    assert _next_counts(allowed, first, list(first), binding, None, improved=True,
+                        descending=False) == []  # no memory limit: nothing to relieve
+
+
+def _fitting(share: float) -> SimpleNamespace:
+    """A best candidate whose plan holds `share` of a budget of 1 byte."""
+    return SimpleNamespace(plan=SimpleNamespace(peak_memory_bytes=share))
 
 
 def test_balanced_cuts_minimise_the_slowest_stage():

@@ -20,18 +20,21 @@ schedule, stage count s = v p) is planned as follows, and the fastest that fits 
    weights' gradient all-reduce and the loss's broadcast.
 
 Stage plans are cached by (m, s, stage, micro-batches in flight, pins), so the schedules
-that hold as many activations reuse them. The micro-batch counts are the batch's divisors
-from `MAX_MICROBATCHES` down to p, the most first: they hold the fewest activations and
-leave the least bubble, and a step is convex in m (`_fewer_pays`), so the search stops at
-the first count that does not improve on those above it. Within a count, candidates are
-screened a stage at a time, best first (`_screen`): the one of the least lower bound of its
-step screens its next stage, the bound being the schedule's step (monotone in each
-stage's time) with its screened stages at their times and the others at their least
-(`_least_times`: perfect splits, no communication), until the least bound is no better than
-the best plan found (branch and bound), so a candidate whose stages lose is left once the
-few that show it are screened; a candidate whose stages hold at least the samples'
-activations of one that did not fit is skipped; once the call's deadline has passed,
-no other count is begun once a candidate fits (`_settled`). Candidates are compared by
+that hold as many activations reuse them. The micro-batch counts are searched round by
+round (`_next_counts`): first the batch's divisors from p to `MAX_MICROBATCHES_PER_RANK` p;
+while their best holds `MEMORY_BINDS` of the budget and improves, twice the most tried;
+where none fits, the most the batch allows (up to `MAX_MICROBATCHES`), and from there
+fewer while they improve (a step is convex in m while a micro-batch splits as its plans
+want), or, where the most does not fit either, twice the most of the first round's.
+Within a round, candidates are screened a stage at a time, best first (`_screen`): the one
+of the least lower bound of its step screens its next stage, the bound being the
+schedule's step (monotone in each stage's time) with its screened stages at their times
+and the others at their least (`_least_times`: perfect splits, no communication), until the
+least bound is no better than the best plan found (branch and bound), so a candidate whose
+stages lose is left once the few that show it are screened; a candidate whose stages hold at least the samples'
+activations of one that did not fit is skipped; once the call's deadline has passed, a
+round is begun only while none fits or, ascending, the best holds `MEMORY_BINDS` of the
+budget (`_settled`). Candidates are compared by
 screening solves (`autopar.planning.graph.screened`); the chosen one's stages are then
 planned in full slowest first, until the slowest is one so planned and the others weigh little
 in the step (`autopar.planning.pipeline.stages.refined_stages`). Complexity: at most
@@ -82,6 +85,15 @@ from autopar.values.plan import (
     drop_axis,
 )
 
+# With microbatches=None, the counts of the first round: divisors of the batch up to this
+# many per pipeline rank. At 4 the bubble of 1F1B is already (p - 1) / (5p - 1) < 20%, and
+# each count costs a capture of the model at its micro-batch.
+MAX_MICROBATCHES_PER_RANK = 4
+# Past the first round, more micro-batches are tried while the best plan so far holds at
+# least this fraction of the memory budget (or none fits): beyond those in
+# MAX_MICROBATCHES_PER_RANK they mostly trade step time (smaller matmuls, collectives
+# repeated) for activation memory.
+MEMORY_BINDS = 0.8
 # The most micro-batches a step is cut into: enough for one sample per data-parallel rank
 # at the batches large models train at (Megatron-LM's micro-batch of 1: a 1024-sample batch
 # over 8 such ranks is 128 micro-batches).
@@ -196,15 +208,16 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
             stager: _Stager, batch: int | None, say: Callable[[str], None],
             deadline: Deadline | None) -> tuple[_Chosen | None, Exception | None,
                                                  dict[int, str]]:
-    """Branch and bound over the candidates (module docstring), count after count of
-    micro-batches, the most first: the fastest candidate's screened plan (None if none
-    fits), the last `InfeasiblePlanError` (None if none), and what mixes samples per
-    accumulated count. A count that does not improve on the more numerous ones ends the
-    search (`_fewer_pays`)."""
+    """Branch and bound over the candidates (module docstring), round after round of
+    micro-batch counts (`_next_counts`): the fastest candidate's screened plan (None if
+    none fits), the last `InfeasiblePlanError` (None if none), and what mixes samples per
+    accumulated count."""
     ranks = stager.ranks
     # Fewer micro-batches than ranks leave most of every rank idle: not worth a solve.
-    counts = [pipeline.microbatches] if pipeline.microbatches else sorted(
-        (m for m in divisors(batch or 1) if ranks <= m <= MAX_MICROBATCHES), reverse=True)
+    allowed = [pipeline.microbatches] if pipeline.microbatches else [
+        m for m in divisors(batch or 1) if ranks <= m <= MAX_MICROBATCHES]
+    counts = [m for m in allowed if m <= MAX_MICROBATCHES_PER_RANK * ranks] or allowed[:1]
+    first, tried = tuple(counts), []
     best: _Chosen | None = None
     failure: Exception | None = None
     mixes: dict[int, str] = {}  # micro-batch count -> what mixes samples, when accumulated
@@ -213,18 +226,52 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
     # stages hold as many or more samples' activations does not fit either.
     overflowing: list[tuple[int, tuple[float, ...]]] = []
     step_times = unit_times(gm, find_units(gm), stager.mesh.hardware)
-    for m in counts:
-        if _settled(best, deadline):
-            break
-        before = best
-        measured = functools.cache(lambda m=m: _measured(
-            _micro_graph(gm, micro, m, mixing, mixes), stager.mesh.hardware))
-        candidates = _candidates(pipeline, m, ranks, devices, step_times, measured)
-        best, failed = _screen(candidates, best, stager, batch, overflowing, say)
-        failure = failed or failure
-        if not _fewer_pays(before, best):
-            break
+    descending = False  # from the most allowed, which fit where the first round did not
+    while counts and not _settled(best, stager.memory_budget, deadline, descending=descending):
+        before, candidates = best, []
+        for m in counts:
+            measured = functools.cache(lambda m=m: _measured(
+                _micro_graph(gm, micro, m, mixing, mixes), stager.mesh.hardware))
+            candidates += _candidates(pipeline, m, ranks, devices, step_times, measured)
+        # The most micro-batches, tried when the first round fit none, may not fit for
+        # being too small to split over the data-parallel ranks, not for holding too
+        # many samples: their failures skip no candidate of the counts below.
+        jump = counts == [max(allowed)] and max(allowed) not in first
+        best, failed = _screen(candidates, best, stager, batch, [] if jump else overflowing,
+                               say)
+        failure, tried = failed or failure, tried + counts
+        descending = descending or (jump and best is not None)
+        counts = _next_counts(allowed, first, tried, best, stager.memory_budget,
+                              improved=best is not before, descending=descending)
     return best, failure, mixes
+
+
+def _next_counts(allowed: list[int], first: tuple[int, ...], tried: list[int],
+                 best: _Chosen | None, memory_budget: float | None, *, improved: bool,
+                 descending: bool) -> list[int]:
+    """The micro-batch counts of the next round, after the `first` round's (p to
+    `MAX_MICROBATCHES_PER_RANK` p) and the others `tried`, among the `allowed` counts;
+    `improved`: whether the last round found the best. None without a memory limit (more
+    micro-batches only trade time for activation memory). While the counts tried fit and
+    the best holds `MEMORY_BINDS` of the budget, twice the most tried, as long as that
+    improved. When none fits, the most allowed (the fewest activations a micro-batch, the
+    least bubble), and once that fits, `descending` from it, fewer while they improve: a
+    step over m micro-batches is about (m + p - 1)(c / m + a), the bubble (p - 1) c / m
+    falling with m, the costs each micro-batch pays again (a: collective latencies,
+    smaller matmuls) rising, convex in m while a micro-batch splits as its plans want.
+    When the most does not fit either, twice the most of the others: a micro-batch too
+    small to split over the data-parallel ranks can hold more than a larger one."""
+    top, untried = max(allowed), [m for m in allowed if m not in tried]
+    if memory_budget is None or not untried:
+        return []
+    if descending:
+        fewer = [m for m in untried if max(first) < m < min(tried[len(first):])]
+        return [max(fewer)] if improved and fewer else []
+    if best is None and top not in tried:
+        return [top]
+    doubled = 2 * max(m for m in tried if m != top or top in first)
+    binds = best is None or best.plan.peak_memory_bytes >= MEMORY_BINDS * memory_budget
+    return [doubled] if binds and (improved or best is None) and doubled in untried else []
 
 
 def _micro_graph(gm: fx.GraphModule, micro: MicroBatches, m: int, mixing: str,
@@ -237,18 +284,6 @@ def _micro_graph(gm: fx.GraphModule, micro: MicroBatches, m: int, mixing: str,
     if split.weighting == ACCUMULATED:
         mixes[m] = split.mixes
     return micro.graph(split)
-
-
-def _fewer_pays(before: _Chosen | None, after: _Chosen | None) -> bool:
-    """Whether fewer micro-batches than the count that took the best from `before` to
-    `after` may still be faster: while none fits (they only hold more activations, but a
-    candidate they make may fit where these did not), or where the count improved on those
-    before it. A pipeline's step over m micro-batches of a fixed batch is about
-    (m + p - 1)(c / m + a): the bubble (p - 1) c / m falls with m, the costs each
-    micro-batch pays again (a: collective latencies, smaller matmuls, the weights read
-    once more) rise, a convex function of m, so once a count is no faster than the
-    count above it, none below is."""
-    return before is None or after is not before
 
 
 def _screen(candidates: list[tuple], best: _Chosen | None, stager: _Stager,
@@ -306,12 +341,20 @@ def _started(candidate: tuple, held: tuple[float, ...], stager: _Stager,
                                                          math.prod(stager.inner.shape)))
 
 
-def _settled(best: _Chosen | None, deadline: Deadline | None) -> bool:
-    """Whether the search starts no other micro-batch count for want of time: the call's
-    deadline has passed and a candidate fits (until one does, the search goes on). The
-    count begun is screened to its end: its schedules differ in what their bounds do not
-    see, the memory each stage holds (an interleaved rank holds two stages in its budget)."""
-    return best is not None and expired(deadline)
+def _settled(best: _Chosen | None, memory_budget: float | None, deadline: Deadline | None,
+             *, descending: bool) -> bool:
+    """Whether the search starts no other round of micro-batch counts for want of time: the
+    call's deadline has passed, a candidate fits (until one does, the search goes on), and
+    either the counts are `descending` from the most (fewer hold more activations) or the
+    best does not hold `MEMORY_BINDS` of the budget. One that does is a plan memory may
+    have forced far from its step without that pressure (the 405B shape at 64
+    micro-batches fits at 4.7 times the step it takes at 128), and more micro-batches are
+    what relieves it. The round begun is screened to its end: its schedules differ in what
+    their bounds do not see, the memory each stage holds."""
+    if best is None or not expired(deadline):
+        return False
+    return descending or memory_budget is None \
+        or best.plan.peak_memory_bytes < MEMORY_BINDS * memory_budget
 
 
 def _refined(best: _Chosen, stager: _Stager) -> Plan:
