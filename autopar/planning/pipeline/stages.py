@@ -40,7 +40,8 @@ class Screening:
     at `least` (each a lower bound of its stage's: the step is monotone in every stage's
     time), `advance()` screens the next stage (`InfeasiblePlanError` when it does not
     fit), and once `done`, `plans` are its stages' (`costed` makes the candidate's plan).
-    Mutable: each advance adds a plan."""
+    `screened` gives the stages' screening plans in order (`screened_stages`). Mutable:
+    each advance adds a plan."""
 
     def __init__(self, stages: tuple[Stage, ...], schedule: Schedule, microbatches: int,
                  ranks: int, least: tuple[float, ...], screened: Iterator[tuple[Plan, tuple]]
