@@ -31,13 +31,13 @@ of the least lower bound of its step screens its next stage, the bound being the
 schedule's step (monotone in each stage's time) with its screened stages at their times
 and the others at their least (`_least_times`: perfect splits, no communication), until the
 least bound is no better than the best plan found (branch and bound), so a candidate whose
-stages lose is left once the few that show it are screened; a candidate whose stages hold at least the samples'
-activations of one that did not fit is skipped; once the call's deadline has passed, a
-round is begun only while none fits or, ascending, the best holds `MEMORY_BINDS` of the
-budget (`_settled`). Candidates are compared by
-screening solves (`autopar.planning.graph.screened`); the chosen one's stages are then
-planned in full slowest first, until the slowest is one so planned and the others weigh little
-in the step (`autopar.planning.pipeline.stages.refined_stages`). Complexity: at most
+stages lose is left once the few that show it are screened; a candidate whose stages hold
+at least the samples' activations of one that did not fit is skipped; once the call's
+deadline has passed, a round is begun only while none fits or, ascending, the best holds
+`MEMORY_BINDS` of the budget (`_settled`). Candidates are compared by screening solves
+(`autopar.planning.graph.screened`); the chosen one's stages are then planned in full
+slowest first, until the slowest is one so planned and the others weigh little in the step
+(`autopar.planning.pipeline.stages.refined_stages`). Complexity: at most
 O(|m| x |schedules|) candidates of s screening solves each, and at most 2s full solves; the
 sub-mesh is the same for every stage (the other axes), not searched over as in Alpa, whose
 stage DP also chooses a sub-mesh shape per stage.
