@@ -19,8 +19,9 @@ from autopar.planning.deadline import Deadline, expired
 from autopar.planning.graph import SCREENING_TIME, STAGE, default_budget, refined, screened
 from autopar.planning.hand_strategies import MEGATRON_3D, plan_compared, unfit
 from autopar.planning.microbatches import MicroBatches
+from autopar.planning.pipeline.counts import MAX_MICROBATCHES, memory_binds
 from autopar.planning.pipeline.megatron_3d import megatron_3d
-from autopar.planning.pipeline.plan import MAX_MICROBATCHES, MEMORY_BINDS, plan_pipeline
+from autopar.planning.pipeline.plan import plan_pipeline
 from autopar.planning.pipeline.request import pipeline_request
 from autopar.values.mesh import Mesh
 from autopar.values.microbatch import BatchSplit
@@ -244,7 +245,7 @@ def _screened_best(plain: _Plain, *, least_memory: bool, rival: float | None,
     count, batch = 2, batch_size(plain.gm) or 1
     deadline = plain.options.get("deadline")
     while count <= min(batch, MAX_MICROBATCHES) and batch % count == 0 and (
-            best is None and rival is None or _memory_binds(best, plain.budget) and (
+            best is None and rival is None or memory_binds(best, plain.budget) and (
                 _room_after_screening(deadline, plain.options.get("time_limit", 30.0))
                 or _memory_costs(best))):
         try:
@@ -284,12 +285,6 @@ def _memory_costs(best: Plan | None) -> bool:
     if best is None or best.solver.memory_free is None:
         return False
     return best.solver.objective > (1 + MEMORY_COSTS) * best.solver.memory_free
-
-
-def _memory_binds(best: Plan | None, budget: float) -> bool:
-    """Whether more micro-batches may pay: no plan fits yet, or the best holds at least
-    `MEMORY_BINDS` of the budget."""
-    return best is None or best.peak_memory_bytes >= MEMORY_BINDS * budget
 
 
 def _in_full(plain: _Plain, best: Plan, rival: float | None, *, screened: bool) -> Plan:

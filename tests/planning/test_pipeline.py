@@ -22,9 +22,9 @@ from autopar.passes.layout.split_stages import (
     unit_times,
 )
 from autopar.planning.graph import plan_graph
+from autopar.planning.pipeline.counts import next_counts
 from autopar.planning.pipeline.plan import (
     _least_step,
-    _next_counts,
     _screen,
     _Stager,
     _started,
@@ -248,7 +248,7 @@ def test_micro_batch_counts_go_up_while_memory_binds_and_down_from_the_most_wher
     binding, loose = _fitting(0.9), _fitting(0.5)
 
     def after(tried, best, improved=True, descending=False):
-        return _next_counts(allowed, first, list(tried), best, 1.0, improved=improved,
+        return next_counts(allowed, first, list(tried), best, 1.0, improved=improved,
                             descending=descending)
 
     assert after(first, binding) == [64] and after(first, loose) == []
@@ -257,13 +257,13 @@ def test_micro_batch_counts_go_up_while_memory_binds_and_down_from_the_most_wher
     assert after([*first, 256], binding, descending=True) == [128]
     assert after([*first, 256, 128], binding, improved=False, descending=True) == []
     assert after([*first, 256], None) == [64] and after([*first, 256, 64], None) == [128]
-    assert _next_counts(allowed, first, list(first), binding, None, improved=True,
-                        descending=False) == []  # no memory limit: nothing to relieve
+    assert next_counts(allowed, first, list(first), binding, None, improved=True,
+                       descending=False) == []  # no memory limit: nothing to relieve
 
 
 def _fitting(share: float) -> SimpleNamespace:
-    """A best candidate whose plan holds `share` of a budget of 1 byte."""
-    return SimpleNamespace(plan=SimpleNamespace(peak_memory_bytes=share))
+    """A best plan holding `share` of a budget of 1 byte."""
+    return SimpleNamespace(peak_memory_bytes=share)
 
 
 def test_balanced_cuts_minimise_the_slowest_stage():

@@ -21,11 +21,11 @@ schedule, stage count s = v p) is planned as follows, and the fastest that fits 
 
 Stage plans are cached by (m, s, stage, micro-batches in flight, pins), so the schedules
 that hold as many activations reuse them. The micro-batch counts are searched round by
-round (`_next_counts`): first the batch's divisors from p to `MAX_MICROBATCHES_PER_RANK` p;
-while their best holds `MEMORY_BINDS` of the budget and improves, twice the most tried;
-where none fits, the most the batch allows (up to `MAX_MICROBATCHES`), and from there
-fewer while they improve (a step is convex in m while a micro-batch splits as its plans
-want), or, where the most does not fit either, twice the most of the first round's.
+round (`autopar.planning.pipeline.counts.next_counts`): first the batch's divisors from p
+to 4p; while their best holds `MEMORY_BINDS` of the budget and improves, twice the most
+tried; where none fits, the most the batch allows (up to `MAX_MICROBATCHES`), and from
+there fewer while they improve (a step is convex in m while a micro-batch splits as its
+plans want), or, where the most does not fit either, twice the most of the first round's.
 Within a round, candidates are screened a stage at a time, best first (`_screen`): the one
 of the least lower bound of its step screens its next stage, the bound being the
 schedule's step (monotone in each stage's time) with its screened stages at their times
@@ -34,8 +34,8 @@ least bound is no better than the best plan found (branch and bound), so a candi
 stages lose is left once the few that show it are screened; a candidate whose stages hold
 at least the samples' activations of one that did not fit is skipped; once the call's
 deadline has passed, a round is begun only while none fits or, ascending, the best holds
-`MEMORY_BINDS` of the budget (`_settled`). Candidates are compared by screening solves
-(`autopar.planning.graph.screened`); the chosen one's stages are then planned in full
+`MEMORY_BINDS` of the budget (`counts.settled`). Candidates are compared by screening
+solves (`autopar.planning.graph.screened`); the chosen one's stages are then planned in full
 slowest first, until the slowest is one so planned and the others weigh little in the step
 (`autopar.planning.pipeline.stages.refined_stages`). Complexity: at most
 O(|m| x |schedules|) candidates of s screening solves each, and at most 2s full solves; the
@@ -65,8 +65,14 @@ from autopar.passes.layout.split_stages import (
     unit_times,
 )
 from autopar.passes.strategies.constrain import pin_placements
-from autopar.planning.deadline import Deadline, expired
+from autopar.planning.deadline import Deadline
 from autopar.planning.microbatches import MicroBatches
+from autopar.planning.pipeline.counts import (
+    MAX_MICROBATCHES,
+    MAX_MICROBATCHES_PER_RANK,
+    next_counts,
+    settled,
+)
 from autopar.planning.pipeline.request import check_request, divisors
 from autopar.planning.pipeline.stages import (
     Screening,
@@ -84,20 +90,6 @@ from autopar.values.plan import (
     Plan,
     drop_axis,
 )
-
-# With microbatches=None, the counts of the first round: divisors of the batch up to this
-# many per pipeline rank. At 4 the bubble of 1F1B is already (p - 1) / (5p - 1) < 20%, and
-# each count costs a capture of the model at its micro-batch.
-MAX_MICROBATCHES_PER_RANK = 4
-# Past the first round, more micro-batches are tried while the best plan so far holds at
-# least this fraction of the memory budget (or none fits): beyond those in
-# MAX_MICROBATCHES_PER_RANK they mostly trade step time (smaller matmuls, collectives
-# repeated) for activation memory.
-MEMORY_BINDS = 0.8
-# The most micro-batches a step is cut into: enough for one sample per data-parallel rank
-# at the batches large models train at (Megatron-LM's micro-batch of 1: a 1024-sample batch
-# over 8 such ranks is 128 micro-batches).
-MAX_MICROBATCHES = 256
 
 
 def sub_mesh(mesh: Mesh, axis: int) -> Mesh:
@@ -209,7 +201,7 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
             deadline: Deadline | None) -> tuple[_Chosen | None, Exception | None,
                                                  dict[int, str]]:
     """Branch and bound over the candidates (module docstring), round after round of
-    micro-batch counts (`_next_counts`): the fastest candidate's screened plan (None if
+    micro-batch counts (`next_counts`): the fastest candidate's screened plan (None if
     none fits), the last `InfeasiblePlanError` (None if none), and what mixes samples per
     accumulated count."""
     ranks = stager.ranks
@@ -227,7 +219,8 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
     overflowing: list[tuple[int, tuple[float, ...]]] = []
     step_times = unit_times(gm, find_units(gm), stager.mesh.hardware)
     descending = False  # from the most allowed, which fit where the first round did not
-    while counts and not _settled(best, stager.memory_budget, deadline, descending=descending):
+    while counts and not settled(best and best.plan, stager.memory_budget, deadline,
+                                 descending=descending):
         before, candidates = best, []
         for m in counts:
             measured = functools.cache(lambda m=m: _measured(
@@ -241,37 +234,9 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
                                say)
         failure, tried = failed or failure, tried + counts
         descending = descending or (jump and best is not None)
-        counts = _next_counts(allowed, first, tried, best, stager.memory_budget,
-                              improved=best is not before, descending=descending)
+        counts = next_counts(allowed, first, tried, best and best.plan, stager.memory_budget,
+                             improved=best is not before, descending=descending)
     return best, failure, mixes
-
-
-def _next_counts(allowed: list[int], first: tuple[int, ...], tried: list[int],
-                 best: _Chosen | None, memory_budget: float | None, *, improved: bool,
-                 descending: bool) -> list[int]:
-    """The micro-batch counts of the next round, after the `first` round's (p to
-    `MAX_MICROBATCHES_PER_RANK` p) and the others `tried`, among the `allowed` counts;
-    `improved`: whether the last round found the best. None without a memory limit (more
-    micro-batches only trade time for activation memory). While the counts tried fit and
-    the best holds `MEMORY_BINDS` of the budget, twice the most tried, as long as that
-    improved. When none fits, the most allowed (the fewest activations a micro-batch, the
-    least bubble), and once that fits, `descending` from it, fewer while they improve: a
-    step over m micro-batches is about (m + p - 1)(c / m + a), the bubble (p - 1) c / m
-    falling with m, the costs each micro-batch pays again (a: collective latencies,
-    smaller matmuls) rising, convex in m while a micro-batch splits as its plans want.
-    When the most does not fit either, twice the most of the others: a micro-batch too
-    small to split over the data-parallel ranks can hold more than a larger one."""
-    top, untried = max(allowed), [m for m in allowed if m not in tried]
-    if memory_budget is None or not untried:
-        return []
-    if descending:
-        fewer = [m for m in untried if max(first) < m < min(tried[len(first):])]
-        return [max(fewer)] if improved and fewer else []
-    if best is None and top not in tried:
-        return [top]
-    doubled = 2 * max(m for m in tried if m != top or top in first)
-    binds = best is None or best.plan.peak_memory_bytes >= MEMORY_BINDS * memory_budget
-    return [doubled] if binds and (improved or best is None) and doubled in untried else []
 
 
 def _micro_graph(gm: fx.GraphModule, micro: MicroBatches, m: int, mixing: str,
@@ -339,22 +304,6 @@ def _started(candidate: tuple, held: tuple[float, ...], stager: _Stager,
     chosen = _Chosen(split_stages(graph, units, cuts), units.names, schedule, m)
     return chosen, stager.screening(chosen, _least_times(times, cuts,
                                                          math.prod(stager.inner.shape)))
-
-
-def _settled(best: _Chosen | None, memory_budget: float | None, deadline: Deadline | None,
-             *, descending: bool) -> bool:
-    """Whether the search starts no other round of micro-batch counts for want of time: the
-    call's deadline has passed, a candidate fits (until one does, the search goes on), and
-    either the counts are `descending` from the most (fewer hold more activations) or the
-    best does not hold `MEMORY_BINDS` of the budget. One that does is a plan memory may
-    have forced far from its step without that pressure (the 405B shape at 64
-    micro-batches fits at 4.7 times the step it takes at 128), and more micro-batches are
-    what relieves it. The round begun is screened to its end: its schedules differ in what
-    their bounds do not see, the memory each stage holds."""
-    if best is None or not expired(deadline):
-        return False
-    return descending or memory_budget is None \
-        or best.plan.peak_memory_bytes < MEMORY_BINDS * memory_budget
 
 
 def _refined(best: _Chosen, stager: _Stager) -> Plan:
