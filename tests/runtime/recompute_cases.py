@@ -38,14 +38,16 @@ def recompute_plan(model: torch.nn.Module, inputs: tuple, mesh: autopar.Mesh,
                         constraints=constraints, time_limit=10.0, microbatches=1)
 
 
-def checkpointed_plan(model: torch.nn.Module, inputs: tuple, mesh: autopar.Mesh
-                      ) -> autopar.Plan:
-    """Data parallelism over every axis with every block checkpointed from its inputs (the
-    "full" hand strategy): its recomputed ops start from, and pass through, tensors nothing
-    keeps, which their recipes hold."""
+def checkpointed_plan(model: torch.nn.Module, inputs: tuple, mesh: autopar.Mesh,
+                      roles: tuple[str, ...] | None = None) -> autopar.Plan:
+    """`roles` (`restrict`'s, one per axis; data parallelism over every axis by default)
+    with every block checkpointed from its inputs (the "full" hand strategy): its
+    recomputed ops start from, and pass through, tensors nothing keeps, which their recipes
+    hold; under tensor parallelism they include ops whose inputs need a collective."""
     gm = annotate(capture(model, inputs))
     tables = strategy_tables(gm, mesh, microbatches=1)
-    table = restrict(tables.gm, tables.found, mesh, ("dp",) * mesh.ndim, "full").table
+    roles = roles if roles is not None else ("dp",) * mesh.ndim
+    table = restrict(tables.gm, tables.found, mesh, roles, "full").table
     return plan_table(tables.gm, table, mesh, model_name=type(model).__name__,
                       memory_budget=None, time_limit=5.0, fold_layers=True, seed=0)
 
