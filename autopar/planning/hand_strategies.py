@@ -257,12 +257,14 @@ def _gathers_note(plan: Plan, unsplit: tuple[str, ...]) -> str:
 
 def _solve_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, time_limit: float,
                  fold_layers: bool, seed: int, optimizer: OptimizerState,
-                 microbatches: int, deadline: Deadline | None) -> Plan | str:
+                 microbatches: int, deadline: Deadline | None, in_flight: int = 1
+                 ) -> Plan | str:
     """The cheapest plan of `table` with no memory limit, or why there is none."""
     try:
         return plan_table(gm, table, mesh, model_name=type(gm).__name__, memory_budget=None,
                           time_limit=time_limit, fold_layers=fold_layers, seed=seed,
-                          optimizer=optimizer, microbatches=microbatches, deadline=deadline)
+                          optimizer=optimizer, microbatches=microbatches,
+                          in_flight=in_flight, deadline=deadline)
     except InfeasiblePlanError as exc:
         return f"no plan within this restriction ({exc.got})"
 
@@ -288,6 +290,7 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
                              table: StrategyTable | None = None,
                              strategies: tuple[HandStrategy, ...] | None = None,
                              optimizer: OptimizerState = ADAMW, microbatches: int = 1,
+                             in_flight: int = 1,
                              progress: Callable[[str], None] | None = None,
                              deadline: Deadline | None = None) -> HandStrategyResults:
     """One record per hand strategy (default `standard_hand_strategies(mesh)`), then the
@@ -295,9 +298,10 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
     fits in `memory_budget`.
 
     `table` is the graph's unconstrained strategy table when the caller has it (else it is
-    found again); each strategy is solved with `time_limit`, `fold_layers`, `seed` and
-    `microbatches` (`gm` is then one micro-batch's graph) as the solver's plan was, within
-    the planning call's `deadline`.
+    found again); each strategy is solved with `time_limit`, `fold_layers`, `seed`,
+    `microbatches` (`gm` is then one micro-batch's graph) and `in_flight` (a pipeline
+    stage's micro-batches held at once) as the solver's plan was, within the planning
+    call's `deadline`.
     Records of strategies that don't apply, or whose restriction admits
     no plan, have `step_time_s` None and a note saying why.
     """
@@ -318,7 +322,8 @@ def evaluate_hand_strategies(gm: fx.GraphModule, mesh: Mesh, *, memory_budget: f
             restricted, unsplit = Restriction(pure.table, restricted.relaxed), pure.relaxed
         result = _solve_table(gm, restricted.table, mesh, time_limit=time_limit,
                               fold_layers=fold_layers, seed=seed, optimizer=optimizer,
-                              microbatches=microbatches, deadline=deadline)
+                              microbatches=microbatches, in_flight=in_flight,
+                              deadline=deadline)
         if isinstance(result, str):
             note = "; ".join(filter(None, (result, *notes)))
             records.append(missing_record(strategy, note))
@@ -410,8 +415,8 @@ def _evaluated(tables, mesh: Mesh, asked: bool | tuple[str, ...],
         table=tables.found, strategies=asked_hand_strategies(asked, mesh),
         optimizer=optimizer_state(options.get("optimizer"),
                                   master_weights=options.get("master_weights")),
-        **_picked(options, ("time_limit", "fold_layers", "seed", "microbatches", "progress",
-                            "deadline")))
+        **_picked(options, ("time_limit", "fold_layers", "seed", "microbatches", "in_flight",
+                            "progress", "deadline")))
 
 
 def _picked(options: dict, names: tuple[str, ...]) -> dict:
