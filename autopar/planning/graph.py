@@ -19,7 +19,6 @@ round whose screening found no plan).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NoReturn
@@ -41,25 +40,11 @@ from autopar.passes.strategies.constrain import constrain
 from autopar.passes.strategies.find_strategies import StrategyTable, find_strategies
 from autopar.passes.strategies.offer_recompute import offer_recompute, searched
 from autopar.passes.strategies.offer_whole_gradient import offer_whole_gradient
-from autopar.passes.strategies.restrict import restrict
 from autopar.planning.deadline import Deadline, expired
 from autopar.solver import Solution, min_peak_usage, solve
 from autopar.values.mesh import Mesh
 from autopar.values.plan import Plan
 
-# Restrictions (`restrict`'s roles, None for free placements, and recompute mode) a graph
-# is also planned under: the first two where the memory limit costs its plan more than
-# `MEMORY_COSTS` of its objective, the last only while none fits. The solver recomputes op
-# by op among the ops whose inputs are kept (`offer_recompute.searched`), and its search
-# under a binding limit prices memory (`solver.memory_prices`), whose answers jump past
-# the plans that split the batch, the weights and recompute cheap ops all at once. On a
-# 126-layer Llama's pipeline stages over 8x8 at 128 micro-batches, memory drove its plan
-# to 61 s a step; with the cheap ops of each block recomputed from its inputs (Megatron's
-# selective recomputation) and placements free, to 56 s; restricted to Megatron's layout
-# too (batch and optimizer states split over the first axis, weights over the others), 45
-# s, its memory-free step, within 40 of 74 GiB.
-CHECKPOINTING = ((None, "selective"), ("megatron", "selective"), (None, "full"))
-MEMORY_COSTS = 0.02
 # Solves at most, re-estimating how much of the background collectives stays exposed.
 OVERLAP_ROUNDS = 3
 # The fraction of the time limit a candidate's screening solve has (`screened`).
@@ -177,64 +162,15 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
         tables = strategy_tables(gm, mesh, fold_layers=fold_layers, constraints=constraints,
                                  recompute=recompute, microbatches=microbatches,
                                  progress=progress)
-    solve = functools.partial(
-        plan_table, tables.gm, mesh=mesh, model_name=model_name,
-        memory_budget=default_budget(mesh, memory_budget), time_limit=time_limit,
-        fold_layers=fold_layers, seed=seed,
-        optimizer=optimizer_state(optimizer, master_weights=master_weights),
-        microbatches=microbatches, in_flight=in_flight, overlap_rounds=overlap_rounds,
-        charges=charges, edge_cache=edge_caches.of(mesh) if edge_caches else None,
-        progress=progress, deadline=deadline, screening=screening)
-    policies = CHECKPOINTING if recompute and tables.found.checkpointed else ()
-    return _checkpointed(solve, tables, mesh, policies, constraints=constraints,
-                         least_memory=least_memory, progress=progress)
-
-
-def _checkpointed(solve: Callable[..., Plan], tables: Tables, mesh: Mesh,
-                  policies: tuple[tuple, ...], *, constraints: Mapping[str, str] | None,
-                  least_memory: bool, progress: Callable[[str], None] | None) -> Plan:
-    """The faster of `solve`'s plans of `tables` searched freely and under the checkpointing
-    `policies` (`CHECKPOINTING`), each tried when the plans before it cost memory or none
-    fits; `InfeasiblePlanError` (with the least memory the free search needs, when
-    `least_memory`) where none fits."""
-    plan, failure = _attempt(solve, tables.table, least_memory=least_memory and not policies)
-    for roles, policy in policies:
-        if plan is None or (policy != "full" and memory_costs(plan)):
-            if roles == "megatron":
-                if mesh.ndim < 2:
-                    continue
-                roles = ("dopt",) + ("tp",) * (mesh.ndim - 1)
-            if progress is not None:
-                progress(f"{STAGE} restricted: {roles or 'placements free'}, {policy} "
-                         "recomputation")
-            table = restrict(tables.gm, tables.found, mesh, roles, policy).table
-            table = constrain(tables.gm, table, mesh, constraints) if constraints else table
-            other, _ = _attempt(solve, table, least_memory=False)
-            if other is not None and (plan is None or other.step_time_s < plan.step_time_s):
-                plan = other
-    if plan is not None:
-        return plan
-    if least_memory and policies:  # raises, with the least memory the solver's search needs
-        solve(tables.table, least_memory=True)
-    assert failure is not None
-    raise failure
-
-
-def _attempt(solve: Callable[..., Plan], table: StrategyTable, *, least_memory: bool
-             ) -> tuple[Plan | None, InfeasiblePlanError | None]:
-    """`solve(table, least_memory=...)`'s plan, or why none fits."""
-    try:
-        return solve(table, least_memory=least_memory), None
-    except InfeasiblePlanError as error:
-        return None, error
-
-
-def memory_costs(plan: Plan) -> bool:
-    """Whether the memory limit costs `plan` more than `MEMORY_COSTS` of its objective
-    (`SolverReport.memory_free`: the objective of its problem without the limit)."""
-    if plan.solver.memory_free is None:
-        return False
-    return plan.solver.objective > (1 + MEMORY_COSTS) * plan.solver.memory_free
+    return plan_table(tables.gm, tables.table, mesh, model_name=model_name,
+                      memory_budget=default_budget(mesh, memory_budget),
+                      time_limit=time_limit, fold_layers=fold_layers, seed=seed,
+                      optimizer=optimizer_state(optimizer, master_weights=master_weights),
+                      microbatches=microbatches, in_flight=in_flight,
+                      least_memory=least_memory, overlap_rounds=overlap_rounds,
+                      charges=charges,
+                      edge_cache=edge_caches.of(mesh) if edge_caches else None,
+                      progress=progress, deadline=deadline, screening=screening)
 
 
 def default_budget(mesh: Mesh, memory_budget: float | None) -> float:

@@ -16,14 +16,7 @@ from autopar.passes.capturing.capture import loss_output
 from autopar.passes.layout.split_microbatches import batch_size
 from autopar.passes.problem.edge_cache import EdgeCaches
 from autopar.planning.deadline import Deadline, expired
-from autopar.planning.graph import (
-    SCREENING_TIME,
-    STAGE,
-    default_budget,
-    memory_costs,
-    refined,
-    screened,
-)
+from autopar.planning.graph import SCREENING_TIME, STAGE, default_budget, refined, screened
 from autopar.planning.hand_strategies import MEGATRON_3D, plan_compared, unfit
 from autopar.planning.microbatches import MicroBatches
 from autopar.planning.pipeline.counts import MAX_MICROBATCHES, memory_binds
@@ -34,6 +27,11 @@ from autopar.values.mesh import Mesh
 from autopar.values.microbatch import BatchSplit
 from autopar.values.pipeline import Pipeline
 from autopar.values.plan import HandStrategyRecord, Plan
+
+# More micro-batches are screened past the deadline where the memory limit adds more than
+# this share to the whole step's objective: the planner's own tolerance against a plan
+# made with ten times the time (a plan that memory costs less can't gain more than that).
+MEMORY_COSTS = 0.02
 
 
 def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
@@ -235,11 +233,9 @@ def _screened_best(plain: _Plain, *, least_memory: bool, rival: float | None,
     """The best plan of the "auto" search (`plan_unpipelined`'s docstring): the whole step
     planned in full (screened with `screen_whole`), then twice as many micro-batches
     screened while memory binds (and, unless none fits and there is no `rival`, or memory
-    costs the plan much, `graph.memory_costs`, the deadline lasts: a plan forced far from
-    its step by memory is one the planning call must not stop at, as the 70B shape at
-    64 x 4096 on 8x8, whose whole step fits at 9.9 s a step, and at 5.2 s with more
-    micro-batches); raises the whole step's `InfeasiblePlanError` when no count fits
-    (searching for the least memory a plan needs only then: another count usually fits)."""
+    costs the plan much, `_memory_costs`, the deadline lasts); raises the whole step's
+    `InfeasiblePlanError` when no count fits (searching for the least memory a plan needs
+    only then: another count usually fits)."""
     best: Plan | None = None
     failure: InfeasiblePlanError | None = None
     try:
@@ -251,7 +247,7 @@ def _screened_best(plain: _Plain, *, least_memory: bool, rival: float | None,
     while count <= min(batch, MAX_MICROBATCHES) and batch % count == 0 and (
             best is None and rival is None or memory_binds(best, plain.budget) and (
                 _room_after_screening(deadline, plain.options.get("time_limit", 30.0))
-                or memory_costs(best))):
+                or _memory_costs(best))):
         try:
             split = plain.micro.split(count)
         except MicrobatchError:
@@ -278,6 +274,17 @@ def _room_after_screening(deadline: Deadline | None, time_limit: float) -> bool:
     asks for half (`Deadline.solve_seconds`), so after a first round that did not prove
     its plan optimal no count was ever screened."""
     return deadline is None or deadline.left() > SCREENING_TIME * time_limit
+
+
+def _memory_costs(best: Plan | None) -> bool:
+    """Whether the memory limit costs the whole step's plan more than `MEMORY_COSTS` of its
+    objective (`SolverReport.memory_free`): what more micro-batches may win back, so that
+    they are screened even once the deadline has passed. A plan forced far from its step
+    by memory is one the planning call must not stop at (the 70B shape at 64 x 4096 on
+    8x8 fits its whole step at 9.9 s a step, and 5.2 s at more micro-batches)."""
+    if best is None or best.solver.memory_free is None:
+        return False
+    return best.solver.objective > (1 + MEMORY_COSTS) * best.solver.memory_free
 
 
 def _in_full(plain: _Plain, best: Plan, rival: float | None, *, screened: bool) -> Plan:

@@ -29,8 +29,7 @@ first kept (torchtitan's policy
 saves every matmul but each second one a block runs, so that a Llama block recomputes its
 k, o and up projections). All three recompute from a block's inputs
 (`StrategyTable.checkpointed` ops included); left free (None), the choice is the solver's
-among the other ops (`offer_recompute.searched`). Without roles only the recomputation is
-fixed: the solver's search under a checkpointing policy (`autopar.planning.graph`).
+among the other ops (`offer_recompute.searched`).
 
 Everything else (activations, buffers, how each op splits its work within those bounds) is
 left to the solver, so the cheapest plan of the restricted table is the best plan of that
@@ -231,15 +230,15 @@ def _region_outputs(gm: fx.GraphModule) -> set[str]:
 
 
 def restrict(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
-             roles: Sequence[str] | None, recompute: str | None = None) -> Restriction:
-    """`table` cut to what `roles` (one of `ROLES` per axis; None: any placement) and
-    `recompute` (one of `RECOMPUTE`, None: free) allow (module docstring); axes of one
-    device are never restricted. Identical ops share the restricted strategy tuple, so the
-    problem pass still recognises repeated blocks."""
-    free = roles is None
-    roles = _check_roles(("dp",) * mesh.ndim if free else roles, mesh, recompute)
-    free_axes = tuple(free or size == 1 for size in mesh.shape)
-    ring_axes = tuple(a for a, role in enumerate(roles) if role == "cp" and not free_axes[a])
+             roles: Sequence[str], recompute: str | None = None) -> Restriction:
+    """`table` cut down to the strategies allowed by `roles` (one of `ROLES` per mesh axis)
+    and by `recompute` (one of `RECOMPUTE`, None: free), see the module docstring. Axes of
+    one device are never restricted. Nodes whose strategy tuples are shared (identical ops)
+    share the restricted tuple too, so the problem pass still recognises repeated blocks."""
+    roles = _check_roles(roles, mesh, recompute)
+    free_axes = tuple(size == 1 for size in mesh.shape)
+    ring_axes = tuple(axis for axis, role in enumerate(roles)
+                      if role == "cp" and not free_axes[axis])
     by_name = {node.name: node for node in gm.graph.nodes}
     region_outputs = _region_outputs(gm) if recompute is not None else set()
     ordinals = _matmul_ordinals(gm) if recompute == "op" else {}
@@ -257,7 +256,7 @@ def restrict(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
             spec = node.meta.get(TENSOR)
             kind = "storage"
             wants = (unrestricted(_storage_wants(spec, roles))
-                     if node.meta.get(ROLE) == "parameter" and not free else ())
+                     if node.meta.get(ROLE) == "parameter" else ())
         elif node.op == "output":
             kind, wants = "output", ()
         else:
