@@ -75,3 +75,19 @@ def test_megatron_3d_by_name_refuses_what_it_cannot_plan(model_and_inputs) -> No
                    {"constraints": {"lm_head.weight": "R,R"}}):
         with pytest.raises(autopar.ShardingError, match="chooses its own micro-batches"):
             autopar.plan(model, pp, inputs, strategy="Megatron 3D", **chosen)
+
+
+def test_a_named_strategy_holds_each_stage_s_micro_batches_in_flight(model_and_inputs) -> None:
+    """Pipelined under a named strategy, a stage's memory counts the micro-batches its
+    schedule holds at once: GPipe holds all four on the last stage, 1F1B one, so the same
+    stage plans hold more activations under GPipe."""
+    model, inputs = model_and_inputs
+    mesh = autopar.Mesh((2, 2), ("pp", "dp"), hardware="h100-sxm")
+    last = {}
+    for schedule in ("GPipe", "1F1B"):
+        plan = autopar.plan(model, mesh, inputs, strategy="data parallel", time_limit=5,
+                            pipeline=autopar.Pipeline(schedule=schedule, microbatches=4))
+        stage = plan.pipeline.stages[-1]
+        last[schedule] = stage.in_flight, stage.memory_bytes
+    assert last["GPipe"][0] == 4 and last["1F1B"][0] == 1
+    assert last["GPipe"][1] > last["1F1B"][1]
