@@ -15,8 +15,9 @@ some of its split axes from its use to its backward (ZeRO-2); user inputs arrive
 every rank, so they are replicated. A pipeline stage's boundary tensors
 (`autopar_boundary`: the inputs it receives, the outputs it sends) travel as each rank's
 piece, so they may be split as stored tensors are (the output node then has one strategy
-per combination of its tensors' placements, up to `MAX_BOUNDARY_STRATEGIES`, else
-replicated); the pipeline planner pins a receiving stage to what the sending stage chose.
+per combination of its tensors' placements, up to `MAX_BOUNDARY_STRATEGIES`, the smallest
+tensors replicated beyond it); the pipeline planner pins a receiving stage to what the
+sending stage chose.
 `operator.getitem` nodes that pick one output of a multi-output op are not decisions:
 they carry their producer's placement.
 """
@@ -24,7 +25,6 @@ they carry their producer's placement.
 from __future__ import annotations
 
 import itertools
-import math
 import operator
 import warnings
 from dataclasses import dataclass
@@ -41,7 +41,7 @@ from autopar.values.specs import BOUNDARY, ROLE, TENSOR, TensorSpec
 
 STORED_ROLES = ("parameter", "buffer", "constant")
 # The most strategies a stage's sending output node gets (the product of its tensors'
-# placements); beyond it, they are sent replicated.
+# placements); beyond it, the smallest tensors are sent replicated.
 MAX_BOUNDARY_STRATEGIES = 256
 
 
@@ -167,15 +167,24 @@ def _stored_strategies(spec: TensorSpec, mesh: Mesh, *, parameter: bool) -> tupl
 def _output_strategies(inputs: tuple[tuple[str, TensorSpec], ...], mesh: Mesh, *,
                        boundary: bool) -> tuple[Strategy, ...]:
     """The output node's strategies: its tensors replicated (the model's outputs), or for a
-    stage's boundary every combination of their stored placements (module docstring)."""
+    stage's boundary every combination of their stored placements (module docstring), the
+    largest tensors first while the combinations stay within `MAX_BOUNDARY_STRATEGIES`, the
+    others replicated: a transformer's stage sends its hidden state beside position ids
+    and rotary tables, whose bytes are a sliver of it, and whose choices multiplied would
+    leave every tensor replicated (its hidden state gathered on every rank, then sent
+    whole over the pipeline axis once per micro-batch)."""
     replicated = tuple(Replicate() for _ in mesh.shape)
     whole = Strategy(tuple(replicated for _ in inputs), replicated)
     if not boundary or not inputs:
         return (whole,)
     choices = [[s.output for s in _stored_strategies(spec, mesh, parameter=False)]
                for _, spec in inputs]
-    if math.prod(len(c) for c in choices) > MAX_BOUNDARY_STRATEGIES:
-        return (whole,)
+    combinations = 1
+    for i in sorted(range(len(inputs)), key=lambda i: -inputs[i][1].nbytes):
+        if combinations * len(choices[i]) <= MAX_BOUNDARY_STRATEGIES:
+            combinations *= len(choices[i])
+        else:
+            choices[i] = [replicated]
     # Each tensor's choices start replicated: the all-replicated strategy comes first.
     return tuple(Strategy(combo, replicated) for combo in itertools.product(*choices))
 
