@@ -21,6 +21,7 @@ from autopar.passes.layout.split_stages import (
     split_stages,
     unit_times,
 )
+from autopar.passes.strategies.find_strategies import MAX_BOUNDARY_STRATEGIES, find_strategies
 from autopar.planning.graph import plan_graph
 from autopar.planning.pipeline.counts import next_counts
 from autopar.planning.pipeline.plan import (
@@ -32,6 +33,7 @@ from autopar.planning.pipeline.plan import (
 )
 from autopar.planning.pipeline.request import check_request, pipeline_request
 from autopar.values.pipeline import SCHEDULES, Pipeline
+from autopar.values.placement import Replicate
 from examples import llama, moe
 from examples.gpt import build
 
@@ -380,3 +382,24 @@ def test_a_data_parallel_stage_sends_each_rank_its_piece():
         assert second.node(send.tensor).output == placement
         pieces = 2 if placement == "S(0)" else 1
         assert send.nbytes == 2 * specs[send.tensor].nbytes / pieces  # 2 micro-batches
+
+
+def test_a_stage_sends_its_largest_tensors_split_where_all_choices_would_be_too_many():
+    """Llama's first stage sends its hidden state and two rotary tables: on a 4x2 sub-mesh
+    their placements multiply past `MAX_BOUNDARY_STRATEGIES`, so the hidden state (the
+    largest) and then one table keep their choices, and the last table is sent
+    replicated."""
+    model, inputs = llama.build()
+    gm = annotate(capture(model, inputs))
+    first = split_stages(gm, find_units(gm), (1,))[0]
+    mesh = autopar.Mesh((4, 2), ("dp", "tp"), hardware="h100-sxm")
+    table = find_strategies(first.module, mesh)
+    output = next(n.name for n in first.module.graph.nodes if n.op == "output")
+    strategies, sent = table.strategies[output], table.inputs[output]
+    choices = [len({s.inputs[k] for s in strategies}) for k in range(len(sent))]
+    largest = max(range(len(sent)), key=lambda k: sent[k][1].nbytes)
+    assert len(sent) == 3 and 1 < len(strategies) <= MAX_BOUNDARY_STRATEGIES
+    assert choices[largest] == max(choices) > 1
+    assert sorted(choices)[0] == 1  # a rotary table, sent replicated
+    whole = tuple(Replicate() for _ in mesh.shape)
+    assert strategies[0].inputs == (whole,) * 3  # the all-replicated one first
