@@ -39,14 +39,13 @@ def recompute_plan(model: torch.nn.Module, inputs: tuple, mesh: autopar.Mesh,
 
 
 def checkpointed_plan(model: torch.nn.Module, inputs: tuple, mesh: autopar.Mesh,
-                      roles: tuple[str, ...] | None = None) -> autopar.Plan:
-    """`roles` (`restrict`'s, one per axis; data parallelism over every axis by default)
-    with every block checkpointed from its inputs (the "full" hand strategy): its
-    recomputed ops start from, and pass through, tensors nothing keeps, which their recipes
-    hold; under tensor parallelism they include ops whose inputs need a collective."""
+                      roles: tuple[str, ...]) -> autopar.Plan:
+    """`roles` (`restrict`'s, one per axis) with every block checkpointed from its inputs
+    (the "full" hand strategy): its recomputed ops start from, and pass through, tensors
+    nothing keeps, which their recipes hold; under tensor parallelism they include ops
+    whose inputs need a collective."""
     gm = annotate(capture(model, inputs))
     tables = strategy_tables(gm, mesh, microbatches=1)
-    roles = roles if roles is not None else ("dp",) * mesh.ndim
     table = restrict(tables.gm, tables.found, mesh, roles, "full").table
     return plan_table(tables.gm, table, mesh, model_name=type(model).__name__,
                       memory_budget=None, time_limit=5.0, fold_layers=True, seed=0)
