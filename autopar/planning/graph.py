@@ -14,7 +14,8 @@ previous plan left exposed (`Background`; at most `overlap_rounds` solves, the l
 with half the time limit). The rounds before the last only estimate those fractions: they
 are screening solves, and the last, by count, once a plan leaves exposed what it was
 charged (`_settled`), or once the call's deadline has passed, is solved in full (so is a
-round whose screening found no plan).
+round whose screening found no plan, unless it proved none fits), except where the
+settled screening's plan is within `SCREENED_GAP` of its bound: it is the answer.
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ SCREENING_TIME = 0.25
 # avoiding them and the next moving to them. A single round charges them in full: with no
 # round after it to correct them, its objective is then the plan's step or more.
 FIRST_CHARGES = Background(0.0, 0.0)
+# A screened round's plan within this of its proven bound, charged as it leaves exposed,
+# is the answer: the full solve of the same problem could gain no more than that (on the
+# 8B shape on 8x8, a second of solving to gain nothing over the screening's 0.5%).
+SCREENED_GAP = 0.01
 
 
 # Prefix of the progress messages that start a pass (benchmarks time the passes by them);
@@ -196,13 +201,10 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     when `least_memory` (a search of its own, which a caller trying many candidates skips).
     `fallback`, `screening`: its solves' (`solve`'s; `fallback` by default when
     `least_memory`). `edge_cache`: an `EdgeCache` of `mesh` (default: its own).
-    `deadline`: the call's, capping each solve and the rounds.
-
-    The overlap is estimated round by round (module docstring): the plan with the least
-    step time of the rounds is returned."""
+    `deadline`: the call's, capping each solve and the rounds. The overlap is estimated
+    round by round (module docstring): the plan with the least step time is returned."""
     say, hints = progress or (lambda message: None), size_hints(gm)
-    sizes = {str(k): v for k, v in hints.items()}
-    warnings = _unruled_warnings(gm, table)
+    sizes = {str(k): v for k, v in hints.items()}  # the plan's, by name
     saved = find_saved(gm)  # the same for every round, as are the edges' seconds
     edges = edge_cache if edge_cache is not None else EdgeCache(mesh)
     best, chosen, limit = None, None, time_limit  # the best plan and its choices
@@ -216,30 +218,32 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
             build, built = build_problem(
                 gm, table, mesh, memory_budget=memory_budget, hints=hints,
                 optimizer=optimizer, fold_layers=fold_layers, charges=charges, saved=saved,
-                edge_cache=edges, microbatches=microbatches, in_flight=in_flight), charges
+                edge_cache=edges, microbatches=microbatches, in_flight=in_flight,
+                unfit_early=not least_memory), charges
         solution = _solved(build, limit, seed=seed, progress=progress, deadline=deadline,
                            rounds=overlap_rounds - done, reference=chosen,
                            fallback=least_memory if fallback is None else fallback,
                            screening=screening or not full)
         if not solution.choices:
-            if not full:  # the quick phases missed a fit: the next round solves in full
-                full = True
+            if not full and solution.status != "infeasible":  # none found, none proven:
+                full = True  # the next round solves in full
                 continue
             if best is not None:  # the charges change no memory: only time can run out
                 break
-            # The least memory is searched for with the solve's own limit: an answer of
-            # the deadline's last seconds would be a loose upper bound, not the least.
+            # The least memory within the solve's own limit (the deadline's last seconds
+            # would give a loose upper bound, not the least).
             _infeasible(build, solution, model_name, memory_budget,
                         time_limit if least_memory else None)
         say(f"{STAGE} extract_plan")
         plan = extract_plan(gm, build, solution, model_name=model_name, sizes=sizes,
-                            warnings=warnings)
+                            warnings=_unruled_warnings(gm, table))
         if best is None or plan.step_time_s < best.step_time_s:
             best, chosen = plan, solution.choices
         exposed = Background(plan.solver.exposed_reductions, plan.solver.exposed_gathers)
-        if expired(deadline) or (full and _settled(exposed, charges)):
+        if expired(deadline) or ((settled := _settled(exposed, charges))
+                                 and (full or solution.gap <= SCREENED_GAP)):
             break
-        full, charges, limit = _settled(exposed, charges), exposed, time_limit / 2
+        full, charges, limit = settled, exposed, time_limit / 2
     assert best is not None
     return best
 

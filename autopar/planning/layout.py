@@ -28,9 +28,9 @@ from autopar.values.microbatch import BatchSplit
 from autopar.values.pipeline import Pipeline
 from autopar.values.plan import HandStrategyRecord, Plan
 
-# More micro-batches are screened past the deadline where the memory limit adds more than
-# this share to the whole step's objective: the planner's own tolerance against a plan
-# made with ten times the time (a plan that memory costs less can't gain more than that).
+# More micro-batches are screened where the memory limit adds more than this share to the
+# whole step's objective: the planner's own tolerance against a plan made with ten times
+# the time (a plan that memory costs less can't gain more than that).
 MEMORY_COSTS = 0.02
 
 
@@ -232,10 +232,9 @@ def _screened_best(plain: _Plain, *, least_memory: bool, rival: float | None,
                    screen_whole: bool) -> Plan:
     """The best plan of the "auto" search (`plan_unpipelined`'s docstring): the whole step
     planned in full (screened with `screen_whole`), then twice as many micro-batches
-    screened while memory binds (and, unless none fits and there is no `rival`, or memory
-    costs the plan much, `_memory_costs`, the deadline lasts); raises the whole step's
-    `InfeasiblePlanError` when no count fits (searching for the least memory a plan needs
-    only then: another count usually fits)."""
+    screened while memory binds and they may gain (`_may_gain`; or none fits and there is
+    no `rival`); raises the whole step's `InfeasiblePlanError` when no count fits
+    (searching for the least memory a plan needs only then: another count usually fits)."""
     best: Plan | None = None
     failure: InfeasiblePlanError | None = None
     try:
@@ -245,9 +244,8 @@ def _screened_best(plain: _Plain, *, least_memory: bool, rival: float | None,
     count, batch = 2, batch_size(plain.gm) or 1
     deadline = plain.options.get("deadline")
     while count <= min(batch, MAX_MICROBATCHES) and batch % count == 0 and (
-            best is None and rival is None or memory_binds(best, plain.budget) and (
-                _room_after_screening(deadline, plain.options.get("time_limit", 30.0))
-                or _memory_costs(best))):
+            best is None and rival is None or memory_binds(best, plain.budget) and _may_gain(
+                best, deadline, plain.options.get("time_limit", 30.0))):
         try:
             split = plain.micro.split(count)
         except MicrobatchError:
@@ -268,23 +266,17 @@ def _screened_best(plain: _Plain, *, least_memory: bool, rival: float | None,
     return best
 
 
-def _room_after_screening(deadline: Deadline | None, time_limit: float) -> bool:
-    """Whether another count may be screened: more than its screening solve's limit
-    (`SCREENING_TIME` of the limit) left. Not half the limit: the whole step's first round
-    asks for half (`Deadline.solve_seconds`), so after a first round that did not prove
-    its plan optimal no count was ever screened."""
+def _may_gain(best: Plan | None, deadline: Deadline | None, time_limit: float) -> bool:
+    """Whether more micro-batches may gain on `best` (None: none fits): only what the memory
+    limit costs it (micro-batches trade time for memory), so, where its memory-free
+    objective is known (`SolverReport.memory_free`), when that is more than `MEMORY_COSTS`
+    of it, whatever the deadline (the 70B shape at 64 x 4096 on 8x8 fits its whole step at
+    9.9 s a step, and 5.2 s at more micro-batches), and otherwise while the deadline leaves
+    more than a screening solve's limit (`SCREENING_TIME` of the limit)."""
+    free = None if best is None else best.solver.memory_free
+    if free is not None:
+        return best.solver.objective > (1 + MEMORY_COSTS) * free
     return deadline is None or deadline.left() > SCREENING_TIME * time_limit
-
-
-def _memory_costs(best: Plan | None) -> bool:
-    """Whether the memory limit costs the whole step's plan more than `MEMORY_COSTS` of its
-    objective (`SolverReport.memory_free`): what more micro-batches may win back, so that
-    they are screened even once the deadline has passed. A plan forced far from its step
-    by memory is one the planning call must not stop at (the 70B shape at 64 x 4096 on
-    8x8 fits its whole step at 9.9 s a step, and 5.2 s at more micro-batches)."""
-    if best is None or best.solver.memory_free is None:
-        return False
-    return best.solver.objective > (1 + MEMORY_COSTS) * best.solver.memory_free
 
 
 def _in_full(plain: _Plain, best: Plan, rival: float | None, *, screened: bool) -> Plan:

@@ -107,16 +107,23 @@ def binding(problem: ShardingProblem) -> tuple[EdgeUsage, ...]:
              zip(problem.intervals, problem.node_usages) if lo < hi]
     terms += [(u.interval[0], u.interval[1], float(u.usages.max()))
               for u in problem.edge_usages if u.interval[0] < u.interval[1]]
-    cuts = np.unique([t for lo, hi, _ in terms for t in (lo, hi)])
-    diff = np.zeros(cuts.size)
-    for lo, hi, most in terms:
-        diff[np.searchsorted(cuts, lo)] += most
-        diff[np.searchsorted(cuts, hi)] -= most
-    over = np.cumsum(diff) > problem.usage_limit  # on segment [cuts[s], cuts[s + 1])
+    cuts, most = _profile(terms)
+    over = most > problem.usage_limit  # on segment [cuts[s], cuts[s + 1])
     tight = np.concatenate([[0], np.cumsum(over)])
     return tuple(u for u in problem.edge_usages if u.interval[0] < u.interval[1]
                  and tight[np.searchsorted(cuts, u.interval[1])]
                  > tight[np.searchsorted(cuts, u.interval[0])])
+
+
+def _profile(terms: list[tuple[int, int, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """The sum of `terms` (lo, hi, value: value over the steps lo <= t < hi) per segment:
+    the steps where a term starts or ends, and the sum over [cuts[s], cuts[s + 1])."""
+    cuts = np.unique([t for lo, hi, _ in terms for t in (lo, hi)])
+    diff = np.zeros(cuts.size)
+    for lo, hi, value in terms:
+        diff[np.searchsorted(cuts, lo)] += value
+        diff[np.searchsorted(cuts, hi)] -= value
+    return cuts, np.cumsum(diff)
 
 
 def with_usage_nodes(problem: ShardingProblem) -> ShardingProblem:
@@ -198,19 +205,57 @@ def relaxation(problem: ShardingProblem) -> ShardingProblem:
     with (a finite cost on every edge joining them; all when none does). No assignment uses
     more than its true usage there: a relaxation. `with_usage_nodes` turns each edge usage
     into a leaf node that the reductions fold into its end."""
+    allowed = _allowed_pairs(problem)
+
+    def least(u: EdgeUsage) -> np.ndarray:
+        paired = np.where(allowed(u), u.usages, math.inf).min(axis=0)
+        return np.where(np.isfinite(paired), paired, 0.0)  # b strategies no a strategy allows
+
+    return _of_second_end(problem, least)
+
+
+def usage_floor(problem: ShardingProblem) -> float:
+    """A lower bound of every assignment's peak usage (0 with no usage): the most, over the
+    time steps, of each live node's least usage over its strategies of finite cost plus,
+    per group of edge usages of the same two ends and interval, the least of their sum over
+    the pairs the ends may take (`relaxation`'s). A group's sum is at least 0 there
+    (`EdgeUsage`), one of its parts alone may not be: an owned output's negative part takes
+    back what its consumer's part counts. O(edge usages' cells): a solve can skip a problem
+    no assignment fits, which its relaxation, pricing each part alone, can't prove."""
+    allowed = _allowed_pairs(problem)
+    terms = [(lo, hi, float(u[np.isfinite(c)].min(initial=math.inf)))
+             for (lo, hi), u, c in zip(problem.intervals, problem.node_usages,
+                                       problem.node_costs) if lo < hi]
+    groups: dict[tuple, np.ndarray] = {}
+    for u in problem.edge_usages:
+        if u.interval[0] < u.interval[1]:
+            paired = np.where(allowed(u), u.usages, math.inf)
+            ends = u.nodes if u.nodes[0] < u.nodes[1] else u.nodes[::-1]
+            key = (ends, u.interval)
+            paired = paired if ends == u.nodes else paired.T
+            groups[key] = paired + groups[key] if key in groups else paired
+    terms += [(lo, hi, float(total.min())) for (_, (lo, hi)), total in groups.items()]
+    if any(value == math.inf for _, _, value in terms):
+        return math.inf  # a node or a pair of ends with no strategy allowed
+    _, profile = _profile(terms)
+    return float(profile.max(initial=0.0))
+
+
+def _allowed_pairs(problem: ShardingProblem) -> Callable[[EdgeUsage], np.ndarray | bool]:
+    """Per edge usage (a, b), the mask of its pairs (ka, kb) that every edge joining a and
+    b gives a finite cost (True when no edge joins them)."""
     allowed: dict[tuple[int, int], np.ndarray] = {}
     for (a, b), matrix in zip(problem.edges, problem.edge_costs):
         pair = (a, b) if (a, b) in allowed or (b, a) not in allowed else (b, a)
         finite = np.isfinite(matrix) if pair == (a, b) else np.isfinite(matrix).T
         allowed[pair] = allowed.get(pair, True) & finite
 
-    def least(u: EdgeUsage) -> np.ndarray:
+    def mask(u: EdgeUsage) -> np.ndarray | bool:
         a, b = u.nodes
-        mask = allowed.get((a, b), allowed[(b, a)].T if (b, a) in allowed else True)
-        paired = np.where(np.broadcast_to(mask, u.usages.shape), u.usages, math.inf).min(axis=0)
-        return np.where(np.isfinite(paired), paired, 0.0)  # b strategies no a strategy allows
+        found = allowed.get((a, b), allowed[(b, a)].T if (b, a) in allowed else True)
+        return np.broadcast_to(found, u.usages.shape)
 
-    return _of_second_end(problem, least)
+    return mask
 
 
 def around(problem: ShardingProblem, choices: tuple[int, ...]) -> ShardingProblem:

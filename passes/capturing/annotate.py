@@ -30,6 +30,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 from torch.utils import flop_counter
 
+from autopar.passes.capturing.find_saved import SAVED_OPS
 from autopar.rules import einsum as einsum_rule
 from autopar.values.graph_module import graph_module
 from autopar.values.specs import BYTES, FLOPS, TENSOR, Size, TensorSpec
@@ -82,10 +83,12 @@ DATA_MOVEMENT = "data movement"  # max, subtract, exp, sum, divide (or log) per 
 
 
 def annotate(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of `gm` whose nodes carry `autopar_tensor`, `autopar_flops`, `autopar_bytes`."""
+    """A copy of `gm` whose nodes carry `autopar_tensor`, `autopar_flops`, `autopar_bytes`,
+    with a memo of what its ops save (`find_saved.SAVED_OPS`) that its derived graphs share."""
     # A deep-copied graph has shallow copies of the meta dicts: FakeTensors shared, input intact.
     result = graph_module(gm, copy.deepcopy(gm.graph))
     result.meta.update(gm.meta)
+    result.meta.setdefault(SAVED_OPS, {})
     for node in result.graph.nodes:
         node.meta[TENSOR] = _spec_of(node.meta.get("val"))
         flops, nbytes = _cost(node)

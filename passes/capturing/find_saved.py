@@ -16,6 +16,11 @@ internal tensor (its bytes at the node's shapes). A kept activation is then a st
 op saves: the producer's output when a consumer saves it as an input or the op saves its
 own output, plus the internals.
 
+An op's answer depends only on its target, its arguments' specs and which of them carry a
+gradient: it is kept by that key in the graph's meta (`SAVED_OPS`), whose dict the graphs
+derived from an annotated one (folded, split into stages) share, so that the planning of a
+model's stages and candidates runs each op once per capture.
+
 Fake CPU tensors, not `meta` ones: on `meta` attention runs its math decomposition, which
 saves the whole attention matrix, where the CPU and CUDA kernels save q, k, v, the output
 and the logsumexp. Kernels of other devices may still save other internals than CPU's.
@@ -34,6 +39,9 @@ from torch.utils import _pytree as pytree
 
 from autopar.passes.capturing.gradient_path import gradient_path
 from autopar.values.specs import BYTES, TENSOR, TensorSpec
+
+# The graph meta key of what ops save, by op key (module docstring; None: no fake kernel).
+SAVED_OPS = "autopar_saved_ops"
 
 
 @dataclass(frozen=True)
@@ -86,11 +94,11 @@ def saved_by(target, args: tuple, kwargs: dict) -> Saved:
 
 def find_saved(gm: fx.GraphModule) -> dict[str, Saved]:
     """Per op node on the gradient path (by name), what autograd saves for it (see the
-    module docstring). Reads `autopar_tensor`; writes nothing."""
+    module docstring). Reads `autopar_tensor`; adds the ops it runs to `SAVED_OPS`."""
     on_path = gradient_path(gm)
     result = {}
     # Repeated blocks repeat the same ops on the same shapes: run each once.
-    known: dict[str, Saved | None] = {}
+    known: dict[str, Saved | None] = gm.meta.setdefault(SAVED_OPS, {})
     for node in gm.graph.nodes:
         if node.op != "call_function" or not on_path[node.name]:
             continue

@@ -89,6 +89,7 @@ from autopar.passes.problem.step_memory import BackwardUsages, Timeline, microba
 from autopar.passes.strategies.find_strategies import STORED_ROLES, Strategy, StrategyTable, op_spec
 from autopar.passes.strategies.offer_recompute import recompute_region
 from autopar.rules.attention import RING_TARGETS
+from autopar.solver.edge_usage import usage_floor
 from autopar.solver.problem import EdgeUsage, ShardingProblem
 from autopar.values.mesh import Mesh
 from autopar.values.specs import (
@@ -577,6 +578,33 @@ class _Builder:
                         np.broadcast_to(outputs[:, None], held.shape), rest)
         return (np.where(finite, held, 0.0),)
 
+    def edge_refs(self, nodes: list[fx.Node]) -> tuple[EdgeRef, ...]:
+        """Every tensor input's edge, with its memory flags, buckets and recomputation;
+        recording what each node's output is held for (`with_memory_flags`), which its
+        usages read."""
+        edges = tuple(
+            edge_ref(self.by_name, self.on_path, self.table.inputs[node.name], node.name,
+                     position, self.saved)
+            for node in nodes for position in range(len(self.table.inputs[node.name])))
+        return self.with_recomputed(self.with_buckets(self.with_memory_flags(edges)))
+
+    def held_repeats(self, nodes: list[fx.Node]) -> tuple[int, ...]:
+        """Per node, how many times its memory counts: its repeats when held to the end of
+        the forward, else once."""
+        return tuple(r if end >= len(nodes) else 1
+                     for r, (_, end) in zip(self.repeats, map(self.interval, nodes)))
+
+    def nodes_alone(self, nodes: list[fx.Node], strategies, memory_budget: float | None, *,
+                    name: str) -> ShardingProblem:
+        """The problem of the nodes' costs and usages, without edges."""
+        return ShardingProblem(
+            node_costs=tuple(_times(self.node_costs(n, ss), r)
+                             for n, ss, r in zip(nodes, strategies, self.repeats)),
+            node_usages=tuple(_times(self.node_usages(n, ss), r)
+                              for n, ss, r in zip(nodes, strategies, self.held_repeats(nodes))),
+            intervals=tuple(self.interval(n) for n in nodes), edges=(), edge_costs=(),
+            usage_limit=memory_budget, name=name)
+
     def edge_matrix(self, ref: EdgeRef) -> np.ndarray:
         table = self.edge_cache.seconds(ref, self.table.strategies[ref.producer],
                                         self.table.strategies[ref.consumer], self.microbatches)
@@ -615,7 +643,8 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
                   charges: Background = Background(),
                   saved: dict[str, Saved] | None = None,
                   microbatches: int = 1, in_flight: int = 1,
-                  edge_cache: EdgeCache | None = None) -> ProblemBuild:
+                  edge_cache: EdgeCache | None = None,
+                  unfit_early: bool = False) -> ProblemBuild:
     """The sharding problem of an annotated graph over `mesh` (see the module docstring).
 
     `hints` maps the graph's size symbols to the values the solve uses; `optimizer` says
@@ -628,7 +657,10 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     `autopar.costs.schedule.in_flight`; one when they run one after the other).
     `edge_cache`: an `EdgeCache` of `mesh` to keep the edges' seconds in from one call to
     the next (calls that change only `charges` then compute no transfer again); by default
-    a new one.
+    a new one. With `unfit_early`, where the nodes alone hold more than `memory_budget` at
+    some step whatever their strategies (`usage_floor`), the problem is theirs alone, its
+    edges not built (most of the building): no plan fits either way, and its solve proves
+    it at once; for a caller that needs no least memory of the full problem.
     """
     if edge_cache is not None and edge_cache.mesh != mesh:
         raise ValueError(f"an EdgeCache of mesh {edge_cache.mesh.describe()} used for "
@@ -638,34 +670,20 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
                        edge_cache)
     strategies = tuple(table.strategies[name] for name in builder.order)
     nodes = [builder.by_name[name] for name in builder.order]
-    edges = tuple(
-        edge_ref(builder.by_name, builder.on_path, table.inputs[node.name], node.name, position,
-                 builder.saved)
-        for node in nodes for position in range(len(table.inputs[node.name])))
-    edges = builder.with_recomputed(builder.with_buckets(builder.with_memory_flags(edges)))
-    # A folded graph's representative block stands for tied blocks: it is tied too.
-    ties = builder.ties(strategies) if fold_layers or builder.fold else ()
-    repeats = builder.repeats
-    intervals = tuple(builder.interval(n) for n in nodes)
-    held_repeats = tuple(r if end >= len(nodes) else 1
-                         for r, (_, end) in zip(repeats, intervals))
-    problem = ShardingProblem(
-        node_costs=tuple(_times(builder.node_costs(n, ss), r)
-                         for n, ss, r in zip(nodes, strategies, repeats)),
-        node_usages=tuple(_times(builder.node_usages(n, ss), r)
-                          for n, ss, r in zip(nodes, strategies, held_repeats)),
-        intervals=intervals,
+    edges = builder.edge_refs(nodes)  # first: they say which outputs the nodes hold
+    alone = builder.nodes_alone(nodes, strategies, memory_budget, name=type(gm).__name__)
+    unfit = unfit_early and memory_budget is not None and usage_floor(alone) > memory_budget
+    edges = () if unfit else edges
+    problem = alone if unfit else dataclasses.replace(
+        alone,
         edges=tuple((builder.index[e.producer], builder.index[e.consumer]) for e in edges),
-        edge_costs=tuple(_times(builder.edge_matrix(e), repeats[builder.index[e.consumer]])
-                         for e in edges),
-        usage_limit=memory_budget,
-        ties=ties,
-        name=type(gm).__name__,
-        edge_usages=builder.edge_usages(edges),
-    )
+        edge_costs=tuple(_times(builder.edge_matrix(e), builder.repeats[builder.index[
+            e.consumer]]) for e in edges),
+        ties=builder.ties(strategies) if fold_layers or builder.fold else (),
+        edge_usages=builder.edge_usages(edges))
     return ProblemBuild(problem, tuple(builder.order), edges, strategies, builder.on_path, mesh,
-                        optimizer, microbatches, tuple(repeats), held_repeats,
-                        in_flight, builder.saving_outputs(nodes))
+                        optimizer, microbatches, tuple(builder.repeats),
+                        builder.held_repeats(nodes), in_flight, builder.saving_outputs(nodes))
 
 
 def _times(values: np.ndarray, repeats: int) -> np.ndarray:

@@ -5,6 +5,8 @@ time."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import autopar
@@ -98,17 +100,31 @@ def test_a_time_limit_that_is_not_a_positive_number_is_refused_before_planning(l
 
 
 
-def test_micro_batch_counts_are_screened_while_a_screening_solve_fits_in_what_is_left():
-    # The whole step's first round takes half the limit unless it proves its plan optimal:
-    # the counts screened after it must fit in the other half, or more time would screen
-    # fewer of them.
+def test_more_micro_batches_are_screened_only_where_memory_may_cost_the_step():
+    # Micro-batches trade time for memory: where the memory-free objective is known, they
+    # are screened while memory costs the plan more than the tolerance, deadline or not;
+    # where it is not, while a screening solve fits in what is left (the whole step's
+    # first round takes half the limit unless it proves its plan optimal).
     from autopar.planning.graph import SCREENING_TIME
-    from autopar.planning.layout import _room_after_screening
+    from autopar.planning.layout import MEMORY_COSTS, _may_gain
 
-    assert _room_after_screening(None, 30.0)
-    assert _room_after_screening(Deadline(30.0, allotted=15.0), 30.0)
-    assert _room_after_screening(Deadline(300.0, allotted=150.0), 300.0)
-    assert not _room_after_screening(Deadline(30.0, allotted=30.0 * (1 - SCREENING_TIME)), 30.0)
+    model, inputs = mlp.build(batch=8, hidden=16, ffn=32)
+    plan = autopar.plan(model, autopar.Mesh((2,), ("dp",)), inputs, time_limit=5.0)
+
+    def costing(share: float | None) -> autopar.Plan:
+        free = None if share is None else plan.solver.objective / (1 + share)
+        return dataclasses.replace(plan, solver=dataclasses.replace(plan.solver,
+                                                                    memory_free=free))
+
+    roomy, spent = Deadline(300.0, allotted=150.0), Deadline(30.0, allotted=30.0)
+    for deadline, limit in ((None, 30.0), (roomy, 300.0), (spent, 30.0)):
+        assert _may_gain(costing(2 * MEMORY_COSTS), deadline, limit)
+        assert not _may_gain(costing(MEMORY_COSTS / 2), deadline, limit)
+    assert _may_gain(costing(None), None, 30.0)
+    assert _may_gain(None, Deadline(30.0, allotted=15.0), 30.0)  # none fits yet
+    assert _may_gain(costing(None), roomy, 300.0)
+    assert not _may_gain(costing(None), Deadline(30.0, allotted=30.0 * (1 - SCREENING_TIME)),
+                         30.0)
 
 
 def test_past_the_deadline_more_micro_batches_are_screened_where_memory_costs_the_step():
@@ -131,3 +147,27 @@ def test_past_the_deadline_more_micro_batches_are_screened_where_memory_costs_th
         assert (late.microbatches > 1) == costly and late.peak_memory_bytes <= budget
         if costly:
             assert late.step_time_s < step.step_time_s
+
+
+def test_a_settled_screening_within_its_gap_is_the_plan_and_one_beyond_it_is_solved_again():
+    # A GPT whose compute hides its gradients' reductions (the first round's charges are
+    # what its plan leaves exposed) under budgets that bind: at 90% of what it holds
+    # unlimited, its screening plan is within `SCREENED_GAP` of the memory-free bound and
+    # is the plan, one solve; at 70% it is not, and the same problem is solved in full.
+    from autopar.planning.graph import SCREENED_GAP
+
+    model, inputs = gpt.build(vocab=8192, seq=1024, hidden=1024, heads=16, layers=4,
+                              batch=32, device="meta")
+    mesh = autopar.Mesh((4, 2), ("dp", "tp"), hardware="h100-sxm")
+    free = autopar.plan(model, mesh, inputs, time_limit=6.0, microbatches=1)
+    solves = {}
+    for share in (0.9, 0.7):
+        said: list[str] = []
+        plan = autopar.plan(model, mesh, inputs, memory_budget=share * free.peak_memory_bytes,
+                            time_limit=6.0, microbatches=1, progress=said.append)
+        solves[share] = [m for m in said if m.startswith(f"{STAGE} solve")]
+        assert _rounds(said) == 0  # one problem: the charges were settled
+        assert plan.solver.objective >= free.step_time_s
+        gap = plan.solver.objective / plan.solver.memory_free - 1
+        assert (gap <= SCREENED_GAP) == (share == 0.9)
+    assert len(solves[0.9]) == 1 and len(solves[0.7]) == 2

@@ -374,3 +374,76 @@ def test_the_search_for_any_answer_that_fits_prices_the_memory_each_choice_holds
                     * steps(u.interval) for u in problem.edge_usages)
         assert weighted.cost(choices) == pytest.approx(held, rel=1e-12)
         assert np.array_equal(weighted.usage_profile(choices), problem.usage_profile(choices))
+
+
+def _owned_parts_problem(rng) -> ShardingProblem:
+    """Three nodes whose edge usages are split as `build_problem` splits an owned output's
+    (its consumer's part, its producer's negative part, the rest), 0 on forbidden pairs."""
+    sizes = [int(k) for k in rng.integers(2, 4, 3)]
+    edges = [(0, 1), (1, 2)]
+    matrices = [np.where(rng.random((sizes[a], sizes[b])) < 0.3, math.inf,
+                         rng.uniform(0, 3, (sizes[a], sizes[b]))) for a, b in edges]
+    usages = []
+    for (a, b), cost in zip(edges, matrices):
+        reads = rng.integers(0, 6, sizes[b]).astype(float)
+        rest = np.where(np.isfinite(cost), rng.integers(0, 4, cost.shape), 0.0)
+        least = np.where(np.isfinite(cost), reads[None, :] + rest, math.inf).min(axis=1)
+        outputs = -np.floor(rng.random(sizes[a]) * np.where(np.isfinite(least), least, 0.0))
+        lo = int(rng.integers(0, 3))
+        usages += [EdgeUsage((a, b), np.broadcast_to(reads, cost.shape), (lo, lo + 2)),
+                   EdgeUsage((a, b), np.broadcast_to(outputs[:, None], cost.shape), (lo, lo + 2)),
+                   EdgeUsage((a, b), rest, (lo, lo + 2))]
+    return ShardingProblem(tuple(rng.uniform(0, 5, k) for k in sizes),
+                           tuple(rng.integers(0, 5, k).astype(float) for k in sizes),
+                           ((0, 3), (1, 4), (2, 5)), tuple(edges), tuple(matrices), None, (),
+                           "owned", tuple(usages))
+
+
+def test_the_usage_floor_bounds_every_peak_and_ends_a_solve_over_it(monkeypatch):
+    """`edge_usage.usage_floor` is at most the least peak of any assignment of finite cost,
+    although an owned output's part alone is negative, and a solve whose limit is below it
+    answers infeasible before any phase runs."""
+    rng = np.random.default_rng(11)
+    tight = above = 0
+    for _ in range(40):
+        problem = _owned_parts_problem(rng)
+        peaks = [problem.peak_usage(c) for c in itertools.product(
+            *(range(c.size) for c in problem.node_costs)) if math.isfinite(problem.cost(c))]
+        if not peaks:
+            continue
+        floor = edge_usage.usage_floor(problem)
+        assert floor <= min(peaks) + 1e-9
+        tight += floor == min(peaks)
+        nodes_alone = dataclasses.replace(problem, edge_usages=())
+        assert edge_usage.usage_floor(nodes_alone) <= floor
+        above += edge_usage.usage_floor(nodes_alone) < floor
+    # Exact where one time step holds every assignment's peak; above what the nodes alone
+    # hold where an edge usage's least sum over its parts is positive.
+    assert tight and above
+
+    problem = dataclasses.replace(_owned_parts_problem(np.random.default_rng(3)),
+                                  usage_limit=0.5)
+    assert edge_usage.usage_floor(problem) > 0.5
+    monkeypatch.setattr(phases, "memory_free", lambda *a, **k: pytest.fail("a phase ran"))
+    solution = solve(problem, time_limit=2.0)
+    assert solution.status == "infeasible" and not solution.choices
+
+
+def test_a_screening_solve_answers_with_the_memory_free_answer_where_it_fits(monkeypatch):
+    """Where the answer without the limit fits but is not proven optimal, a screening solve
+    returns it; a full one goes on to the relaxation."""
+    rng = np.random.default_rng(5)
+    problem = _random_problem(rng, None, tied=False)
+    peaks = [problem.peak_usage(c) for c in itertools.product(
+        *(range(c.size) for c in problem.node_costs))]
+    problem = dataclasses.replace(problem, usage_limit=max(peaks))  # every assignment fits
+    free = solve(dataclasses.replace(problem, usage_limit=None), time_limit=1.0)
+    unproven = dataclasses.replace(free, status="feasible", bound=free.cost - 1.0)
+    monkeypatch.setattr(phases, "memory_free", lambda *args: unproven)
+    relaxed = []
+    monkeypatch.setattr(phases, "relaxation", lambda p: relaxed.append(p) or
+                        edge_usage.relaxation(p))
+    screened = solve(problem, time_limit=1.0, screening=True)
+    assert screened.choices == free.choices and not relaxed
+    solve(problem, time_limit=1.0)
+    assert relaxed
