@@ -3,7 +3,7 @@
 The limit couples every node live at a time step. Pricing it instead (the Lagrangian
 relaxation of the limit) leaves a problem without one (`priced`): each strategy of a node
 pays its usage times the summed price of the steps it is live at, each edge usage the same
-on an edge of its own, exactly, so an answer's priced cost is its cost plus its usage
+on an edge of its ends, exactly, so an answer's priced cost is its cost plus its usage
 weighted by the prices. Such a problem reduces and solves like an unconstrained one, and
 its answer trades time for memory across the whole graph at once, where the repair's moves
 of one tied group at a time (`fit_repair`) stop far from that.
@@ -44,21 +44,24 @@ STALLED = 2
 def priced(problem: ShardingProblem, prices: np.ndarray, start: int) -> ShardingProblem:
     """`problem` without its usage limit, each usage paying `prices[t - start]` per unit at
     every step t it is live at (steps outside the prices pay nothing): node usages on their
-    node's costs, edge usages as edges of their own."""
+    node's costs, edge usages on an edge of their ends (one per pair of ends, their priced
+    usages summed; none where they pay nothing)."""
     summed = np.concatenate([[0.0], np.cumsum(prices)])
 
     def weight(interval: tuple[int, int]) -> float:
         lo, hi = (min(max(t - start, 0), prices.size) for t in interval)
         return float(summed[hi] - summed[lo]) if hi > lo else 0.0
 
+    paid: dict[tuple[int, int], np.ndarray] = {}
+    for u in problem.edge_usages:
+        if (w := weight(u.interval)) != 0.0:
+            paid[u.nodes] = paid[u.nodes] + w * u.usages if u.nodes in paid else w * u.usages
     return dataclasses.replace(
         problem, usage_limit=None, edge_usages=(),
         node_costs=tuple(np.where(np.isfinite(c), c + weight(span) * u, np.inf)
                          for c, u, span in zip(problem.node_costs, problem.node_usages,
                                                problem.intervals)),
-        edges=problem.edges + tuple(u.nodes for u in problem.edge_usages),
-        edge_costs=problem.edge_costs + tuple(weight(u.interval) * u.usages
-                                              for u in problem.edge_usages))
+        edges=problem.edges + tuple(paid), edge_costs=problem.edge_costs + tuple(paid.values()))
 
 
 def memory_free(problem: ShardingProblem, seconds: float,

@@ -17,7 +17,8 @@ from autopar.solver.solve import solve
 
 def test_a_priced_problem_charges_every_assignment_its_usage_at_the_prices():
     # cost' (x) = cost(x) + sum_t price_t usage_t(x), whatever the assignment: the priced
-    # problem is the Lagrangian relaxation of the limit, exactly.
+    # problem is the Lagrangian relaxation of the limit, exactly, with an edge per pair of
+    # ends that edge usages join.
     rng = np.random.default_rng(3)
     checked = 0
     for problem, table, _ in halfway_limited(np.random.default_rng(5), 60):
@@ -30,6 +31,9 @@ def test_a_priced_problem_charges_every_assignment_its_usage_at_the_prices():
             prices = rng.uniform(0.0, 2.0, size=profile.size + 2)
             charged = priced(problem, prices, start)
             assert charged.usage_limit is None and not charged.edge_usages
+            # The edge usages of one pair of ends are paid on one edge.
+            assert len(charged.edges) <= len(problem.edges) + len(
+                {u.nodes for u in problem.edge_usages})
             expected = problem.cost(x) + float(prices[:profile.size] @ profile)
             assert math.isclose(charged.cost(x), expected, rel_tol=1e-9, abs_tol=1e-9)
             checked += 1

@@ -20,25 +20,26 @@ schedule, stage count s = v p) is planned as follows, and the fastest that fits 
    weights' gradient all-reduce and the loss's broadcast.
 
 Stage plans are cached by (m, s, stage, micro-batches in flight, pins), so the schedules
-that hold as many activations reuse them. The micro-batch counts are searched round by
-round (`autopar.planning.pipeline.counts.next_counts`): first the batch's divisors from p
-to 4p; while their best holds `MEMORY_BINDS` of the budget and improves, twice the most
-tried; where none fits, the most the batch allows (up to `MAX_MICROBATCHES`), and from
-there fewer while they improve (a step is convex in m while a micro-batch splits as its
-plans want), or, where the most does not fit either, twice the most of the first round's.
-Within a round, candidates are screened a stage at a time, best first (`_screen`): the one
-of the least lower bound of its step screens its next stage, the bound being the
-schedule's step (monotone in each stage's time) with its screened stages at their times
-and the others at their least (`_least_times`: perfect splits, no communication), until the
-least bound is no better than the best plan found (branch and bound), so a candidate whose
-stages lose is left once the few that show it are screened; a candidate whose stages hold
-at least the samples' activations of one that did not fit is skipped; once the call's
-deadline has passed, a round is begun only while none fits or, ascending, the best holds
-`MEMORY_BINDS` of the budget (`counts.settled`). Candidates are compared by screening
-solves (`autopar.planning.graph.screened`); the chosen one's stages are then planned in full
+that hold as many activations reuse them, and so are the stages cut for (m, s). The
+micro-batch counts are searched round by round
+(`autopar.planning.pipeline.counts.next_counts`): first the batch's divisors from p to 4p;
+while their best holds `MEMORY_BINDS` of the budget and improves, twice the most tried;
+where none fits, the most the batch allows (up to `MAX_MICROBATCHES`), and from there fewer
+while they improve (a step is convex in m while a micro-batch splits as its plans want),
+or, where the most does not fit either, twice the most of the first round's. Within a
+round, candidates are screened a stage at a time, best first (`_screen`): the one of the
+least lower bound of its step screens its next stage, the bound being the schedule's step
+(monotone in each stage's time) with its screened stages at their times and the others at
+their least (`_least_times`: perfect splits, no communication), until the least bound is no
+better than the best plan found (branch and bound), so a candidate whose stages lose is
+left once the few that show it are screened; a candidate whose stages hold at least the
+samples' activations of one that did not fit is skipped; once the call's deadline has
+passed, a round is begun only while none fits or, ascending, the best holds `MEMORY_BINDS`
+of the budget (`counts.settled`). Candidates are compared by screening solves
+(`autopar.planning.graph.screened`); the chosen one's stages are then planned in full
 slowest first, until the slowest is one so planned and the others weigh little in the step
-(`autopar.planning.pipeline.stages.refined_stages`). Complexity: at most
-O(|m| x |schedules|) candidates of s screening solves each, and at most 2s full solves; the
+(`autopar.planning.pipeline.stages.refined_stages`). Complexity: at most O(|m| x
+|schedules|) candidates of s screening solves each, and at most 2s full solves; the
 sub-mesh is the same for every stage (the other axes), not searched over as in Alpa, whose
 stage DP also chooses a sub-mesh shape per stage.
 """
@@ -139,7 +140,7 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
     ranks, inner = mesh.shape[axis], sub_mesh(mesh, axis)
     batch = batch_size(gm)
     check_request(pipeline, ranks, find_units(gm).count, batch)
-    stager = _Stager(mesh, axis, inner, memory_budget, plan_stage, cache={},
+    stager = _Stager(mesh, axis, inner, memory_budget, plan_stage, cache={}, splits={},
                      pins=_stage_pins(gm, mesh, axis, constraints or {}))
     best, failure, mixes = _search(gm, pipeline, micro, mixing, stager, batch, say, deadline)
     if best is None:
@@ -155,7 +156,9 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
 class _Stager:
     """What planning any candidate's stages shares: the mesh and its pipeline `axis`, the
     sub-mesh `inner` of the other axes, the budget, the caller's `plan_stage`, the stage
-    plans' `cache` (filled as candidates are planned) and the `pins` on the sub-mesh."""
+    plans' `cache` (filled as candidates are planned), the stages of each micro-batch and
+    stage count (`splits`: the schedules of as many stages cut them alike) and the `pins`
+    on the sub-mesh."""
 
     mesh: Mesh
     axis: int
@@ -163,6 +166,7 @@ class _Stager:
     memory_budget: float | None
     plan_stage: Callable[..., Plan]
     cache: dict[tuple, Plan]
+    splits: dict[tuple[int, int], tuple[Stage, ...]]
     pins: dict[str, str]
 
     @property
@@ -301,7 +305,9 @@ def _started(candidate: tuple, held: tuple[float, ...], stager: _Stager,
     graph, units, times = measured()
     cuts = balanced_cuts(times, count)
     say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
-    chosen = _Chosen(split_stages(graph, units, cuts), units.names, schedule, m)
+    if (m, count) not in stager.splits:
+        stager.splits[m, count] = split_stages(graph, units, cuts)
+    chosen = _Chosen(stager.splits[m, count], units.names, schedule, m)
     return chosen, stager.screening(chosen, _least_times(times, cuts,
                                                          math.prod(stager.inner.shape)))
 
