@@ -32,7 +32,7 @@ from torch.utils import flop_counter
 
 from autopar.passes.capturing.find_saved import SAVED_OPS
 from autopar.rules import einsum as einsum_rule
-from autopar.values.graph_module import graph_module
+from autopar.values.graph_module import argument_nodes, graph_module
 from autopar.values.specs import BYTES, FLOPS, TENSOR, Size, TensorSpec
 
 aten = torch.ops.aten
@@ -360,8 +360,7 @@ def _arg_spec(node: fx.Node, index: int, name: str | None = None) -> TensorSpec 
 
 
 def _input_specs(node: fx.Node) -> list[TensorSpec]:
-    seen = dict.fromkeys(n for n in pytree.tree_leaves((node.args, node.kwargs))
-                         if isinstance(n, fx.Node))
+    seen = dict.fromkeys(argument_nodes(node))
     return [n.meta[TENSOR] for n in seen if isinstance(n.meta.get(TENSOR), TensorSpec)]
 
 

@@ -38,6 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from autopar.passes.capturing.gradient_path import gradient_path
+from autopar.values.graph_module import argument_nodes
 from autopar.values.specs import BYTES, TENSOR, TensorSpec
 
 # The graph meta key of what ops save, by op key (module docstring; None: no fake kernel).
@@ -197,8 +198,7 @@ def kept_outputs(gm: fx.GraphModule, saved: dict[str, Saved]) -> dict[str, froze
     for node in gm.graph.nodes:
         if node.op != "call_function" or not on_path[node.name]:
             continue
-        leaves = [leaf for leaf in pytree.tree_leaves((node.args, node.kwargs))
-                  if isinstance(leaf, fx.Node) and leaf.name in by_name]
+        leaves = [leaf for leaf in argument_nodes(node) if leaf.name in by_name]
         positions = (saved[node.name].inputs if node.name in saved
                      else range(len(leaves)))
         for position in positions:

@@ -62,7 +62,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch.fx as fx
-from torch.utils import _pytree as pytree
 
 from autopar.costs import formulas
 from autopar.costs.optimizer_state import ADAMW, OptimizerState
@@ -91,6 +90,7 @@ from autopar.passes.strategies.offer_recompute import recompute_region
 from autopar.rules.attention import RING_TARGETS
 from autopar.solver.edge_usage import usage_floor
 from autopar.solver.problem import EdgeUsage, ShardingProblem
+from autopar.values.graph_module import argument_nodes
 from autopar.values.mesh import Mesh
 from autopar.values.specs import (
     BLOCK,
@@ -168,8 +168,8 @@ def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
 def tensor_leaves(node: fx.Node) -> list[fx.Node]:
     """`node`'s tensor arguments in graph order: the positions of its edges and of
     `find_saved`'s saved inputs."""
-    return [leaf for leaf in pytree.tree_leaves((node.args, node.kwargs))
-            if isinstance(leaf, fx.Node) and isinstance(leaf.meta.get(TENSOR), TensorSpec)]
+    return [leaf for leaf in argument_nodes(node)
+            if isinstance(leaf.meta.get(TENSOR), TensorSpec)]
 
 
 def _views_to_storage(node: fx.Node) -> list[fx.Node]:

@@ -35,6 +35,7 @@ from torch.utils import _pytree as pytree
 
 from autopar import rules
 from autopar.rules.base import AxisStrategy, OpSpec
+from autopar.values.graph_module import argument_nodes
 from autopar.values.mesh import Mesh
 from autopar.values.placement import Placements, Replicate, Shard, format_placements, shard_count
 from autopar.values.specs import BOUNDARY, ROLE, TENSOR, TensorSpec
@@ -111,8 +112,7 @@ def op_spec(node: fx.Node) -> OpSpec:
 
     args = pytree.tree_map(convert, tuple(node.args))
     kwargs = pytree.tree_map(convert, dict(node.kwargs))
-    tensors = [n for n in pytree.tree_leaves((node.args, node.kwargs))
-               if isinstance(n, fx.Node) and isinstance(n.meta.get(TENSOR), TensorSpec)]
+    tensors = [n for n in argument_nodes(node) if isinstance(n.meta.get(TENSOR), TensorSpec)]
     out = node.meta[TENSOR]
     outputs = out if isinstance(out, tuple) else (out,)
     return OpSpec(node.target, args, kwargs, tuple(n.meta[TENSOR] for n in tensors),
@@ -121,9 +121,8 @@ def op_spec(node: fx.Node) -> OpSpec:
 
 def tensor_inputs(node: fx.Node) -> tuple[tuple[str, TensorSpec], ...]:
     """(producing decision, tensor) of each tensor argument, in strategy input order."""
-    leaves = pytree.tree_leaves((node.args, node.kwargs))
-    return tuple((producer_of(n).name, n.meta[TENSOR]) for n in leaves
-                 if isinstance(n, fx.Node) and isinstance(n.meta.get(TENSOR), TensorSpec))
+    return tuple((producer_of(n).name, n.meta[TENSOR]) for n in argument_nodes(node)
+                 if isinstance(n.meta.get(TENSOR), TensorSpec))
 
 
 def _fits(spec: TensorSpec, placements: Placements, mesh_shape: tuple[int, ...]) -> bool:

@@ -222,6 +222,7 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
     # stages hold as many or more samples' activations does not fit either.
     overflowing: list[tuple[int, tuple[float, ...]]] = []
     step_times = unit_times(gm, find_units(gm), stager.mesh.hardware)
+    cuts_of = functools.cache(lambda count: balanced_cuts(step_times, count))  # any m's
     descending = False  # from the most allowed, which fit where the first round did not
     while counts and not settled(best and best.plan, stager.memory_budget, deadline,
                                  descending=descending):
@@ -229,7 +230,8 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
         for m in counts:
             measured = functools.cache(lambda m=m: _measured(
                 _micro_graph(gm, micro, m, mixing, mixes), stager.mesh.hardware))
-            candidates += _candidates(pipeline, m, ranks, devices, step_times, measured)
+            candidates += _candidates(pipeline, m, ranks, devices, step_times, cuts_of,
+                                      measured)
         # The most micro-batches, tried when the first round fit none, may not fit for
         # being too small to split over the data-parallel ranks, not for holding too
         # many samples: their failures skip no candidate of the counts below.
@@ -348,14 +350,16 @@ def _measured(graph: fx.GraphModule, hardware: HardwareProfile
 
 
 def _candidates(pipeline: Pipeline, microbatches: int, ranks: int, devices: int,
-                step_times: list[float], measured: Callable[[], tuple]) -> list[tuple]:
+                step_times: list[float], cuts_of: Callable[[int], tuple[int, ...]],
+                measured: Callable[[], tuple]) -> list[tuple]:
     """The candidates of `microbatches` micro-batches, each `(lower bound of its step
     (`_least_step`), m, schedule, stage count, measured)`: `measured()` captures the
     micro-batch's graph and measures its units (`_measured`, once for all of m's
     candidates), only once a candidate is screened (a capture of a large model takes
     seconds, and most candidates are never screened). The bound divides the whole
     step's unit times `step_times` by m: no more than a micro-batch's own (a unit's time
-    is at least proportional to its samples: its weights are read whatever their count)."""
+    is at least proportional to its samples: its weights are read whatever their count),
+    cut as `cuts_of(stage count)` cuts the whole step (balanced for every m alike)."""
     runnable = [s for s in pipeline.schedules()
                 if s.check_microbatches(microbatches, ranks) is None]
     if not runnable:
@@ -369,8 +373,8 @@ def _candidates(pipeline: Pipeline, microbatches: int, ranks: int, devices: int,
     for schedule in runnable:
         for count in pipeline.stage_counts(schedule, ranks):
             if count <= len(times):
-                bound = _least_step(times, balanced_cuts(times, count), devices,
-                                    microbatches, ranks, schedule)
+                bound = _least_step(times, cuts_of(count), devices, microbatches, ranks,
+                                    schedule)
                 found.append((bound, microbatches, schedule, count, measured))
     return found
 
