@@ -201,7 +201,7 @@ def _four_stage_candidate(planned: list):
         planned.append(graph)
         return plan_graph(graph, stage_mesh, model_name="gpt", time_limit=1.0, **options)
 
-    stager = _Stager(mesh, 0, sub_mesh(mesh, 0), None, plan_stage, {}, {})
+    stager = _Stager(mesh, 0, sub_mesh(mesh, 0), None, plan_stage, {}, {}, {})
     times = unit_times(gm, units, mesh.hardware)
     bound = _least_step(times, balanced_cuts(times, 4), 2, 4, 4, SCHEDULES["1F1B"])
     return (bound, 4, SCHEDULES["1F1B"], 4, lambda: (gm, units, times)), stager
