@@ -30,7 +30,7 @@ import torch.fx as fx
 from autopar.costs.optimizer_state import ADAMW, OptimizerState, optimizer_state
 from autopar.errors import InfeasiblePlanError
 from autopar.passes.capturing.annotate import DATA_MOVEMENT, FORMULA, flop_source, size_hints
-from autopar.passes.capturing.find_saved import find_saved
+from autopar.passes.capturing.find_saved import Saved, find_saved
 from autopar.passes.capturing.trace_kernels import ensure_traced
 from autopar.passes.problem.build_problem import ProblemBuild, build_problem
 from autopar.passes.problem.edge_cache import EdgeCache, EdgeCaches
@@ -116,11 +116,13 @@ def refined(options: dict, screening: Plan) -> dict:
 class Tables:
     """A graph ready to solve: `gm` (folded by depth when asked), `found` its strategies with
     the recompute and whole-gradient choices offered (what hand strategies restrict), `table`
-    those the solver searches (`offer_recompute.searched`) under the constraints."""
+    those the solver searches (`offer_recompute.searched`) under the constraints, `saved`
+    what its ops save (`find_saved`)."""
 
     gm: fx.GraphModule
     found: StrategyTable
     table: StrategyTable
+    saved: dict[str, Saved]  # `find_saved(gm)`
 
 
 def strategy_tables(gm: fx.GraphModule, mesh: Mesh, *, fold_layers: bool = True,
@@ -135,14 +137,14 @@ def strategy_tables(gm: fx.GraphModule, mesh: Mesh, *, fold_layers: bool = True,
         say(f"{STAGE} fold_depth")
         gm = fold_depth(gm, keep=frozenset(constraints or ()))
     say(f"{STAGE} find_strategies")
-    found = find_strategies(gm, mesh)
+    found, saved = find_strategies(gm, mesh), find_saved(gm)
     if recompute:
-        found = offer_recompute(gm, found)
+        found = offer_recompute(gm, found, saved)
     if microbatches > 1:
         found = offer_whole_gradient(found)
     table = searched(found)
     table = constrain(gm, table, mesh, constraints) if constraints else table
-    return Tables(gm, found, table)
+    return Tables(gm, found, table, saved)
 
 
 def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
@@ -175,7 +177,8 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                       least_memory=least_memory, overlap_rounds=overlap_rounds,
                       charges=charges,
                       edge_cache=edge_caches.of(mesh) if edge_caches else None,
-                      progress=progress, deadline=deadline, screening=screening)
+                      progress=progress, deadline=deadline, screening=screening,
+                      saved=tables.saved)
 
 
 def default_budget(mesh: Mesh, memory_budget: float | None) -> float:
@@ -193,7 +196,8 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                least_memory: bool = True, overlap_rounds: int = OVERLAP_ROUNDS,
                charges: Background | None = None, edge_cache: EdgeCache | None = None,
                progress: Callable[[str], None] | None = None, screening: bool = False,
-               deadline: Deadline | None = None, fallback: bool | None = None) -> Plan:
+               deadline: Deadline | None = None, fallback: bool | None = None,
+               saved: dict[str, Saved] | None = None) -> Plan:
     """The cheapest plan choosing among `table`'s strategies (the problem, solve and
     extract passes), within `memory_budget` bytes per device (None: no limit), for a step
     of `microbatches` runs of `gm`, `in_flight` of them holding activations at once. Raises
@@ -201,11 +205,11 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     when `least_memory` (a search of its own, which a caller trying many candidates skips).
     `fallback`, `screening`: its solves' (`solve`'s; `fallback` by default when
     `least_memory`). `edge_cache`: an `EdgeCache` of `mesh` (default: its own).
-    `deadline`: the call's, capping each solve and the rounds. The overlap is estimated
-    round by round (module docstring): the plan with the least step time is returned."""
+    `deadline`: the call's, capping each solve and the rounds; `saved`: `find_saved(gm)`.
+    The overlap is estimated round by round (module docstring): the fastest is returned."""
     say, hints = progress or (lambda message: None), size_hints(gm)
     sizes = {str(k): v for k, v in hints.items()}  # the plan's, by name
-    saved = find_saved(gm)  # the same for every round, as are the edges' seconds
+    saved = find_saved(gm) if saved is None else saved  # the same for every round
     edges = edge_cache if edge_cache is not None else EdgeCache(mesh)
     best, chosen, limit = None, None, time_limit  # the best plan and its choices
     full, built = overlap_rounds == 1, None  # a solve in full; the last problem's charges

@@ -23,7 +23,13 @@ import dataclasses
 import torch
 import torch.fx as fx
 
-from autopar.passes.capturing.find_saved import find_saved, kept_outputs, storage_base, written_base
+from autopar.passes.capturing.find_saved import (
+    Saved,
+    find_saved,
+    kept_outputs,
+    storage_base,
+    written_base,
+)
 from autopar.passes.capturing.gradient_path import gradient_path
 from autopar.passes.strategies.find_strategies import Strategy, StrategyTable, op_spec
 from autopar.rules.attention import RING_TARGETS, context_axis
@@ -108,12 +114,14 @@ def _views_of(node: fx.Node, eligible: set[str]) -> bool:
     return base is not node and base.name in eligible
 
 
-def offer_recompute(gm: fx.GraphModule, table: StrategyTable) -> StrategyTable:
+def offer_recompute(gm: fx.GraphModule, table: StrategyTable,
+                    saved: dict[str, Saved] | None = None) -> StrategyTable:
     """`table` with a recomputed twin of every strategy of every eligible op
     (`recomputable` from block inputs); those eligible only so, and their views, are
-    listed in `StrategyTable.checkpointed` (`searched` leaves their twins out)."""
+    listed in `StrategyTable.checkpointed` (`searched` leaves their twins out). `saved`:
+    `find_saved(gm)` when the caller has it."""
     on_path = gradient_path(gm)
-    kept = kept_outputs(gm, find_saved(gm))
+    kept = kept_outputs(gm, find_saved(gm) if saved is None else saved)
     # Strategy tuples are shared between identical ops; keep them shared (problem caches).
     doubled: dict[int, tuple[Strategy, ...]] = {}
     strategies = dict(table.strategies)
