@@ -4,10 +4,7 @@ relaxed and exact solves hold):
 
 0. where every assignment overflows (`usage_floor`, in milliseconds), none: infeasible;
 1. without its limit (`memory_free`, `FREE_SHARE` of the relaxation's time): the answer
-   where it fits and is optimal, or fits and the caller is screening (the relaxation,
-   solved next, is the same problem where memory does not bind: on the seven such stage
-   problems of the 405B shape's planning, it found the same answers, in 4 to 15 times
-   the time); its cost is the solution's `memory_free`;
+   where it fits and is optimal; its cost is the solution's `memory_free`;
 2. for a caller screening many candidates, the memory priced and the overflowing answers
    repaired (`_screened`): the cheapest that fits is the answer, and where none fits,
    phases 3 and 4 end the screening (5 and 6 only with `fallback`: on the 405B shape's
@@ -120,7 +117,7 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
     given = _given(problem, initial)
     free = memory_free(problem, FREE_SHARE * shares[0], run) \
         if problem.usage_limit is not None else NO_ANSWER
-    if (free.status == "optimal" or screening) and _best_fit(problem, [free]) is not None:
+    if free.status == "optimal" and _best_fit(problem, [free]) is not None:
         return _done(free, free.bound, free, start)
     quick = _screened(problem, free, shares[2], run) if screening else []
     if (fitting := _best_fit(problem, quick)) is not None:

@@ -428,22 +428,3 @@ def test_the_usage_floor_bounds_every_peak_and_ends_a_solve_over_it(monkeypatch)
     solution = solve(problem, time_limit=2.0)
     assert solution.status == "infeasible" and not solution.choices
 
-
-def test_a_screening_solve_answers_with_the_memory_free_answer_where_it_fits(monkeypatch):
-    """Where the answer without the limit fits but is not proven optimal, a screening solve
-    returns it; a full one goes on to the relaxation."""
-    rng = np.random.default_rng(5)
-    problem = _random_problem(rng, None, tied=False)
-    peaks = [problem.peak_usage(c) for c in itertools.product(
-        *(range(c.size) for c in problem.node_costs))]
-    problem = dataclasses.replace(problem, usage_limit=max(peaks))  # every assignment fits
-    free = solve(dataclasses.replace(problem, usage_limit=None), time_limit=1.0)
-    unproven = dataclasses.replace(free, status="feasible", bound=free.cost - 1.0)
-    monkeypatch.setattr(phases, "memory_free", lambda *args: unproven)
-    relaxed = []
-    monkeypatch.setattr(phases, "relaxation", lambda p: relaxed.append(p) or
-                        edge_usage.relaxation(p))
-    screened = solve(problem, time_limit=1.0, screening=True)
-    assert screened.choices == free.choices and not relaxed
-    solve(problem, time_limit=1.0)
-    assert relaxed
