@@ -428,3 +428,25 @@ def test_the_usage_floor_bounds_every_peak_and_ends_a_solve_over_it(monkeypatch)
     solution = solve(problem, time_limit=2.0)
     assert solution.status == "infeasible" and not solution.choices
 
+
+
+def test_a_problem_whose_nodes_alone_overflow_is_built_without_its_edges(gpt_graph):
+    """`build_problem(unfit_early=True)` under a budget below what the nodes alone hold:
+    the nodes' problem, no edges, which the solve proves infeasible; above it, the whole
+    problem, the same as without the option."""
+    mesh = Mesh(MESH, ("a", "b"), hardware="h100-sxm")
+    table = offer_recompute(gpt_graph, find_strategies(gpt_graph, mesh))
+    options = dict(hints=size_hints(gpt_graph), saved=find_saved(gpt_graph))
+    whole = bp.build_problem(gpt_graph, table, mesh, memory_budget=None, **options)
+    alone = dataclasses.replace(whole.problem, edges=(), edge_costs=(), edge_usages=(),
+                                ties=())
+    floor = edge_usage.usage_floor(alone)
+    assert 0 < floor <= edge_usage.usage_floor(whole.problem)
+    low = bp.build_problem(gpt_graph, table, mesh, memory_budget=floor / 2,
+                           unfit_early=True, **options)
+    assert not low.problem.edges and not low.problem.edge_usages and not low.edges
+    assert solve(low.problem, time_limit=1.0).status == "infeasible"
+    high = bp.build_problem(gpt_graph, table, mesh, memory_budget=2 * floor,
+                            unfit_early=True, **options)
+    assert len(high.problem.edges) == len(whole.problem.edges)
+    assert len(high.problem.edge_usages) == len(whole.problem.edge_usages)
