@@ -209,6 +209,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
     The overlap is estimated round by round (module docstring): the fastest is returned."""
     say, hints = progress or (lambda message: None), size_hints(gm)
     sizes = {str(k): v for k, v in hints.items()}  # the plan's, by name
+    warnings = _unruled_warnings(gm, table)
     saved = find_saved(gm) if saved is None else saved  # the same for every round
     edges = edge_cache if edge_cache is not None else EdgeCache(mesh)
     best, chosen, limit = None, None, time_limit  # the best plan and its choices
@@ -234,13 +235,12 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                 continue
             if best is not None:  # the charges change no memory: only time can run out
                 break
-            # The least memory within the solve's own limit (the deadline's last seconds
-            # would give a loose upper bound, not the least).
+            # The least memory within the solve's own limit, not the deadline's last seconds.
             _infeasible(build, solution, model_name, memory_budget,
                         time_limit if least_memory else None)
         say(f"{STAGE} extract_plan")
         plan = extract_plan(gm, build, solution, model_name=model_name, sizes=sizes,
-                            warnings=_unruled_warnings(gm, table))
+                            warnings=warnings)
         if best is None or plan.step_time_s < best.step_time_s:
             best, chosen = plan, solution.choices
         exposed = Background(plan.solver.exposed_reductions, plan.solver.exposed_gathers)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -223,9 +223,6 @@ def usage_floor(problem: ShardingProblem) -> float:
     back what its consumer's part counts. O(edge usages' cells): a solve can skip a problem
     no assignment fits, which its relaxation, pricing each part alone, can't prove."""
     allowed = _allowed_pairs(problem)
-    terms = [(lo, hi, float(u[np.isfinite(c)].min(initial=math.inf)))
-             for (lo, hi), u, c in zip(problem.intervals, problem.node_usages,
-                                       problem.node_costs) if lo < hi]
     groups: dict[tuple, np.ndarray] = {}
     for u in problem.edge_usages:
         if u.interval[0] < u.interval[1]:
@@ -234,9 +231,30 @@ def usage_floor(problem: ShardingProblem) -> float:
             key = (ends, u.interval)
             paired = paired if ends == u.nodes else paired.T
             groups[key] = paired + groups[key] if key in groups else paired
-    terms += [(lo, hi, float(total.min())) for (_, (lo, hi)), total in groups.items()]
+    terms = _node_terms(problem.node_costs, problem.node_usages, problem.intervals)
+    return _most(terms + [(lo, hi, float(total.min()))
+                          for (_, (lo, hi)), total in groups.items()])
+
+
+def nodes_floor(costs: Sequence[np.ndarray], usages: Sequence[np.ndarray],
+                intervals: Sequence[tuple[int, int]]) -> float:
+    """`usage_floor` of nodes alone, from their cost and usage vectors and intervals (as
+    `ShardingProblem` takes them): for a caller deciding whether to build the rest."""
+    return _most(_node_terms(costs, usages, intervals))
+
+
+def _node_terms(costs: Sequence[np.ndarray], usages: Sequence[np.ndarray],
+                intervals: Sequence[tuple[int, int]]) -> list[tuple[int, int, float]]:
+    """Each live node's (lo, hi, least usage over its strategies of finite cost)."""
+    return [(lo, hi, float(u[np.isfinite(c)].min(initial=math.inf)))
+            for (lo, hi), u, c in zip(intervals, usages, costs) if lo < hi]
+
+
+def _most(terms: list[tuple[int, int, float]]) -> float:
+    """The most `terms` sum to at a time step (`_profile`; 0 with none, inf where one
+    term is: a node or a pair of ends with no strategy allowed)."""
     if any(value == math.inf for _, _, value in terms):
-        return math.inf  # a node or a pair of ends with no strategy allowed
+        return math.inf
     _, profile = _profile(terms)
     return float(profile.max(initial=0.0))
 

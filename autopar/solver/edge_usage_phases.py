@@ -92,8 +92,9 @@ FIT_SHARE = 0.25
 # of cells, seconds to minutes before any search.
 REDUCE_SECONDS_PER_CELL = 4e-8
 EXPANSION_SHARE = 0.5
-# No answer (`_done` gives it the solve's bound).
+# No answer (`_done` gives it the solve's bound), and the proof that none exists.
 NO_ANSWER = Solution((), math.inf, -math.inf, "unknown", 0.0)
+INFEASIBLE = dataclasses.replace(NO_ANSWER, status="infeasible")
 
 
 def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Solution], *,
@@ -151,8 +152,8 @@ def solve_with_edge_usages(problem: ShardingProblem, solve: Callable[..., Soluti
         answers += found
     exact = _exact(problem, _best_fit(problem, answers), shares[3], run,
                    EXPANSION_SHARE * (REFINE_SHARE if refining else 1.0))
-    best = _best_fit(problem, [*answers, exact]) or dataclasses.replace(
-        NO_ANSWER, status="infeasible" if exact.status == "infeasible" else NO_ANSWER.status)
+    best = _best_fit(problem, [*answers, exact]) or (
+        INFEASIBLE if exact.status == "infeasible" else NO_ANSWER)
     return _done(best, max(relaxed.bound, exact.bound, free.bound), free, start)
 
 
@@ -165,7 +166,7 @@ def _over_floor(problem: ShardingProblem, progress: Callable[[str], None] | None
         return None
     Progress(progress, started=start)(f"infeasible: every assignment uses at least "
                                       f"{floor:.6g}, over the limit {limit:.6g}")
-    return _done(dataclasses.replace(NO_ANSWER, status="infeasible"), math.inf, NO_ANSWER, start)
+    return _done(INFEASIBLE, math.inf, NO_ANSWER, start)
 
 
 def _screened(problem: ShardingProblem, free: Solution, seconds: float,

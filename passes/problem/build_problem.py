@@ -88,7 +88,7 @@ from autopar.passes.problem.step_memory import BackwardUsages, Timeline, microba
 from autopar.passes.strategies.find_strategies import STORED_ROLES, Strategy, StrategyTable, op_spec
 from autopar.passes.strategies.offer_recompute import recompute_region
 from autopar.rules.attention import RING_TARGETS
-from autopar.solver.edge_usage import usage_floor
+from autopar.solver.edge_usage import nodes_floor
 from autopar.solver.problem import EdgeUsage, ShardingProblem
 from autopar.values.graph_module import argument_nodes
 from autopar.values.mesh import Mesh
@@ -588,22 +588,18 @@ class _Builder:
             for node in nodes for position in range(len(self.table.inputs[node.name])))
         return self.with_recomputed(self.with_buckets(self.with_memory_flags(edges)))
 
-    def held_repeats(self, nodes: list[fx.Node]) -> tuple[int, ...]:
-        """Per node, how many times its memory counts: its repeats when held to the end of
-        the forward, else once."""
-        return tuple(r if end >= len(nodes) else 1
-                     for r, (_, end) in zip(self.repeats, map(self.interval, nodes)))
-
-    def nodes_alone(self, nodes: list[fx.Node], strategies, memory_budget: float | None, *,
-                    name: str) -> ShardingProblem:
-        """The problem of the nodes' costs and usages, without edges."""
-        return ShardingProblem(
-            node_costs=tuple(_times(self.node_costs(n, ss), r)
-                             for n, ss, r in zip(nodes, strategies, self.repeats)),
-            node_usages=tuple(_times(self.node_usages(n, ss), r)
-                              for n, ss, r in zip(nodes, strategies, self.held_repeats(nodes))),
-            intervals=tuple(self.interval(n) for n in nodes), edges=(), edge_costs=(),
-            usage_limit=memory_budget, name=name)
+    def node_terms(self, nodes: list[fx.Node], strategies) -> tuple[tuple, tuple, tuple, tuple]:
+        """The nodes' cost and usage vectors over their strategies, their intervals, and how
+        many times each one's memory counts: as many as the nodes it stands for when held
+        to the end of the forward, else once (costs always count them all)."""
+        intervals = tuple(self.interval(n) for n in nodes)
+        held = tuple(r if end >= len(nodes) else 1
+                     for r, (_, end) in zip(self.repeats, intervals))
+        costs = tuple(_times(self.node_costs(n, ss), r)
+                      for n, ss, r in zip(nodes, strategies, self.repeats))
+        usages = tuple(_times(self.node_usages(n, ss), r)
+                       for n, ss, r in zip(nodes, strategies, held))
+        return costs, usages, intervals, held
 
     def edge_matrix(self, ref: EdgeRef) -> np.ndarray:
         table = self.edge_cache.seconds(ref, self.table.strategies[ref.producer],
@@ -671,19 +667,23 @@ def build_problem(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *,
     strategies = tuple(table.strategies[name] for name in builder.order)
     nodes = [builder.by_name[name] for name in builder.order]
     edges = builder.edge_refs(nodes)  # first: they say which outputs the nodes hold
-    alone = builder.nodes_alone(nodes, strategies, memory_budget, name=type(gm).__name__)
-    unfit = unfit_early and memory_budget is not None and usage_floor(alone) > memory_budget
+    costs, usages, intervals, held = builder.node_terms(nodes, strategies)
+    unfit = unfit_early and memory_budget is not None \
+        and nodes_floor(costs, usages, intervals) > memory_budget
     edges = () if unfit else edges
-    problem = alone if unfit else dataclasses.replace(
-        alone,
+    problem = ShardingProblem(
+        node_costs=costs, node_usages=usages, intervals=intervals,
         edges=tuple((builder.index[e.producer], builder.index[e.consumer]) for e in edges),
         edge_costs=tuple(_times(builder.edge_matrix(e), builder.repeats[builder.index[
             e.consumer]]) for e in edges),
-        ties=builder.ties(strategies) if fold_layers or builder.fold else (),
-        edge_usages=builder.edge_usages(edges))
+        usage_limit=memory_budget,
+        # A folded graph's representative block stands for tied blocks: it is tied too.
+        ties=builder.ties(strategies) if not unfit and (fold_layers or builder.fold) else (),
+        name=type(gm).__name__,
+        edge_usages=() if unfit else builder.edge_usages(edges))
     return ProblemBuild(problem, tuple(builder.order), edges, strategies, builder.on_path, mesh,
-                        optimizer, microbatches, tuple(builder.repeats),
-                        builder.held_repeats(nodes), in_flight, builder.saving_outputs(nodes))
+                        optimizer, microbatches, tuple(builder.repeats), held, in_flight,
+                        builder.saving_outputs(nodes))
 
 
 def _times(values: np.ndarray, repeats: int) -> np.ndarray:

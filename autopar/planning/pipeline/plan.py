@@ -156,9 +156,9 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
 class _Stager:
     """What planning any candidate's stages shares: the mesh and its pipeline `axis`, the
     sub-mesh `inner` of the other axes, the budget, the caller's `plan_stage`, the stage
-    plans' `cache` (filled as candidates are planned), the stages of each micro-batch and
-    stage count (`splits`: the schedules of as many stages cut them alike) and the `pins`
-    on the sub-mesh."""
+    plans' `cache` (filled as candidates are planned), the cuts and stages of each
+    micro-batch and stage count (`splits`: the schedules of as many stages cut them alike)
+    and the `pins` on the sub-mesh."""
 
     mesh: Mesh
     axis: int
@@ -166,7 +166,7 @@ class _Stager:
     memory_budget: float | None
     plan_stage: Callable[..., Plan]
     cache: dict[tuple, Plan]
-    splits: dict[tuple[int, int], tuple[Stage, ...]]
+    splits: dict[tuple[int, int], tuple[tuple[int, ...], tuple[Stage, ...]]]
     pins: dict[str, str]
 
     @property
@@ -305,11 +305,12 @@ def _started(candidate: tuple, held: tuple[float, ...], stager: _Stager,
            for n, least in overflowing):
         return None
     graph, units, times = measured()
-    cuts = balanced_cuts(times, count)
     say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
     if (m, count) not in stager.splits:
-        stager.splits[m, count] = split_stages(graph, units, cuts)
-    chosen = _Chosen(stager.splits[m, count], units.names, schedule, m)
+        cuts = balanced_cuts(times, count)
+        stager.splits[m, count] = cuts, split_stages(graph, units, cuts)
+    cuts, stages = stager.splits[m, count]
+    chosen = _Chosen(stages, units.names, schedule, m)
     return chosen, stager.screening(chosen, _least_times(times, cuts,
                                                          math.prod(stager.inner.shape)))
 
