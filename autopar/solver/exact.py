@@ -38,10 +38,15 @@ FIRST_SEGMENTS = 400
 # 1.0e-7 to 1.7e-7 s a cell to build and 100 to 150 us an iteration, 1,300 to 2,100 of
 # them; generated IOPDDL-like members up to 10 million cells 2.7e-7 to 4.2e-7 s a cell and
 # 14 to 540 us an iteration (on those the wall clock, at the same share, stops it first).
+# An iteration is counted at `iteration_seconds`: the planner's small ones (the memory-free
+# problems of the 405B shape's pipeline stages, 20,000 cells) take 24 us, and counted at
+# the large ones' rate they stopped at 430 of the 930 iterations that prove their optimum.
 LP_CELLS = 150_000
 LP_SHARE = 0.5
 LP_BUILD_SECONDS_PER_CELL = 2e-7
-LP_ITERATIONS_PER_SECOND = 7_000
+LP_ITERATION_SECONDS = 1 / 7_000
+LP_ITERATION_BASE_SECONDS = 4e-5
+LP_ITERATION_SECONDS_PER_CELL = 8e-11
 BRANCH_SHARE = 0.5
 
 
@@ -117,10 +122,10 @@ def linear_phase(flat: Flat, best: Best, chosen: np.ndarray, *, deterministic: f
     if best.x is None or not (branching or tolerance >= PLANNER_GAP) or build > seconds:
         return Linear(-math.inf, deterministic)
     linear = LinearModel(flat, chosen)
-    iterations = (None if math.isinf(deterministic)
-                  else (seconds - build) * LP_ITERATIONS_PER_SECOND)
+    each = iteration_seconds(lp_cells)
+    iterations = None if math.isinf(deterministic) else (seconds - build) / each
     relaxed = linear.relax(min(seconds, wall()), iterations)
-    deterministic -= (build + relaxed.iterations / LP_ITERATIONS_PER_SECOND) * DET_PER_SECOND
+    deterministic -= (build + relaxed.iterations * each) * DET_PER_SECOND
     bound = relaxed.bound
     report.proved(bound)
     report("linear relaxation solved" if math.isfinite(bound) else
@@ -142,6 +147,15 @@ def linear_phase(flat: Flat, best: Best, chosen: np.ndarray, *, deterministic: f
     if not _open(best, bound, tolerance):
         return Linear(bound, deterministic, _closed(best, bound))
     return Linear(bound, deterministic)
+
+
+def iteration_seconds(cells: int) -> float:
+    """The time a simplex iteration of a relaxation of `cells` cells is counted at:
+    `LP_ITERATION_BASE_SECONDS + LP_ITERATION_SECONDS_PER_CELL * cells`, at most
+    `LP_ITERATION_SECONDS` (1.7 to 1.2 times what 2 cores take: 24 us at 20,000 cells,
+    120 us at 1.5 million)."""
+    return min(LP_ITERATION_SECONDS,
+               LP_ITERATION_BASE_SECONDS + LP_ITERATION_SECONDS_PER_CELL * cells)
 
 
 def _cpsat(flat: Flat, best: Best, model: SubModel, hint: np.ndarray, chosen: np.ndarray,

@@ -126,8 +126,9 @@ def _costed(answer: Solution, problem: ShardingProblem, *, keep_bound: bool = Fa
             ) -> Solution:
     """`answer` of a priced `problem` as an answer of `problem` itself; its bound kept only
     where no price was charged (`keep_bound`: a lower bound of the problem without its
-    limit, so of `problem` too)."""
+    limit, so of `problem` too), and with it "optimal" where its cost meets it."""
     if not answer.choices:
         return answer
-    return dataclasses.replace(answer, cost=problem.cost(answer.choices), status="feasible",
-                               bound=answer.bound if keep_bound else -math.inf)
+    cost, bound = problem.cost(answer.choices), answer.bound if keep_bound else -math.inf
+    status = "optimal" if cost <= bound + 1e-9 * abs(cost) else "feasible"
+    return dataclasses.replace(answer, cost=cost, status=status, bound=bound)

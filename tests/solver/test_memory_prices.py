@@ -53,6 +53,32 @@ def test_the_memory_free_answer_is_the_optimum_without_the_limit_and_bounds_the_
             assert solved.bound <= solved.cost + 1e-9
 
 
+def test_a_memory_free_optimum_that_fits_ends_the_solve(monkeypatch):
+    # Proven optimal without the limit and within it: optimal with it, whatever the phases
+    # after it would find, so none of them runs.
+    import autopar.solver.edge_usage_phases as phases
+
+    def relaxed(problem):
+        raise AssertionError("the relaxation ran after a fitting memory-free optimum")
+
+    monkeypatch.setattr(phases, "relaxation", relaxed)
+    checked = 0
+    for problem, table, _ in halfway_limited(np.random.default_rng(13), 40):
+        finite = np.isfinite(table.costs)
+        least = table.costs[finite].min()
+        optimal = finite & np.isclose(table.costs, least, rtol=1e-12, atol=0.0)
+        peak = max(problem.peak_usage(tuple(int(k) for k in choices))
+                   for choices in table.choices[optimal])
+        roomy = dataclasses.replace(problem, usage_limit=float(peak))
+        for screening in (False, True):
+            solved = solve(roomy, time_limit=5.0, repeatable=True, screening=screening)
+            assert solved.status == "optimal" and roomy.is_feasible(solved.choices)
+            assert math.isclose(solved.cost, least, rel_tol=1e-9)
+            assert solved.memory_free == solved.cost
+        checked += 1
+    assert checked >= 10
+
+
 def test_priced_answers_respect_ties_and_find_answers_that_fit():
     run = functools.partial(solve, repeatable=True)
     fitted = tried = 0
