@@ -5,9 +5,18 @@ The plan without a pipeline tries micro-batch counts, the pipeline search tries 
 for its candidates, and Megatron 3D once more; the split of a count (a propagation over
 the whole graph) and its capture (torch.export) are the same for all of them. No pass
 mutates its input graph, so one graph serves every caller.
+
+The split is propagated once, at one sample per micro-batch, for every count: ops that
+split the batch's samples into as many pieces as it has split it into any fewer (every
+count divides the batch, and a rule that shards a dim into n pieces shards it into any
+divisor of n), so where the split at one sample is exact, so is every count's, with the
+same placements; only where it is not is each count propagated on its own (a step that
+splits into pairs of samples but not into single ones, or one that mixes them).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch.fx as fx
 from torch import nn
@@ -16,7 +25,7 @@ from torch.utils import _pytree as pytree
 from autopar.errors import MicrobatchError
 from autopar.passes.capturing.annotate import annotate
 from autopar.passes.capturing.capture import capture
-from autopar.passes.layout.split_microbatches import split_microbatches
+from autopar.passes.layout.split_microbatches import batch_size, split_microbatches
 from autopar.values.microbatch import REFUSE, BatchSplit
 
 
@@ -29,28 +38,46 @@ def micro_graph(model: nn.Module, example_inputs: tuple, split: BatchSplit) -> f
     return annotate(capture(model, tuple(args)))
 
 
+def _split(gm: fx.GraphModule, count: int, mixing: str) -> BatchSplit | MicrobatchError:
+    try:
+        return split_microbatches(gm, count, mixing=mixing)
+    except MicrobatchError as error:
+        return error
+
+
 class MicroBatches:
     """The micro-batches of one model's step at `example_inputs`, whose captured and
     annotated graph is `gm`: `split(count, mixing)` is `split_microbatches(gm, count, mixing=...)`
-    (its `MicrobatchError` raised again on each call) and `graph(split)` is `micro_graph`,
+    (its `MicrobatchError` raised again on each call; the split at one sample per
+    micro-batch where that is exact, module docstring) and `graph(split)` is `micro_graph`,
     each computed once. Mutable: it fills as it is asked; make one per planning call."""
 
     def __init__(self, model: nn.Module, example_inputs: tuple, gm: fx.GraphModule) -> None:
         self.model, self.example_inputs, self.gm = model, tuple(example_inputs), gm
         self._splits: dict[tuple[int, str], BatchSplit | MicrobatchError] = {}
         self._graphs: dict[BatchSplit, fx.GraphModule] = {}
+        self._one: tuple[BatchSplit | MicrobatchError | None] | None = None
 
     def split(self, count: int, *, mixing: str = REFUSE) -> BatchSplit:
         key = (count, mixing)
         if key not in self._splits:
-            try:
-                self._splits[key] = split_microbatches(self.gm, count, mixing=mixing)
-            except MicrobatchError as error:
-                self._splits[key] = error
+            whole = self._single()
+            if isinstance(whole, BatchSplit) and count >= 1 and whole.batch % count == 0:
+                self._splits[key] = dataclasses.replace(whole, microbatches=count)
+            else:
+                self._splits[key] = _split(self.gm, count, mixing)
         found = self._splits[key]
         if isinstance(found, MicrobatchError):
             raise found
         return found
+
+    def _single(self) -> BatchSplit | MicrobatchError | None:
+        """The exact split at one sample per micro-batch (module docstring), its error, or
+        None for a step without a batch."""
+        if self._one is None:
+            batch = batch_size(self.gm)
+            self._one = (None if batch is None else _split(self.gm, batch, REFUSE),)
+        return self._one[0]
 
     def graph(self, split: BatchSplit) -> fx.GraphModule:
         if split not in self._graphs:
