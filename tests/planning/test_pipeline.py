@@ -25,6 +25,7 @@ from autopar.passes.strategies.find_strategies import MAX_BOUNDARY_STRATEGIES, f
 from autopar.planning.graph import plan_graph
 from autopar.planning.pipeline.counts import next_counts
 from autopar.planning.pipeline.plan import (
+    _Chosen,
     _least_step,
     _screen,
     _Stager,
@@ -189,13 +190,14 @@ def test_cuts_fall_between_blocks_and_move_only_the_hidden_state():
     assert ops == sum(1 for n in gm.graph.nodes if n.op == "call_function")
 
 
-def _four_stage_candidate(planned: list):
-    """A 4-layer GPT's 1F1B candidate of 4 stages on a 4x2 (pp, dp) mesh, for `_screen`,
-    and the `_Stager` its stages are screened with: each stage plan appended to `planned`."""
+def _four_stage_candidate(planned: list, schedule: str = "1F1B", ranks: int = 4):
+    """A 4-layer GPT's candidate of 4 stages under `schedule` on a (ranks)x2 (pp, dp) mesh
+    (1F1B on 4 ranks: a stage per rank), for `_screen`, and the `_Stager` its stages are
+    screened with: each stage plan appended to `planned`."""
     model, inputs = build(batch=8, hidden=64, layers=4)
     gm = annotate(capture(model, inputs))
     units = find_units(gm)
-    mesh = autopar.Mesh((4, 2), ("pp", "dp"), hardware="h100-sxm")
+    mesh = autopar.Mesh((ranks, 2), ("pp", "dp"), hardware="h100-sxm")
 
     def plan_stage(graph, stage_mesh, **options):
         planned.append(graph)
@@ -203,8 +205,8 @@ def _four_stage_candidate(planned: list):
 
     stager = _Stager(mesh, 0, sub_mesh(mesh, 0), None, plan_stage, {}, {}, {})
     times = unit_times(gm, units, mesh.hardware)
-    bound = _least_step(times, balanced_cuts(times, 4), 2, 4, 4, SCHEDULES["1F1B"])
-    return (bound, 4, SCHEDULES["1F1B"], 4, lambda: (gm, units, times)), stager
+    bound = _least_step(times, balanced_cuts(times, 4), 2, 4, ranks, SCHEDULES[schedule])
+    return (bound, 4, SCHEDULES[schedule], 4, lambda: (gm, units, times)), stager
 
 
 def test_a_screening_bound_rises_with_its_stages_and_bounds_the_step():
@@ -239,6 +241,33 @@ def test_a_candidate_whose_first_stages_already_lose_is_not_planned_further():
     found, _ = _screen([candidate], dataclasses.replace(best, plan=beaten), stager, 8, [],
                        lambda message: None)
     assert before < after and found.plan is beaten and len(planned) == 1
+
+
+def test_an_interleaved_candidate_screens_a_rank_s_later_stages_ahead_of_order():
+    """Each rank of an interleaved candidate holds a stage of each round: after stage 0, the
+    stage its rank holds next round (2 of 4 on 2 ranks) is screened ahead, as receiving
+    what stage 0 sends. Its time raises the bound at once, so a candidate whose ranks lose
+    is left after those two; where the guess holds, the screening in order reuses it (no
+    more solves than stages)."""
+    planned: list = []
+    candidate, stager = _four_stage_candidate(planned, "Interleaved1F1B", ranks=2)
+    chosen, screening = _started(candidate, (1.0,) * 4, stager, [], lambda message: None)
+    screening.advance()
+    first = screening.bound()
+    screening.advance()  # ahead of order: stage 2, which rank 0 holds too
+    assert len(screening.plans) == 1 and len(planned) == 2
+    assert planned[1] is chosen.stages[2].module and screening.bound() > first
+    while not screening.done:
+        screening.advance()
+    assert len(planned) == 4  # stages 1 and 3 in order; stage 2's probe was its plan
+    plan = stager.costed(chosen, screening.plans)
+    planned.clear()
+    stager.cache.clear()
+    beaten = SimpleNamespace(step_time_s=(first + screening.bound()) / 2)
+    best = _Chosen(chosen.stages, chosen.names, chosen.schedule, 4, plan=beaten)
+    found, _ = _screen([candidate], best, stager, 8, [], lambda message: None)
+    assert found.plan is beaten and len(planned) == 2
+    assert plan.step_time_s >= screening.bound() - 1e-12
 
 
 def test_micro_batch_counts_go_up_while_memory_binds_and_down_from_the_most_where_none_fit():

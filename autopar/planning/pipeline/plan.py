@@ -80,6 +80,7 @@ from autopar.planning.pipeline.stages import (
     costed,
     holds,
     refined_stages,
+    screened_stage,
     screened_stages,
 )
 from autopar.values.hardware import HardwareProfile
@@ -175,11 +176,14 @@ class _Stager:
 
     def screening(self, chosen: _Chosen, least: tuple[float, ...]) -> Screening:
         """The candidate's screening, its stages' times at least `least` (`Screening`)."""
+        options = (chosen.schedule, chosen.microbatches, self.ranks, self.inner,
+                   self.memory_budget, self.plan_stage, self.cache, self.pins)
+
+        def probe(k: int, pinned: dict[str, str], received: dict[str, str]) -> Plan:
+            return screened_stage(chosen.stages, k, *options, pinned, received)[0]
+
         return Screening(chosen.stages, chosen.schedule, chosen.microbatches, self.ranks,
-                         least, screened_stages(chosen.stages, chosen.schedule,
-                                                chosen.microbatches, self.ranks, self.inner,
-                                                self.memory_budget, self.plan_stage,
-                                                self.cache, self.pins))
+                         least, screened_stages(chosen.stages, *options), probe)
 
     def costed(self, chosen: _Chosen, stage_plans: list[Plan]) -> Plan:
         """The candidate's plan of the whole mesh from its stages' (`stages.costed`)."""

@@ -40,15 +40,27 @@ class Screening:
     at `least` (each a lower bound of its stage's: the step is monotone in every stage's
     time), `advance()` screens the next stage (`InfeasiblePlanError` when it does not
     fit), and once `done`, `plans` are its stages' (`costed` makes the candidate's plan).
-    `screened` gives the stages' screening plans in order (`screened_stages`). Mutable:
-    each advance adds a plan."""
+    `screened` gives the stages' screening plans in order (`screened_stages`).
+
+    An interleaved candidate's rank holds a stage of every round of `ranks` stages, and its
+    step is bound by the slowest rank's sum: after each stage screened in order, the later
+    stages of its rank are screened ahead of order (`probe(k, pinned, received)`: stage `k`
+    planned with the shared weights `pinned` as stored so far, as if it received `received`,
+    guessed as the stage before it in order sends: the
+    same boundary, a round later), their times standing in the bound for their least until
+    the stage is screened in order. A candidate whose ranks lose is left after a stage or two
+    of each round, not after a whole round; where the guess was right, the screening in
+    order finds the stage planned (the plans are cached by their pins). Mutable: each
+    advance adds a plan."""
 
     def __init__(self, stages: tuple[Stage, ...], schedule: Schedule, microbatches: int,
-                 ranks: int, least: tuple[float, ...], screened: Iterator[tuple[Plan, tuple]]
+                 ranks: int, least: tuple[float, ...], screened: Iterator[tuple[Plan, tuple]],
+                 probe: Callable[[int, dict[str, str], dict[str, str]], Plan] | None = None
                  ) -> None:
         self.stages, self.schedule, self.microbatches = stages, schedule, microbatches
         self.ranks, self.least, self._screened = ranks, least, screened
         self.plans: list[Plan] = []
+        self._probe, self._probed = probe, {}
 
     @property
     def done(self) -> bool:
@@ -56,12 +68,45 @@ class Screening:
 
     def bound(self) -> float:
         times = [_split_time(plan, self.microbatches)[0] for plan in self.plans]
-        times += self.least[len(times):]
+        for k in range(len(times), len(self.stages)):
+            probed = self._probed.get(k)
+            times.append(self.least[k] if probed is None else
+                         max(self.least[k], _split_time(probed, self.microbatches)[0]))
         return step_time(times, self.microbatches, self.ranks, self.schedule)
 
     def advance(self) -> None:
-        plan, _ = next(self._screened)
-        self.plans.append(plan)
+        ahead = self._ahead()
+        if ahead is None:
+            plan, _ = next(self._screened)
+            self.plans.append(plan)
+            return
+        k, received = ahead
+        pinned: dict[str, str] = {}
+        for stage, plan in zip(self.stages, self.plans):
+            for name, placements in _shared_placements(plan, stage).items():
+                pinned.setdefault(name, placements)
+        try:
+            self._probed[k] = self._probe(k, pinned, received)
+        except InfeasiblePlanError:  # with guessed pins: the screening in order decides
+            self._probed[k] = None
+
+    def _ahead(self) -> tuple[int, dict[str, str]] | None:
+        """The next stage to screen ahead of order and what it is guessed to receive, or
+        None (class docstring)."""
+        if self._probe is None or not self.plans or len(self.stages) == self.ranks:
+            return None
+        last = len(self.plans) - 1
+        sent: dict[str, str] = {}
+        for stage, plan in zip(self.stages, self.plans):
+            sent.update(_sent_placements(plan, stage))
+        sends = self.stages[last].sends
+        for k in range(last + self.ranks, len(self.stages), self.ranks):
+            receives = self.stages[k].receives
+            if k in self._probed or len(receives) != len(sends):
+                continue
+            return k, {name: sent.get(name, sent[own])
+                       for name, own in zip(receives, sends)}
+        return None
 
 
 def screened_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches: int,
@@ -70,30 +115,44 @@ def screened_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches:
                     pins: Mapping[str, str], chosen: Mapping[tuple, Plan] | None = None
                     ) -> Iterator[tuple[Plan, tuple]]:
     """Each stage's plan with the key it was planned under, in order: the plan `chosen` has
-    for the key, else its screening plan (`plan_stage`; cached). The key is (micro-batches,
-    stage count, stage, micro-batches in flight, pins), the pins what the stage is planned
-    with: the `pins` (`_stage_pins`) of the tensors it holds, a shared weight where the first
-    stage holding it stored it, and its boundary inputs as their sender sends them."""
+    for the key, else its screening plan (`screened_stage`; cached). The pins are the
+    `pins` (`_stage_pins`) of the tensors it holds, a shared weight where the first stage
+    holding it stored it, and its boundary inputs as their sender sends them."""
     pinned: dict[str, str] = {}
     sent: dict[str, str] = {}  # boundary tensor -> the placement its sender chose
     for stage in stages:
-        held, share = _stage_budget(stage, schedule, microbatches, ranks, len(stages),
-                                    memory_budget)
-        wanted = {name: placements for name, placements in pins.items()
-                  if holds(stage.module, name)}
-        wanted.update({name: pinned[name] for name in stage.shared if name in pinned})
         # Each rank receives its counterpart's piece: the placement the sender chose.
-        wanted.update({name: sent[name] for name in stage.receives})
-        key = (microbatches, len(stages), stage.index, held, tuple(sorted(wanted.items())))
-        if key not in cache:
-            cache[key] = plan_stage(stage.module, inner, memory_budget=share,
-                                    microbatches=microbatches, in_flight=held,
-                                    constraints=wanted or None)
-        plan = (chosen or {}).get(key, cache[key])
+        received = {name: sent[name] for name in stage.receives}
+        plan, key = screened_stage(stages, stage.index, schedule, microbatches, ranks, inner,
+                                   memory_budget, plan_stage, cache, pins, pinned, received)
+        plan = (chosen or {}).get(key, plan)
         sent.update(_sent_placements(plan, stage))
         for name, placements in _shared_placements(plan, stage).items():
             pinned.setdefault(name, placements)
         yield plan, key
+
+
+def screened_stage(stages: tuple[Stage, ...], k: int, schedule: Schedule, microbatches: int,
+                   ranks: int, inner: Mesh, memory_budget: float | None,
+                   plan_stage: Callable[..., Plan], cache: dict[tuple, Plan],
+                   pins: Mapping[str, str], pinned: Mapping[str, str],
+                   received: Mapping[str, str]) -> tuple[Plan, tuple]:
+    """Stage `k`'s screening plan (`plan_stage`, cached) and its key, (micro-batches, stage
+    count, stage, micro-batches in flight, pins): the `pins` of the tensors it holds, its
+    shared weights where `pinned` has them, its boundary inputs as `received`."""
+    stage = stages[k]
+    held, share = _stage_budget(stage, schedule, microbatches, ranks, len(stages),
+                                memory_budget)
+    wanted = {name: placements for name, placements in pins.items()
+              if holds(stage.module, name)}
+    wanted.update({name: pinned[name] for name in stage.shared if name in pinned})
+    wanted.update(received)
+    key = (microbatches, len(stages), stage.index, held, tuple(sorted(wanted.items())))
+    if key not in cache:
+        cache[key] = plan_stage(stage.module, inner, memory_budget=share,
+                                microbatches=microbatches, in_flight=held,
+                                constraints=wanted or None)
+    return cache[key], key
 
 
 def _stage_budget(stage: Stage, schedule: Schedule, microbatches: int, ranks: int,
