@@ -45,13 +45,14 @@ class Screening:
     An interleaved candidate's rank holds a stage of every round of `ranks` stages, and its
     step is bound by the slowest rank's sum: after each stage screened in order, the later
     stages of its rank are screened ahead of order (`probe(k, pinned, received)`: stage `k`
-    planned with the shared weights `pinned` as stored so far, as if it received `received`,
-    guessed as the stage before it in order sends: the
-    same boundary, a round later), their times standing in the bound for their least until
-    the stage is screened in order. A candidate whose ranks lose is left after a stage or two
-    of each round, not after a whole round; where the guess was right, the screening in
-    order finds the stage planned (the plans are cached by their pins). Mutable: each
-    advance adds a plan."""
+    planned with the shared weights `pinned` as stored so far, as if it received
+    `received`, guessed as what the stage before it in order sends: the same boundary, a
+    round later), their times standing in the bound for their least until the stage is
+    screened in order (screening times, as the in-order stages' are: the bound is a lower
+    bound of the step the screening plans give). A candidate whose ranks lose is left
+    after a stage or two of a round, not a whole round; where the guess was right, the
+    screening in order finds the stage planned (the plans are cached by their pins).
+    Mutable: each advance adds a plan or a stage screened ahead."""
 
     def __init__(self, stages: tuple[Stage, ...], schedule: Schedule, microbatches: int,
                  ranks: int, least: tuple[float, ...], screened: Iterator[tuple[Plan, tuple]],
