@@ -25,6 +25,7 @@ size. Without a memory limit it is plain forest descent.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,16 +47,25 @@ KICK_EVERY, RELAX = 20, 0.3
 NEAR = 1.01
 
 
+@dataclass(frozen=True, eq=False)
+class GuidedRun:
+    """What a guided search ran: its `iterations`, and the best assignment that fits it
+    found itself (`x`, None when it ran none): its local optimum, which a restart's may
+    improve in pieces (`crossover.py`)."""
+
+    iterations: int
+    x: np.ndarray | None
+
+
 def guided_search(flat: Flat, best: Best, prices: np.ndarray, *, iterations: int,
                   patience: int, seed: int, keep_going: Callable[[], bool],
-                  report: Progress, start: np.ndarray | None = None) -> int:
+                  report: Progress, start: np.ndarray | None = None) -> GuidedRun:
     """Run up to `iterations` iterations from `start` (default `best.x`, which must fit) and
     segment `prices`, while `keep_going()` and until `patience` iterations in a row find
-    nothing better than the run's own best; improve `best` in place. Returns the number
-    of iterations run."""
+    nothing better than the run's own best; improve `best` in place."""
     start = best.x if start is None else start
     if start is None or flat.num_nodes == 0:
-        return 0
+        return GuidedRun(0, None)
     rng = np.random.default_rng(seed)
     moves = MemoryMoves(flat)
     limit = flat.limit
@@ -71,7 +81,7 @@ def guided_search(flat: Flat, best: Best, prices: np.ndarray, *, iterations: int
     quiet, oscillating = 0, False
     for it in range(iterations):
         if quiet >= patience or not keep_going():
-            return it
+            return GuidedRun(it, own.x)
         quiet += 1
         oscillating = oscillating or quiet >= KICK_EVERY
         costs = flat.priced(prices) if bounded else flat.cost_flat
@@ -101,4 +111,4 @@ def guided_search(flat: Flat, best: Best, prices: np.ndarray, *, iterations: int
                               prices * (1 - DECAY))
             if oscillating and it % KICK_EVERY == 0:
                 prices *= RELAX
-    return iterations
+    return GuidedRun(iterations, own.x)

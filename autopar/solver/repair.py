@@ -46,7 +46,8 @@ class MemoryMoves:
         idx = flat.term_off[ts][None, :] + np.arange(k)[:, None]
         return flat.term_flat[idx]
 
-    def _apply(self, i: int, k: int, x: np.ndarray, prof: np.ndarray) -> None:
+    def switch(self, i: int, k: int, x: np.ndarray, prof: np.ndarray) -> None:
+        """Node i to strategy k in x, its usage moved in the profile `prof` (in place)."""
         flat = self.flat
         ts = self.terms[i]
         if ts.size:
@@ -122,7 +123,7 @@ class MemoryMoves:
                 over = [prof[lo:hi].max() > flat.limit
                         for lo, hi in zip(flat.term_lo[ts], flat.term_hi[ts])]
                 if any(over):
-                    self._apply(i, k, x, prof)
+                    self.switch(i, k, x, prof)
                 if (prof <= flat.limit).all():
                     return x
         return x if (prof <= flat.limit).all() else None
@@ -147,7 +148,7 @@ class MemoryMoves:
             local[~allowed] = np.inf
             k = int(np.argmin(local))
             if local[k] < local[x[i]]:
-                self._apply(i, k, x, prof)
+                self.switch(i, k, x, prof)
                 for j, _ in flat.nbrs[i]:
                     gains[j] = flat.sizes[j] >= 2
         return x

@@ -17,6 +17,7 @@ phase short on a machine slower than planned.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from autopar.solver.budget import (
     estimate_reduce_seconds,
     finish_seconds,
 )
+from autopar.solver.crossover import CROSSED_OPTIMA, crossed
 from autopar.solver.edge_usage_phases import cost_free, solve_with_edge_usages
 from autopar.solver.exact import Outcome, first_segments, linear_phase, solve_whole
 from autopar.solver.exhaustive import MAX_ASSIGNMENTS, assignments, enumerate_best
@@ -45,6 +47,7 @@ from autopar.solver.problem import ShardingProblem
 from autopar.solver.progress import Progress
 from autopar.solver.reduced_problem import ReducedProblem
 from autopar.solver.reductions import Infeasible, reduce_problem
+from autopar.solver.repair import MemoryMoves
 from autopar.solver.solution import Solution
 
 
@@ -146,6 +149,9 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
     def open_gap() -> bool:
         return best.cost > report.bound + tolerance * abs(best.cost)
 
+    def searching() -> bool:  # the later phases': time left, before the answer is due
+        return left() > 0.5 and open_gap()
+
     hot, ran, prices = lagrangian(flat, best, iterations=budgets.lagrange_iterations,
                                   patience=budgets.patience, seed=seed,
                                   keep_going=lambda: left() > 0 and open_gap(),
@@ -172,46 +178,76 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
                 return linear.outcome
             deterministic, bound = linear.deterministic, max(bound, linear.bound)
         large_neighbourhoods(flat, best, deterministic=deterministic,
-                             seed=seed, keep_going=lambda: left() > 0.5 and open_gap(),
-                             wall=left, report=report)
+                             seed=seed, keep_going=searching, wall=left, report=report)
     else:
-        _alternate(flat, best, prices, seed=seed,
-                   keep_going=lambda: left() > 0.5 and open_gap(), wall=left,
-                   report=report)
+        _alternate(flat, best, prices, seed=seed, keep_going=searching, wall=left,
+                   report=report, restart=functools.partial(
+                       _lagrangian_start, flat, budgets, searching))
     if best.x is None:
         return Outcome("unknown", bound)
     proved = best.cost <= report.bound + 1e-9 * abs(best.cost)
     return Outcome("optimal" if proved else "feasible", bound)
 
 
+def _lagrangian_start(flat: Flat, budgets: PhaseBudgets, keep_going: Callable[[], bool],
+                      seed: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """A Lagrangian phase of its own from `seed` (`budgets`' iterations): its best assignment
+    that fits (None if none) and its prices, where `_alternate` restarts a run."""
+    fresh = Best()
+    _, _, prices = lagrangian(flat, fresh, iterations=budgets.lagrange_iterations,
+                              patience=budgets.patience, seed=seed, keep_going=keep_going,
+                              report=Progress.silent())
+    return fresh.x, prices
+
+
 def _alternate(flat: Flat, best: Best, prices: np.ndarray, *, seed: int,
                keep_going: Callable[[], bool], wall: Callable[[], float],
-               report: Progress) -> None:
+               report: Progress,
+               restart: Callable[[int], tuple[np.ndarray | None, np.ndarray]] | None = None
+               ) -> None:
     """Guided-search runs until `keep_going()` fails, alternately from the incumbent and
-    from the Lagrangian's assignment; nothing runs while no assignment is known.
+    from a Lagrangian's assignment; nothing runs while no assignment is known.
 
     A run ends once `GUIDED_PATIENCE` iterations in a row found nothing better than its
-    own best. Each run after the first starts from the Lagrangian's prices times
-    lognormal noise (sigma PRICE_NOISE, one factor per segment): restarted with the same
-    prices the search returns to the same local optimum. Even a shaken restart from the
-    incumbent mostly returns to its basin, and one trajectory stalls there however long
-    it runs (IOPDDL's S: 0.964 and 0.958 points after 45 s and still after 180 s, two
-    seeds), while trajectories from the Lagrangian's assignment end in different basins
-    (0.958 to 0.967 over six seeds, 45 s each); so every other run starts there, and the
-    runs from the incumbent refine the best basin found. On S this raised the score of
-    three seeds from 0.9625, 0.9611 and (before the faster moves) 0.9589 to 0.964, 0.969
-    and 0.975; on M it held 0.9974. A run that found nothing better hands a slice of
+    own best. Restarted with the same prices the search returns to the same local
+    optimum, and even a shaken restart from the incumbent mostly returns to its basin:
+    one trajectory stalls there however long it runs (IOPDDL's S: 0.964 and 0.958 points
+    after 45 s and still after 180 s, two seeds). So every other run starts from a
+    Lagrangian's assignment: the second from the first phase's, its prices times
+    lognormal noise (sigma PRICE_NOISE, one factor per segment), and the later ones from
+    a Lagrangian phase of their own (`restart(seed)`, its assignment and prices), while
+    the runs from the incumbent refine the best basin found. Restarts from one assignment
+    ended within 200 nodes of each other on S; those from another seed's Lagrangian, 700
+    to 1,500 nodes away, in other basins. After each run the incumbent is crossed with
+    the runs' local optima (`crossover.crossed`, the newest `CROSSED_OPTIMA`; with the
+    older ones only once it has changed). On S (240 s, seeds 0, 1, 2) the Lagrangian
+    restarts and the crossing raised the score from 0.964 (0.964 to 0.975 over seeds
+    before) to 0.984, 0.976 and 0.979. A run that found nothing better hands a slice of
     LNS its incumbent: CP-SAT re-optimises regions exactly, which forest moves cannot on
     dense graphs.
     """
     rng = np.random.default_rng(seed)
     lagrangian_x = best.x
     shaken, cycle = prices, 0
+    moves, optima = MemoryMoves(flat), []  # the runs' own local optima, newest first
+    crossed_at = math.inf  # the incumbent's cost when it was last crossed with them all
     while best.x is not None and keep_going():
         before = best.cost
-        guided_search(flat, best, shaken, iterations=10**9, patience=GUIDED_PATIENCE,
-                      seed=seed + cycle, keep_going=keep_going, report=report,
-                      start=lagrangian_x if cycle % 2 else best.x)
+        start = lagrangian_x if cycle % 2 else best.x
+        if cycle % 2 and cycle > 1 and restart is not None:
+            fresh_x, fresh_prices = restart(seed + cycle)
+            if fresh_x is not None:
+                start, shaken = fresh_x, fresh_prices
+        run = guided_search(flat, best, shaken, iterations=10**9, patience=GUIDED_PATIENCE,
+                            seed=seed + cycle, keep_going=keep_going, report=report,
+                            start=start)
+        if run.x is not None:
+            optima = [run.x, *optima][:CROSSED_OPTIMA]
+            # An incumbent crossed with the older optima before gains only from the new one.
+            for donor in optima if best.cost < crossed_at else optima[:1]:
+                if keep_going() and best.offer(flat, crossed(flat, moves, best.x, donor)):
+                    report(f"crossover after guided run {cycle}")
+            crossed_at = best.cost
         shaken = prices * rng.lognormal(0.0, PRICE_NOISE, prices.size)
         cycle += 1
         if best.cost < before or not keep_going():

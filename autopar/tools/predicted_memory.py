@@ -9,7 +9,7 @@ from each node's `NodePlan.memory_bytes` and `output` placements, so that each p
 checked against what a rank really holds (`autopar.runtime.memory_probe`).
 
 Per parameter node, with `stored = local_bytes(nbytes, output)` (its dtype) and
-`elements = local_bytes(numel, output)`, build_problem's `parameter_bytes` is
+`elements = local_bytes(numel, output)`, op_costs' `parameter_bytes` is
 
     memory_bytes = stored                              -> parameters
                  + stored                              -> gradients (the parameter's dtype)
@@ -63,8 +63,9 @@ from torch import fx, nn
 from autopar.costs.optimizer_state import ADAMW, OptimizerState
 from autopar.passes.capturing.find_saved import find_saved
 from autopar.passes.capturing.gradient_path import gradient_path, trained
-from autopar.passes.problem.build_problem import kept_reads, stored_parameter_bytes, tensor_leaves
+from autopar.passes.problem.build_problem import kept_reads, tensor_leaves
 from autopar.passes.problem.edge_costs import copy_bytes
+from autopar.passes.problem.op_costs import stored_parameter_bytes
 from autopar.passes.strategies.find_strategies import producer_of
 from autopar.values.placement import parse_placements
 from autopar.values.plan import Plan

@@ -21,13 +21,7 @@ import torch.fx as fx
 
 from autopar.costs import formulas
 from autopar.passes.capturing.gradient_path import tensor_outputs, trained
-from autopar.passes.problem.build_problem import (
-    ProblemBuild,
-    op_compute_time,
-    op_ring,
-    op_time,
-    parameter_step_time,
-)
+from autopar.passes.problem.build_problem import ProblemBuild
 from autopar.passes.problem.edge_costs import (
     Background,
     background_seconds,
@@ -37,6 +31,12 @@ from autopar.passes.problem.edge_costs import (
     step_seconds,
     strategy_edge_transfers,
     transfer_seconds,
+)
+from autopar.passes.problem.op_costs import (
+    op_compute_time,
+    op_ring,
+    op_time,
+    parameter_step_time,
 )
 from autopar.passes.problem.rebuilt import never_rebuilt
 from autopar.passes.problem.step_memory import held_copies, microbatch_copies

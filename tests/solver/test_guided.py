@@ -47,5 +47,6 @@ def test_improves_a_memory_bound_start() -> None:
     start = best.cost
     ran = guided_search(flat, best, prices, iterations=60, patience=60, seed=0,
                         keep_going=lambda: True, report=Progress.silent())
-    assert ran == 60 and best.cost < start
+    assert ran.iterations == 60 and best.cost < start
+    assert ran.x is not None and flat.objective(ran.x) == best.cost
     assert (flat.profile(best.x) <= flat.limit).all()

@@ -30,7 +30,7 @@ from autopar.passes.capturing.annotate import annotate, size_hints
 from autopar.passes.capturing.capture import capture
 from autopar.passes.capturing.find_saved import find_saved
 from autopar.passes.problem import build_problem as bp
-from autopar.passes.problem import edge_cache, edge_costs
+from autopar.passes.problem import edge_cache, edge_costs, op_costs
 from autopar.passes.strategies.find_strategies import Strategy, find_strategies
 from autopar.passes.strategies.offer_recompute import offer_recompute
 from autopar.solver import EdgeUsage, ShardingProblem, edge_usage, solve
@@ -179,7 +179,7 @@ def test_a_ring_holds_two_blocks_of_keys_and_values_at_its_steps(gpt_graph):
     for i in attentions:
         name = build.nodes[i]
         attention = next(n for n in gpt_graph.graph.nodes if n.name == name)
-        rings = [bp.op_ring(attention, strategy, mesh) for strategy in table.strategies[name]]
+        rings = [op_costs.op_ring(attention, strategy, mesh) for strategy in table.strategies[name]]
         assert any(ring is not None for ring in rings)
         forward = [(ref, cache.transients(ref, table.strategies[ref.producer],
                                           table.strategies[name])[0])

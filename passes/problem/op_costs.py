@@ -1,0 +1,101 @@
+"""What one op or one parameter costs a rank under a strategy: the op's seconds
+(`op_compute_time`, `op_time` with a context-parallel attention's ring, `op_ring`), a
+parameter's bytes (`stored_parameter_bytes`, `parameter_bytes`) and its optimizer step's
+seconds (`parameter_step_time`). Pure functions of a node's meta, its strategy and the
+mesh, shared by the problem pass (`build_problem`) and the plan it extracts
+(`extract_plan`), which gives the same formulas symbolic sizes."""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from autopar.costs import formulas
+from autopar.costs.optimizer_state import OptimizerState
+from autopar.costs.ring import Ring, ring_of
+from autopar.passes.capturing.gradient_path import tensor_outputs
+from autopar.passes.capturing.trace_kernels import priced_kernels
+from autopar.passes.strategies.find_strategies import Strategy, op_spec
+from autopar.rules.attention import RING_TARGETS
+from autopar.values.mesh import Mesh
+from autopar.values.specs import FLOPS, TensorSpec
+
+
+def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bool,
+                    size=lambda value: value):
+    """Seconds one rank computes `node` under `strategy` (forward, backward, recompute):
+    the node's FLOPs and bytes (on a CPU profile, the kernels it was traced to run:
+    `trace_kernels.priced_kernels`), through `size` (a number for the solve, the sympy
+    formula for the plan), divided over the axes the strategy splits the work on. 0 for
+    ops that launch no kernel (views, metadata; on a CPU, a view whose backward runs one
+    pays for it) and for nodes that are not ops."""
+    if node.op != "call_function":
+        return 0
+    kernels, nbytes = priced_kernels(node, mesh.hardware.device)
+    flops, nbytes = size(node.meta.get(FLOPS, 0)), size(nbytes)
+    if flops == 0 and nbytes == 0:
+        return 0
+    divisor = formulas.compute_divisor(strategy.inputs, strategy.output, mesh.shape)
+    return formulas.training_compute_time(flops / divisor, nbytes / divisor,
+                                          tensor_outputs(node)[0].dtype, mesh.hardware,
+                                          differentiable=differentiable,
+                                          recompute=strategy.recompute,
+                                          family=formulas.kernel_family(node.target),
+                                          kernels=kernels)
+
+
+def op_ring(node: fx.Node, strategy: Strategy, mesh: Mesh, size=lambda value: value
+            ) -> Ring | None:
+    """The ring a context-parallel attention `node` runs under `strategy`, else None, with
+    its tensors' bytes through `size` (as in `op_compute_time`)."""
+    if node.op != "call_function" or node.target not in RING_TARGETS:
+        return None
+    return ring_of(op_spec(node), strategy.inputs, strategy.output, mesh.shape,
+                   nbytes=lambda spec: size(spec.sym_nbytes))
+
+
+def op_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bool,
+            size=lambda value: value):
+    """`op_compute_time`, plus for a context-parallel attention its ring's extra kernel
+    launches and the part of its transfers its compute does not hide
+    (`autopar.costs.ring`)."""
+    both = op_compute_time(node, strategy, mesh, differentiable=differentiable, size=size)
+    ring = op_ring(node, strategy, mesh, size)
+    if ring is None:
+        return both
+    forward = op_compute_time(node, strategy, mesh, differentiable=False, size=size)
+    return (both + ring.launch_seconds(mesh.hardware, differentiable=differentiable)
+            + ring.exposed_seconds(forward, both - forward, mesh,
+                                   differentiable=differentiable))
+
+
+def stored_parameter_bytes(spec: TensorSpec, placements, mesh_shape: tuple[int, ...],
+                           optimizer: OptimizerState) -> tuple[float, float]:
+    """(bytes of a parameter's stored piece, which its gradient has too; bytes of its
+    master copy and optimizer states) on one rank, stored as `placements`."""
+    stored = formulas.local_bytes(spec.nbytes, placements, mesh_shape)
+    elements = formulas.local_bytes(spec.numel, placements, mesh_shape)
+    return stored, elements * optimizer.element_bytes(spec.dtype)
+
+
+def parameter_step_time(spec: TensorSpec, placements, mesh: Mesh, optimizer: OptimizerState):
+    """Seconds of the optimizer's step for a parameter stored as `placements`: on one
+    rank, its stored piece (`formulas.optimizer_time`)."""
+    elements = formulas.local_bytes(spec.numel, placements, mesh.shape)
+    return formulas.optimizer_time(elements, spec.dtype.itemsize,
+                                   optimizer.element_bytes(spec.dtype), mesh.hardware)
+
+
+def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer: OptimizerState,
+                    saving_uses: int, uses: int, *, gradient: bool = True,
+                    trained: bool = True) -> float:
+    """Bytes one rank holds for a parameter: its stored piece, gradient (unless not
+    `gradient`), master copy and optimizer states (all stored as `strategy.output`; a frozen
+    parameter, not `trained`, has only its piece), plus, when it is kept gathered, one
+    gathered copy for each use that saves it for the backward (ZeRO-2), or a gathered copy
+    and its whole gradient for each of its `uses` (ZeRO-1, kept for the step)."""
+    stored, states = stored_parameter_bytes(spec, strategy.output, mesh.shape, optimizer)
+    total = (2 if gradient else 1) * stored + states if trained else stored
+    if strategy.gathered is not None:
+        copies = (2 if trained else 1) * uses if strategy.whole_gradient else saving_uses
+        total += copies * formulas.local_bytes(spec.nbytes, strategy.gathered, mesh.shape)
+    return total
