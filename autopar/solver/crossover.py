@@ -31,8 +31,6 @@ def crossed(flat: Flat, moves: MemoryMoves, x: np.ndarray, donor: np.ndarray) ->
     then one pass of memory-safe descent. Deterministic; never dearer than `x`."""
     x = x.copy()
     differ = np.flatnonzero(x != donor)
-    if differ.size == 0:
-        return x
     graph = nx.Graph()
     graph.add_nodes_from(differ.tolist())
     inside = set(graph.nodes)
