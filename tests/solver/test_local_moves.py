@@ -59,7 +59,7 @@ def _descend_every_node(moves: MemoryMoves, x: np.ndarray, costs: np.ndarray,
         local[~moves._room(int(i), x, prof)] = np.inf
         k = int(np.argmin(local))
         if local[k] < local[x[i]]:
-            moves._apply(int(i), k, x, prof)
+            moves.switch(int(i), k, x, prof)
     return x
 
 
