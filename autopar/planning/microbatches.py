@@ -6,12 +6,12 @@ for its candidates, and Megatron 3D once more; the split of a count (a propagati
 the whole graph) and its capture (torch.export) are the same for all of them. No pass
 mutates its input graph, so one graph serves every caller.
 
-The split is propagated once, at one sample per micro-batch, for every count: ops that
-split the batch's samples into as many pieces as it has split it into any fewer (every
-count divides the batch, and a rule that shards a dim into n pieces shards it into any
-divisor of n), so where the split at one sample is exact, so is every count's, with the
-same placements; only where it is not is each count propagated on its own (a step that
-splits into pairs of samples but not into single ones, or one that mixes them).
+The split is propagated once, at one sample per micro-batch, and reused for every count:
+every count divides the batch, and a rule that shards a dim into n pieces shards it into
+any divisor of n, so where the split at one sample is exact, every count's is, with the
+same placements. Only where it is not is each count propagated on its own (a step that
+mixes the samples of each pair but not those of micro-batches of two or more, or one that
+mixes them all).
 """
 
 from __future__ import annotations
