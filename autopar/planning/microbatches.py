@@ -17,6 +17,7 @@ mixes them all).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch.fx as fx
 from torch import nn
@@ -56,12 +57,11 @@ class MicroBatches:
         self.model, self.example_inputs, self.gm = model, tuple(example_inputs), gm
         self._splits: dict[tuple[int, str], BatchSplit | MicrobatchError] = {}
         self._graphs: dict[BatchSplit, fx.GraphModule] = {}
-        self._one: tuple[BatchSplit | MicrobatchError | None] | None = None
 
     def split(self, count: int, *, mixing: str = REFUSE) -> BatchSplit:
         key = (count, mixing)
         if key not in self._splits:
-            whole = self._single()
+            whole = self._single
             if isinstance(whole, BatchSplit) and count >= 1 and whole.batch % count == 0:
                 self._splits[key] = dataclasses.replace(whole, microbatches=count)
             else:
@@ -71,13 +71,12 @@ class MicroBatches:
             raise found
         return found
 
+    @functools.cached_property
     def _single(self) -> BatchSplit | MicrobatchError | None:
         """The exact split at one sample per micro-batch (module docstring), its error, or
         None for a step without a batch."""
-        if self._one is None:
-            batch = batch_size(self.gm)
-            self._one = (None if batch is None else _split(self.gm, batch, REFUSE),)
-        return self._one[0]
+        batch = batch_size(self.gm)
+        return None if batch is None else _split(self.gm, batch, REFUSE)
 
     def graph(self, split: BatchSplit) -> fx.GraphModule:
         if split not in self._graphs:

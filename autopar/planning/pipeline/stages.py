@@ -81,32 +81,26 @@ class Screening:
             plan, _ = next(self._screened)
             self.plans.append(plan)
             return
-        k, received = ahead
-        pinned: dict[str, str] = {}
-        for stage, plan in zip(self.stages, self.plans):
-            for name, placements in _shared_placements(plan, stage).items():
-                pinned.setdefault(name, placements)
+        k, received, pinned = ahead
         try:
             self._probed[k] = self._probe(k, pinned, received)
         except InfeasiblePlanError:  # with guessed pins: the screening in order decides
             self._probed[k] = None
 
-    def _ahead(self) -> tuple[int, dict[str, str]] | None:
-        """The next stage to screen ahead of order and what it is guessed to receive, or
-        None (class docstring)."""
+    def _ahead(self) -> tuple[int, dict[str, str], dict[str, str]] | None:
+        """The next stage to screen ahead of order, what it is guessed to receive and the
+        shared weights stored so far, or None (class docstring)."""
         if self._probe is None or not self.plans or len(self.stages) == self.ranks:
             return None
         last = len(self.plans) - 1
-        sent: dict[str, str] = {}
-        for stage, plan in zip(self.stages, self.plans):
-            sent.update(_sent_placements(plan, stage))
+        sent, pinned = _placed(self.stages, self.plans)
         sends = self.stages[last].sends
         for k in range(last + self.ranks, len(self.stages), self.ranks):
             receives = self.stages[k].receives
             if k in self._probed or len(receives) != len(sends):
                 continue
             return k, {name: sent.get(name, sent[own])
-                       for name, own in zip(receives, sends)}
+                       for name, own in zip(receives, sends)}, pinned
         return None
 
 
@@ -119,18 +113,35 @@ def screened_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches:
     for the key, else its screening plan (`screened_stage`; cached). The pins are the
     `pins` (`_stage_pins`) of the tensors it holds, a shared weight where the first stage
     holding it stored it, and its boundary inputs as their sender sends them."""
-    pinned: dict[str, str] = {}
     sent: dict[str, str] = {}  # boundary tensor -> the placement its sender chose
+    pinned: dict[str, str] = {}
     for stage in stages:
         # Each rank receives its counterpart's piece: the placement the sender chose.
         received = {name: sent[name] for name in stage.receives}
         plan, key = screened_stage(stages, stage.index, schedule, microbatches, ranks, inner,
                                    memory_budget, plan_stage, cache, pins, pinned, received)
         plan = (chosen or {}).get(key, plan)
-        sent.update(_sent_placements(plan, stage))
-        for name, placements in _shared_placements(plan, stage).items():
-            pinned.setdefault(name, placements)
+        _place(stage, plan, sent, pinned)
         yield plan, key
+
+
+def _placed(stages: tuple[Stage, ...], plans: list[Plan]
+            ) -> tuple[dict[str, str], dict[str, str]]:
+    """What the first stages, planned as `plans`, fixed for the later ones: the placement
+    each boundary tensor is sent in, by name, and where each shared weight is stored (its
+    first holder's)."""
+    sent: dict[str, str] = {}
+    pinned: dict[str, str] = {}
+    for stage, plan in zip(stages, plans):
+        _place(stage, plan, sent, pinned)
+    return sent, pinned
+
+
+def _place(stage: Stage, plan: Plan, sent: dict[str, str], pinned: dict[str, str]) -> None:
+    """Add to `sent` and `pinned` (`_placed`) what `stage`, planned as `plan`, fixes."""
+    sent.update(_sent_placements(plan, stage))
+    for name, placements in _shared_placements(plan, stage).items():
+        pinned.setdefault(name, placements)
 
 
 def screened_stage(stages: tuple[Stage, ...], k: int, schedule: Schedule, microbatches: int,
