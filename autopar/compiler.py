@@ -32,6 +32,7 @@ from autopar.planning.deadline import Deadline
 from autopar.planning.entry import (
     TIME_LIMIT,
     check_time_limit,
+    check_training,
     graph_digest,
     input_signature,
     plan_model,
@@ -51,11 +52,21 @@ from autopar.values.plan import Plan
 from autopar.values.specs import NAMES, ROLE, TENSOR, TensorSpec
 
 
-def check_plan(plan: Plan, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh) -> None:
-    """Raise the error naming the first thing `plan` was not made for: the mesh
-    (`MeshError`), the example inputs' shapes and dtypes (`InputMismatchError`), or the
-    model captured as `gm` (`PlanFormatError`: a node missing from the plan, or another op
-    there). Cheap, and run where the plan is given, before any rank starts."""
+def check_plan(plan: Plan, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh,
+               training: bool = True) -> None:
+    """Raise the error naming the first thing `plan` was not made for: training or
+    inference (`PlanFormatError`), the mesh (`MeshError`), the example inputs' shapes and
+    dtypes (`InputMismatchError`), or the model captured as `gm` (`PlanFormatError`: a node
+    missing from the plan, or another op there). Cheap, and run where the plan is given,
+    before any rank starts."""
+    if plan.training != training:
+        made, asked = (("a training step", "inference") if plan.training
+                       else ("inference", "a training step"))
+        raise PlanFormatError(f"the plan was made for {made}, not {asked}",
+                              expected=f"a plan made with training={training}",
+                              got=f"a plan made with training={plan.training}",
+                              fix=f"plan again with training={training}, or compile with "
+                                  f"training={plan.training}")
     if plan.mesh.shape != mesh.shape or plan.mesh.axis_names != mesh.axis_names:
         raise MeshError("the plan was made for another mesh",
                         expected=f"a plan for mesh {mesh.describe()}",
@@ -141,7 +152,7 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
             time_limit: float = TIME_LIMIT, constraints: Mapping[str, str] | None = None,
             seed: int = 0, optimizer: object = None,
             master_weights: torch.dtype | None = None, microbatches: int | str = "auto",
-            pipeline: Pipeline | str | bool = "auto",
+            pipeline: Pipeline | str | bool = "auto", training: bool = True,
             hardware: str | None = None, replan: bool = True,
             progress: Callable[[str], None] | None = None) -> ParallelModule | CompileOnCall:
     """This rank's `ParallelModule` of `model` split over `mesh` (see docs/DESIGN.md's API).
@@ -168,6 +179,8 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
     rank's stages under torch's schedule (`autopar.runtime.pipeline`); a forced pipeline
     of a model whose ops mix samples trains it by gradient accumulation over the
     micro-batches (`passes/split_microbatches`'s ACCUMULATED, which the plan's warnings state).
+    `training=False` compiles the model as it serves (`autopar.plan`'s): each call runs the
+    forward alone, without autograd, and returns its outputs whole on every rank.
 
     Raises `ProcessGroupError` (no process group, or a world size that is not the mesh's),
     `MeshError`/`PlanFormatError` for a plan of another mesh or model, and the planning
@@ -180,13 +193,14 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
     if example_inputs is None:
         options = dict(plan=plan, memory_budget=memory_budget, time_limit=time_limit,
                        seed=seed, optimizer=optimizer, master_weights=master_weights,
-                       microbatches=microbatches, pipeline=pipeline, progress=progress)
+                       microbatches=microbatches, pipeline=pipeline, training=training,
+                       progress=progress)
         return _on_first_call(model, mesh, device, constraints, options,
                               replan=replan and plan is None)
     deadline = Deadline(check_time_limit(time_limit))  # capture included
-    gm = _captured(model, example_inputs)
+    gm = _captured(model, example_inputs, training)
     if plan is not None:
-        check_plan(plan, gm, tuple(example_inputs), mesh)
+        check_plan(plan, gm, tuple(example_inputs), mesh, training)
     chosen = _agreed(lambda: plan or plan_model(
         model, gm, tuple(example_inputs), mesh, microbatches=microbatches,
         model_name=type(model).__name__, memory_budget=memory_budget,
@@ -195,14 +209,14 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
     return assemble(model, gm, chosen, device, tuple(example_inputs))
 
 
-def _captured(model: nn.Module, example_inputs: object) -> fx.GraphModule:
-    """`model`'s step captured at `example_inputs` and annotated; `CaptureError` when they
-    are not a tuple."""
+def _captured(model: nn.Module, example_inputs: object, training: bool) -> fx.GraphModule:
+    """`model`'s step (or forward, without `training`) captured at `example_inputs` and
+    annotated; `CaptureError` when they are not a tuple."""
     if not isinstance(example_inputs, tuple):
         raise CaptureError("example_inputs must be the positional arguments of model.forward",
                            expected="a tuple", got=type(example_inputs).__name__,
                            fix="wrap them in a tuple, e.g. (x,)")
-    return annotate(capture(model, tuple(example_inputs)))
+    return annotate(capture(model, tuple(example_inputs), training=check_training(training)))
 
 
 def _on_first_call(model: nn.Module, mesh: Mesh, device: DeviceMesh | None,

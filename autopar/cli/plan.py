@@ -55,11 +55,14 @@ def progress_lines() -> Iterator[Callable[[str], None]]:
 @click.option("--pipeline", "pipeline_text", default="auto", show_default=True,
               help="pipeline over the axis named pp: auto, off, or SCHEDULE[:MICROBATCHES] "
                    "(GPipe, 1F1B, Interleaved1F1B), e.g. 1F1B:8")
+@click.option("--inference", is_flag=True,
+              help="plan the forward alone, as the model serves (training=False): no loss, "
+                   "backward or optimizer state")
 @click.option("--out", type=click.Path(), default=None, help="write the plan as JSON")
 @click.option("--report", "report_out", type=click.Path(), default=None,
               help="write the plan's HTML report (see `autopar report`)")
 def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, time_limit,
-                 settings, hand_strategies, microbatch_text, pipeline_text, out,
+                 settings, hand_strategies, microbatch_text, pipeline_text, inference, out,
                  report_out) -> None:
     """Plan MODEL_FILE (a .py file with build() -> (model, example_inputs))."""
     from autopar.planning.entry import plan
@@ -78,7 +81,8 @@ def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, tim
             warnings.simplefilter("always")
             result = plan(model, mesh, inputs, memory_budget=memory_budget,
                           time_limit=time_limit, hand_strategies=hand_strategies,
-                          microbatches=count, pipeline=layout, progress=progress)
+                          microbatches=count, pipeline=layout, training=not inference,
+                          progress=progress)
     except AutoparError as exc:
         for message in dict.fromkeys(str(w.message) for w in caught):
             click.echo(f"warning: {message}", err=True)

@@ -15,9 +15,9 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 
 from autopar.costs.optimizer_state import optimizer_state
-from autopar.errors import ProblemFormatError
+from autopar.errors import MicrobatchError, PipelineError, PlanningError, ProblemFormatError
 from autopar.passes.capturing.annotate import annotate
-from autopar.passes.capturing.capture import capture
+from autopar.passes.capturing.capture import capture, is_training
 from autopar.planning.deadline import Deadline
 from autopar.planning.graph import NO_RULE, STAGE
 from autopar.planning.layout import plan_layout
@@ -30,6 +30,8 @@ from autopar.values.specs import TENSOR
 
 # Seconds a planning call may take by default, capture and every solve included.
 TIME_LIMIT = 30.0
+# What a forward-only plan's parameters hold beside their values (its `optimizer`).
+FORWARD_ONLY = "none (forward only: no gradients or optimizer state)"
 
 
 def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
@@ -39,7 +41,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
          hand_strategies: bool | tuple[str, ...] = False, strategy: str | None = None,
          optimizer: object = None, master_weights: torch.dtype | None = None,
          recompute: bool = True, microbatches: int | str = "auto",
-         pipeline: Pipeline | str | bool = "auto",
+         pipeline: Pipeline | str | bool = "auto", training: bool = True,
          progress: Callable[[str], None] | None = None) -> Plan:
     """Choose how every op and tensor of `model` is split over `mesh`.
 
@@ -66,12 +68,16 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     model into stages of consecutive blocks over one mesh axis (`autopar.Pipeline`: axis,
     stages, micro-batches, schedule; `autopar.planning.pipeline.plan`); "auto" (the default)
     also plans a pipeline over the axis named "pp" when the mesh has one and keeps it when it is
-    faster, False never pipelines. `progress` receives a message as each pass starts (prefixed
-    `STAGE`) and the solver's progress lines. Each distinct warning raised while planning is
-    issued once, at the end, and kept in the plan's `warnings` (which its summary prints).
-    Raises `InfeasiblePlanError` with the least memory any plan needs when nothing fits,
-    `OptimizerError` for an optimizer whose state the cost model can't size, and
-    `MicrobatchError` for a count of micro-batches the model's step can't be cut into.
+    faster, False never pipelines. `training=False` plans the model as it serves: its forward
+    alone, in eval mode, returning any tensors (no loss needed), whole on every rank; no
+    backward, gradients or optimizer state; the objective is the forward's latency and the
+    memory the weights and one forward's live tensors (one batch, no pipeline). `progress`
+    receives a message as each pass starts (prefixed `STAGE`) and the solver's progress lines.
+    Each distinct warning raised while planning is issued once, at the end, and kept in the
+    plan's `warnings` (which its summary prints). Raises `InfeasiblePlanError` with the least
+    memory any plan needs when nothing fits, `OptimizerError` for an optimizer whose state the
+    cost model can't size, and `MicrobatchError` for a count of micro-batches the model's step
+    can't be cut into.
     """
     deadline = Deadline(check_time_limit(time_limit))
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
@@ -81,7 +87,8 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     raised: list[str] = []
     with _warned_once(raised):
         say(f"{STAGE} capture")
-        gm = capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+        gm = capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
+                     training=check_training(training))
         say(f"{STAGE} annotate")
         if dynamic_shapes is not None and microbatches == "auto":
             microbatches = 1  # a symbolic batch has no divisors to try
@@ -122,11 +129,16 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     raised while planning once each (`_warned_once`)."""
     if deadline is None:
         deadline = Deadline(check_time_limit(time_limit))
+    training = is_training(gm)
+    if not training:
+        microbatches, pipeline = _forward_only_layout(microbatches, pipeline)
     raised: list[str] = []
     with _warned_once(raised):
         made = plan_layout(model, gm, example_inputs, mesh, microbatches=microbatches,
                            pipeline=pipeline, time_limit=deadline.seconds, deadline=deadline,
                            **options)
+    if not training:
+        made = dataclasses.replace(made, training=False, optimizer=FORWARD_ONLY)
     solver = dataclasses.replace(
         made.solver, planning_s=deadline.spent(), time_limit_s=deadline.seconds,
         cut_short=deadline.passed() and made.solver.status != "optimal"
@@ -134,6 +146,32 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     return dataclasses.replace(made, inputs=input_signature(example_inputs),
                                graph=graph_digest(gm), solver=solver,
                                warnings=_merge_warnings(made.warnings, raised))
+
+
+def check_training(training: object) -> bool:
+    """`training` itself; `PlanningError` unless it is a bool."""
+    if not isinstance(training, bool):
+        raise PlanningError("training must be True (plan a training step) or False (plan "
+                            "the forward alone, to serve the model)",
+                            expected="a bool", got=repr(training),
+                            fix="pass training=False for inference, or leave the default")
+    return training
+
+
+def _forward_only_layout(microbatches: int | str, pipeline: Pipeline | str | bool
+                         ) -> tuple[int, bool]:
+    """The layout of a forward-only plan: one batch, no pipeline; `PipelineError` or
+    `MicrobatchError` when the caller asked for a pipeline or micro-batches."""
+    if isinstance(pipeline, Pipeline) or pipeline is True:
+        raise PipelineError("a forward-only plan (training=False) is not pipelined yet",
+                            expected="pipeline='auto' or False", got=repr(pipeline),
+                            fix="plan the forward on the mesh's other axes, or with "
+                                "training=True")
+    if microbatches not in ("auto", 1):
+        raise MicrobatchError("a forward-only plan (training=False) runs the batch whole",
+                              expected="microbatches='auto' or 1", got=repr(microbatches),
+                              fix="pass a smaller batch per call instead")
+    return 1, False
 
 
 def check_time_limit(time_limit: object) -> float:

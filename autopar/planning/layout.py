@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from autopar.costs.optimizer_state import optimizer_state
 from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError, ShardingError
-from autopar.passes.capturing.capture import loss_output
+from autopar.passes.capturing.capture import is_training, loss_output
 from autopar.passes.layout.split_microbatches import batch_size
 from autopar.passes.problem.edge_cache import EdgeCaches
 from autopar.planning.deadline import Deadline, expired
@@ -183,7 +183,8 @@ def plan_unpipelined(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple
     screened while none fits once the call's deadline has passed, and with one (and no hand
     strategies asked for) the whole step is screened too, and a screened plan is planned in
     full only when it is faster than the rival (`_in_full`)."""
-    loss_output(gm)  # a model that returns no loss can't be trained: say so before solving
+    if is_training(gm):  # a model that returns no loss can't be trained: say so first
+        loss_output(gm)
     plain = _Plain(gm, mesh, default_budget(mesh, memory_budget), micro, progress, options)
     if microbatches != "auto":
         if not isinstance(microbatches, int) or isinstance(microbatches, bool):

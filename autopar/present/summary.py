@@ -104,10 +104,18 @@ _LEGEND = ("Rows in the order the model runs them; repeated blocks share a row (
            "P partial sums.")
 
 
+def _step(plan: Plan) -> str:
+    """What the plan's times and bytes are of."""
+    return "one training step" if plan.training else "one forward, inference"
+
+
 def _group_table(plan: Plan, width: int) -> Table:
     axes = ",".join(plan.mesh.axis_names)
+    legend = _LEGEND if plan.training else _LEGEND.replace(
+        "parameters with gradients and optimizer state, kept activations", "parameters, "
+        "activations live in the forward").replace("per device and step", "per device")
     table = Table(title=f"Plan for {plan.model} on {plan.mesh.describe()}", title_justify="left",
-                  caption=_LEGEND, caption_justify="left")
+                  caption=legend, caption_justify="left")
     groups = _groups(plan)
     labels = group_labels(list(groups), max(16, int(width * _GROUP_SHARE)))
     table.add_column("op group", no_wrap=True,
@@ -128,22 +136,25 @@ def _group_table(plan: Plan, width: int) -> Table:
 
 
 def _totals_table(plan: Plan) -> Table:
-    table = Table(title="Totals (per device, one training step)", title_justify="left")
+    table = Table(title=f"Totals (per device, {_step(plan)})", title_justify="left")
     table.add_column("quantity")
     table.add_column("value", justify="right")
     solver = plan.solver
+    training = plan.training
     rows = [
-        ("predicted step time", _ms_text(plan.step_time_s)),
+        ("predicted step time" if training else "predicted latency",
+         _ms_text(plan.step_time_s)),
         ("  compute", _ms_text(plan.compute_s)),
         ("  communication, exposed", _ms_text(plan.exposed_comm_s)),
-        ("  communication, hidden", f"{_ms_text(plan.hidden_comm_s)} (overlaps the backward)"),
+        ("  communication, hidden", f"{_ms_text(plan.hidden_comm_s)} "
+         f"({'overlaps the backward' if training else 'behind compute'})"),
         ("peak memory", f"{_size(plan.peak_memory_bytes)} of {_size(plan.memory_limit_bytes)}"),
         ("  memory budget", _budget(plan)),
         *((("scaling efficiency", f"{efficiency:.1%}"),)
           if (efficiency := scaling_efficiency(plan, plan.step_time_s)) is not None else ()),
         *((("predicted MFU (bf16 peak)", f"{plan.mfu:.1%}"),) if plan.mfu is not None else ()),
-        ("micro-batches per step", str(plan.microbatches)),
-        ("recomputed in the backward", _recomputed(plan)),
+        *((("micro-batches per step", str(plan.microbatches)),
+           ("recomputed in the backward", _recomputed(plan))) if training else ()),
         ("context parallel", describe_context_parallel(plan)),
         ("parameter storage", _storage(plan)),
         ("optimizer", plan.optimizer),
@@ -272,7 +283,7 @@ def _hand_row(plan: Plan, record: HandStrategyRecord) -> tuple[str, ...]:
 
 
 def _hand_table(plan: Plan) -> Table:
-    table = Table(title="Compared with hand strategies (per device, one training step)",
+    table = Table(title=f"Compared with hand strategies (per device, {_step(plan)})",
                   title_justify="left", show_lines=True)
     for name in ("strategy", "step ms", "vs plan", "scaling eff.", "peak memory / capacity",
                  "bytes moved", "memory"):

@@ -7,6 +7,9 @@ the global inputs, the same on every rank, and returns global outputs; `loss.bac
 leaves on every local parameter the gradient of its piece, already reduced over the mesh, so
 any torch optimizer steps the pieces as if they were the whole model.
 
+A forward-only plan (`autopar.compile(..., training=False)`) runs each call without
+autograd, in the model's eval mode as it was captured, and returns the outputs whole.
+
 A plan of several micro-batches runs each call as that many forwards and backwards of
 one micro-batch (`autopar.runtime.microbatches`); the call returns the batch's loss and its
 backward hands over the accumulated gradients.
@@ -20,6 +23,7 @@ shapes would hang the others. Compile again, on every rank, for new shapes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 from torch import fx, nn
@@ -269,11 +273,10 @@ class ParallelModule(nn.Module):
         if self._context is not None:
             self._context.prefetch.begin()
         values = [self.value(slot) for slot in self._arguments]
-        if self._scope is None:
+        # A forward-only plan records nothing for a backward it does not have.
+        with self._scope if self._scope is not None else nullcontext(), \
+                nullcontext() if self.plan.training else torch.no_grad():
             outputs = self._program(*values, *flat)
-        else:
-            with self._scope:
-                outputs = self._program(*values, *flat)
         # A mutated buffer (batch norm's running statistics) takes its new value as a new
         # tensor, not in place: the backward may still read the old one (an op recomputed
         # from it), whose version must not change.

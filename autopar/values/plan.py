@@ -23,8 +23,9 @@ from autopar.values.mesh import Mesh
 # 2: recompute, gathered and hidden_s per node, the optimizer, FLOPs; 3: micro-batches,
 # whole_gradient per node, calls per transfer; 4: the example inputs and graph planned for;
 # 5: pipelines (stage per node, the pipeline's stages and schedule); 6: optimizer_s per
-# node (older plans read as 0: their step times left the optimizer out).
-FORMAT_VERSION = 6
+# node (older plans read as 0: their step times left the optimizer out); 7: training
+# (False: a forward-only plan; older plans read as training ones).
+FORMAT_VERSION = 7
 # The hand strategy record of the same step on one device: the scaling reference.
 SINGLE_DEVICE = "single device"
 
@@ -187,7 +188,9 @@ class Plan:
     one micro-batch's, their times and bytes the whole step's. `inputs` describes the flat
     example inputs it was planned for (`autopar.planning.entry.input_signature`) and `graph`
     a digest of the captured graph's ops and tensor shapes
-    (`autopar.planning.entry.graph_digest`), which compiling it checks.
+    (`autopar.planning.entry.graph_digest`), which compiling it checks. A plan made with
+    `training=False` (`training`) is of the forward alone: its step is one forward, its
+    memory the weights and one forward's live tensors, and its FLOPs the forward's.
 
     A pipelined plan (`pipeline` set) holds every stage's nodes, each with its `stage`, and
     their placements on the whole mesh: replicated on the pipeline axis, which places
@@ -209,6 +212,7 @@ class Plan:
     inputs: tuple[str, ...] = ()
     graph: str = ""
     pipeline: PipelineRecord | None = None
+    training: bool = True
     version: int = FORMAT_VERSION
 
     @property
@@ -238,15 +242,16 @@ class Plan:
     def step_time_s(self) -> float:
         """Predicted time of one training step (forward, backward and the optimizer's
         step), seconds: compute plus the communication not hidden behind it plus the
-        optimizer; for a pipeline, its schedule's step."""
+        optimizer; for a pipeline, its schedule's step; for a forward-only plan
+        (`training` False), the forward's latency."""
         if self.pipeline is not None:
             return self.pipeline.step_time_s
         return self.compute_s + self.exposed_comm_s + self.optimizer_s
 
     @property
     def mfu(self) -> float | None:
-        """Predicted model FLOPs utilisation: the model's training FLOPs of one step (forward
-        plus twice it for the backward, recomputation not counted) over the predicted step
+        """Predicted model FLOPs utilisation: the model's FLOPs of one step (forward plus,
+        when training, twice it for the backward, recomputation not counted) over the step
         time times the devices times their bfloat16 peak. None for a plan without FLOPs."""
         if not self.model_flops or not self.step_time_s:
             return None
@@ -348,7 +353,8 @@ class Plan:
                        inputs=tuple(data.get("inputs", ())), graph=data.get("graph", ""),
                        pipeline=_pipeline_from_dict(data.get("pipeline")),
                        **{key: data[key] for key in ("optimizer", "model_flops",
-                                                     "microbatches") if key in data},
+                                                     "microbatches", "training")
+                          if key in data},
                        version=version)
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanFormatError(f"plan file is corrupt: {exc!r}",

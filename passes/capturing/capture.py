@@ -32,6 +32,13 @@ dropped from the captured outputs (None in a ModelOutput, the key gone from a di
 named in `gm.meta["autopar_dropped_outputs"]`. `gm.meta["autopar_loss"]` is the loss's
 index among the flat user outputs, None when no output is a floating-point scalar where
 a loss is looked for (`loss_output` raises then).
+
+Training or inference: `capture(..., training=False)` traces the model as it serves, in
+eval mode (dropout off, batch norm on its running statistics) with no parameter requiring
+a gradient, so every parameter is frozen and nothing lies on a gradient path: the plan has
+no backward, no gradients and no optimizer state, and the forward may return any tensors.
+The model's modes and flags are restored afterwards. `gm.meta["autopar_training"]` says
+which (`is_training`).
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ import functools
 import re
 import warnings
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -57,6 +64,7 @@ CALL_SPEC = "autopar_call_spec"
 MUTATED = "autopar_mutated_buffers"
 LOSS = "autopar_loss"
 DROPPED = "autopar_dropped_outputs"
+TRAINING = "autopar_training"
 
 _ROLES = {
     InputKind.PARAMETER: "parameter",
@@ -68,13 +76,15 @@ _STATE_ROLES = ("parameter", "buffer", "constant")
 
 
 def capture(model: nn.Module, example_inputs: tuple, *,
-            dynamic_shapes: Any = None, repeat_blocks: bool = True) -> fx.GraphModule:
+            dynamic_shapes: Any = None, repeat_blocks: bool = True,
+            training: bool = True) -> fx.GraphModule:
     """Trace `model(*example_inputs)` into a GraphModule with autopar meta on every node.
 
     `dynamic_shapes` is passed to torch.export as is (e.g. `({0: Dim("batch")}, ...)`).
     With `repeat_blocks`, a model whose main ModuleList holds many identical blocks is
     traced with four of them and the others stamped, the same graph in a fraction of the
-    time (`passes/capturing/repeat_blocks.py`; not with `dynamic_shapes`).
+    time (`passes/capturing/repeat_blocks.py`; not with `dynamic_shapes`). With
+    `training=False`, the forward as it serves (module docstring).
     Raises `CaptureError` when torch.export cannot trace the model.
     """
     if not isinstance(example_inputs, tuple):
@@ -82,11 +92,36 @@ def capture(model: nn.Module, example_inputs: tuple, *,
             "example_inputs must be the positional arguments of model.forward",
             expected="a tuple", got=type(example_inputs).__name__,
             fix="wrap them in a tuple, e.g. (x,)")
-    if repeat_blocks and dynamic_shapes is None:
-        stamped = capture_repeated(model, example_inputs, _trace, mutated=MUTATED)
-        if stamped is not None:
-            return stamped
-    return _trace(model, example_inputs, dynamic_shapes)
+    with nullcontext() if training else _serving(model):
+        gm = None
+        if repeat_blocks and dynamic_shapes is None:
+            gm = capture_repeated(model, example_inputs, _trace, mutated=MUTATED)
+        if gm is None:
+            gm = _trace(model, example_inputs, dynamic_shapes)
+    gm.meta[TRAINING] = training
+    return gm
+
+
+def is_training(gm: fx.GraphModule) -> bool:
+    """Whether `gm` was captured for training (`capture`'s `training`)."""
+    return gm.meta.get(TRAINING, True)
+
+
+@contextmanager
+def _serving(model: nn.Module) -> Iterator[None]:
+    """`model` in eval mode with no parameter requiring a gradient; as it was after."""
+    modes = [(module, module.training) for module in model.modules()]
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    model.eval()
+    for parameter, _ in flags:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for module, mode in modes:
+            module.training = mode
+        for parameter, flag in flags:
+            parameter.requires_grad_(flag)
 
 
 def _trace(model: nn.Module, example_inputs: tuple,
@@ -148,7 +183,8 @@ def loss_output(gm: fx.GraphModule) -> int:
                      "under the key 'loss' of a dict or ModelOutput",
             got=f"outputs {_describe_outputs(gm, out_spec)}",
             fix="compute the loss inside forward (e.g. pass the labels and return "
-                "F.cross_entropy(logits, labels)), or wrap the model in a module that does")
+                "F.cross_entropy(logits, labels)), or wrap the model in a module that does; "
+                "to serve the model instead, plan or compile it with training=False")
     return index
 
 

@@ -34,6 +34,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from autopar import rules
+from autopar.passes.capturing.capture import is_training
 from autopar.rules.base import AxisStrategy, OpSpec
 from autopar.values.graph_module import argument_nodes
 from autopar.values.mesh import Mesh
@@ -212,6 +213,8 @@ def find_strategies(gm: fx.GraphModule, mesh: Mesh) -> StrategyTable:
     # shared tuple, which later passes recognise by identity.
     known: dict[str, tuple[Strategy, ...]] = {}
     all_replicated = tuple(Replicate() for _ in mesh.shape)
+    # A forward-only graph has no backward to keep a gathered parameter for.
+    backward = is_training(gm)
     for node in gm.graph.nodes:
         if not is_decision(node):
             continue
@@ -224,7 +227,8 @@ def find_strategies(gm: fx.GraphModule, mesh: Mesh) -> StrategyTable:
             role = node.meta.get(ROLE)
             key = repr((role, spec, node.meta.get(BOUNDARY)))
             if key not in known:
-                known[key] = (_stored_strategies(spec, mesh, parameter=role == "parameter")
+                known[key] = (_stored_strategies(spec, mesh,
+                                                 parameter=role == "parameter" and backward)
                               if role in STORED_ROLES or node.meta.get(BOUNDARY)
                               else (Strategy((), all_replicated),))
             strategies[node.name] = known[key]
