@@ -45,11 +45,10 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
          progress: Callable[[str], None] | None = None) -> Plan:
     """Choose how every op and tensor of `model` is split over `mesh`.
 
-    `example_inputs` may live on the meta device (and the model too), so plans for large models
-    need no memory. The plan minimises the modelled training step time such that every device
-    holds at most `memory_budget` bytes (default: the hardware's memory less its reserve,
-    `HardwareProfile.reserve_bytes`). `time_limit` bounds the whole call, spread over its solves
-    (`autopar.planning.deadline`; `plan.solver` says more). `constraints` pins named tensors'
+    The model and `example_inputs` may live on the meta device. The plan minimises the modelled
+    step time such that every device holds at most `memory_budget` bytes (default: the
+    hardware's memory less `HardwareProfile.reserve_bytes`). `time_limit` bounds the whole
+    call (`autopar.planning.deadline`). `constraints` pins named tensors'
     placements (see `autopar.passes.strategies.constrain`; with a pipeline, placements on the
     whole mesh replicated on the pipeline axis, each applied in the stage holding the tensor);
     `fold_layers` makes identical blocks share one decision. With `hand_strategies`, the plan
@@ -68,23 +67,19 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     model into stages of consecutive blocks over one mesh axis (`autopar.Pipeline`: axis,
     stages, micro-batches, schedule; `autopar.planning.pipeline.plan`); "auto" (the default)
     also plans a pipeline over the axis named "pp" when the mesh has one and keeps it when it is
-    faster, False never pipelines. `training=False` plans the model as it serves: its forward
-    alone, in eval mode, returning any tensors (no loss needed), whole on every rank; no
-    backward, gradients or optimizer state; the objective is the forward's latency and the
-    memory the weights and one forward's live tensors (one batch, no pipeline). `progress`
-    receives a message as each pass starts (prefixed `STAGE`) and the solver's progress lines.
-    Each distinct warning raised while planning is issued once, at the end, and kept in the
-    plan's `warnings` (which its summary prints). Raises `InfeasiblePlanError` with the least
-    memory any plan needs when nothing fits, `OptimizerError` for an optimizer whose state the
-    cost model can't size, and `MicrobatchError` for a count of micro-batches the model's step
-    can't be cut into.
+    faster, False never pipelines. `training=False` plans the forward alone, as the model
+    serves (`capture`'s; any outputs, one batch, no pipeline). `progress` receives a message as
+    each pass starts (prefixed `STAGE`) and the solver's progress lines. Each distinct warning
+    is issued once, at the end, and kept in the plan's `warnings`. Raises
+    `InfeasiblePlanError` with the least memory any plan needs when nothing fits,
+    `OptimizerError` for an optimizer whose state the cost model can't size, and
+    `MicrobatchError` for a count of micro-batches the model's step can't be cut into.
     """
     deadline = Deadline(check_time_limit(time_limit))
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
     check_hand_strategy_names(hand_strategies, mesh, strategy, microbatches=microbatches,
                               pipeline=pipeline, constraints=constraints)
-    say = progress or (lambda message: None)
-    raised: list[str] = []
+    say, raised = progress or (lambda message: None), []
     with _warned_once(raised):
         say(f"{STAGE} capture")
         gm = capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,

@@ -1,0 +1,129 @@
+"""Forward-only plans (`training=False`): what they cost and hold, and the errors around them.
+
+The equivalence of their programs on gloo is `tests/runtime/test_inference_equivalence.py`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import nn
+
+import autopar
+from autopar.cli import main
+from autopar.errors import (
+    LossError,
+    MicrobatchError,
+    PipelineError,
+    PlanFormatError,
+    PlanningError,
+)
+from autopar.passes.capturing.capture import capture, is_training
+
+ROOT = Path(__file__).resolve().parents[2]
+MESH = autopar.Mesh((2,), ("tp",), hardware="cpu")
+
+
+class Classifier(nn.Module):
+    """Two linear layers with dropout between them, returning logits (no loss)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Dropout(0.5),
+                                  nn.Linear(64, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class WithLoss(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x).square().mean()
+
+
+def _inputs() -> tuple[torch.Tensor]:
+    return (torch.randn(8, 32, generator=torch.Generator().manual_seed(0)),)
+
+
+def test_a_forward_only_plan_has_no_backward_gradients_or_optimizer_state():
+    torch.manual_seed(0)
+    model = Classifier()
+    served = autopar.plan(model, MESH, _inputs(), training=False, time_limit=5.0)
+    trained = autopar.plan(WithLoss(model), MESH, _inputs(), time_limit=5.0)
+    assert not served.training and trained.training
+    assert all(direction == "forward" for _, _, direction in served.comm_bytes())
+    assert served.optimizer_s == 0.0 and trained.optimizer_s > 0.0
+    assert "forward only" in served.optimizer
+    # Weights without gradients or AdamW's two states: a quarter of the training plan's.
+    assert served.peak_memory_bytes < trained.peak_memory_bytes / 2
+    # The forward's FLOPs only: a third of a training step's (backward twice the forward).
+    assert served.model_flops == pytest.approx(trained.model_flops / 3, rel=0.05)
+    assert served.step_time_s < trained.step_time_s
+
+
+def test_capture_for_inference_traces_eval_mode_and_restores_the_model():
+    model = Classifier()
+    frozen = model.body[0].bias.requires_grad_(False)
+    gm = capture(model, _inputs(), training=False)
+    assert not is_training(gm)
+    # Eval mode: dropout traced away, where training mode keeps it.
+    assert not any("dropout" in str(n.target) for n in gm.graph.nodes)
+    assert any("dropout" in str(n.target) for n in capture(model, _inputs()).graph.nodes)
+    assert model.training and model.body[2].training
+    assert model.body[0].weight.requires_grad and not frozen.requires_grad
+
+
+def test_a_forward_only_plan_survives_its_json():
+    plan = autopar.plan(Classifier(), MESH, _inputs(), training=False, time_limit=5.0)
+    assert autopar.Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    older = {k: v for k, v in plan.to_dict().items() if k != "training"}
+    assert autopar.Plan.from_dict({**older, "version": 6}).training
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    ({"training": "no"}, PlanningError),
+    ({"training": False, "pipeline": autopar.Pipeline(schedule="1F1B")}, PipelineError),
+    ({"training": False, "microbatches": 4}, MicrobatchError),
+])
+def test_bad_inference_options_are_refused_before_solving(options, error):
+    with pytest.raises(error) as raised:
+        autopar.plan(Classifier(), MESH, _inputs(), **options)
+    assert "expected" in str(raised.value) and "fix" in str(raised.value)
+
+
+def test_a_model_without_a_loss_is_pointed_to_inference():
+    with pytest.raises(LossError, match="training=False"):
+        autopar.plan(Classifier(), MESH, _inputs())
+
+
+def test_compile_refuses_a_plan_made_for_the_other_mode():
+    mesh = autopar.Mesh((1,), ("x",), hardware="cpu")
+    model = Classifier()
+    served = autopar.plan(model, mesh, _inputs(), training=False, time_limit=5.0)
+    with pytest.raises(PlanFormatError, match="made for inference, not a training step"):
+        autopar.compile(WithLoss(model), mesh, _inputs(), plan=served)
+    pm = autopar.compile(model, mesh, _inputs(), plan=served, training=False)
+    out = pm(*_inputs())
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(out, model(*_inputs()))
+    assert not out.requires_grad
+
+
+def test_the_command_plans_for_inference(tmp_path):
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(main, [
+        "plan", str(ROOT / "examples" / "mlp.py"), "--mesh", "2", "--hardware", "a100-sxm",
+        "--inference", "--no-hand-strategies", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "predicted latency" in result.output and "one forward, inference" in result.output
+    assert "recomputed in the backward" not in result.output
+    assert json.loads(out.read_text())["training"] is False
