@@ -127,3 +127,10 @@ def test_the_command_plans_for_inference(tmp_path):
     assert "predicted latency" in result.output and "one forward, inference" in result.output
     assert "recomputed in the backward" not in result.output
     assert json.loads(out.read_text())["training"] is False
+
+
+def test_the_report_draws_a_forward_only_plan_without_backward(tmp_path):
+    plan = autopar.plan(Classifier(), MESH, _inputs(), training=False, time_limit=5.0)
+    page = Path(autopar.report(plan, tmp_path / "plan.html")).read_text()
+    assert "one forward (inference" in page and "latency" in page
+    assert "forward + backward" not in page and "optimizer step" not in page

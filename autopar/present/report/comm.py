@@ -71,8 +71,9 @@ def comm_section(plan: Plan) -> str:
                 f"{ms(sum(seconds.values()))} · {size(sum(nbytes.values()))}")
             for name, nbytes, seconds in rows if nbytes]
     legend = "".join(swatch(colours[k], f"{k[0]} on {k[1]}") for k in keys)
-    return (f'<section id="comm"><h2>Communication <span class="dim">per device, forward + '
-            f'backward; bytes are per-rank buffers</span></h2>{_table(keys, rows)}'
+    passes = "forward + backward" if plan.training else "forward"
+    return (f'<section id="comm"><h2>Communication <span class="dim">per device, {passes}; '
+            f'bytes are per-rank buffers</span></h2>{_table(keys, rows)}'
             f'<h3>Time by layer</h3><div class="legend">{legend}</div>'
             f'{bar_chart(bars, css_id="comm-chart")}'
             f'<h3>By direction</h3>{_directions(plan)}</section>')

@@ -23,6 +23,7 @@ def cost_section(plan: Plan) -> str:
                                      Segment(comm, COMM, f"comm {ms(comm)}")),
                         f"{ms(compute + comm)} ({ms(comm)} comm) · {size(memory)}"))
     legend = swatch(COMPUTE, "compute") + swatch(COMM, "communication")
-    return (f'<section id="cost"><h2>Cost per layer <span class="dim">forward + backward, '
+    passes = "forward + backward" if plan.training else "forward"
+    return (f'<section id="cost"><h2>Cost per layer <span class="dim">{passes}, '
             f'per device</span></h2><div class="legend">{legend}</div>'
             f'{bar_chart(bars, css_id="cost-chart")}</section>')
