@@ -99,13 +99,16 @@ class Llama(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean next-token loss against `targets`; without them, the logits."""
         seq = idx.shape[1]
         x = self.embed(idx)
         cos, sin = self.cos[:seq], self.sin[:seq]
         for layer in self.layers:
             x = layer(x, cos, sin)
         logits = self.lm_head(self.norm(x))
+        if targets is None:
+            return logits
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 

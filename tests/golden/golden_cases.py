@@ -52,11 +52,13 @@ class GoldenCase:
     axis_names: tuple[str, ...]
     hardware: str
     pipeline: autopar.Pipeline | None = None
+    training: bool = True
 
     @property
     def name(self) -> str:
         suffix = "" if self.pipeline is None else (
             f"-pp-{self.pipeline.schedule or 'any'}-m{self.pipeline.microbatches}")
+        suffix += "" if self.training else "-inference"
         return f"{self.example}-{'x'.join(map(str, self.mesh))}-{self.hardware}{suffix}"
 
     @property
@@ -64,9 +66,11 @@ class GoldenCase:
         return dict(CONFIGS[self.example])
 
     def build(self):
-        """The example's model and example inputs, on the meta device."""
+        """The example's model and example inputs, on the meta device; for inference, the
+        inputs without the targets (the model returns its logits)."""
         module = importlib.import_module(f"examples.{self.example}")
-        return module.build(device="meta", **self.config)
+        model, inputs = module.build(device="meta", **self.config)
+        return model, inputs if self.training else inputs[:1]
 
     def mesh_value(self) -> autopar.Mesh:
         return autopar.Mesh(self.mesh, self.axis_names, hardware=self.hardware)
@@ -93,6 +97,12 @@ PIPELINED_CASES: tuple[GoldenCase, ...] = tuple(
                autopar.Pipeline(schedule=schedule, microbatches=4))
     for example, schedule in (("gpt", "1F1B"), ("llama", "Interleaved1F1B"))
     if _available(example))
+
+
+# Forward-only plans (training=False): the Llama example as it serves, returning logits.
+INFERENCE_CASES: tuple[GoldenCase, ...] = tuple(
+    GoldenCase("llama", shape, names, "h100-sxm", training=False)
+    for shape, names in (((8,), ("tp",)), ((2, 4), ("dp", "tp"))) if _available("llama"))
 
 
 def _placements(node: NodePlan) -> str:

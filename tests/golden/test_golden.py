@@ -1,6 +1,7 @@
 """Golden plans: every example x mesh x hardware of `golden_cases.CASES` plans exactly as
 its committed record in `tests/golden/plans/` says (placements equal, predicted costs within
-0.1%), and the pipelined cases (`PIPELINED_CASES`) their stages and schedule too. A failure
+0.1%), the pipelined cases (`PIPELINED_CASES`) their stages and schedule too, and the
+forward-only ones (`INFERENCE_CASES`, `training=False`) as they serve. A failure
 prints what changed. When a change is intended, regenerate the records on
 purpose and commit them with the change:
 
@@ -14,7 +15,15 @@ import json
 from pathlib import Path
 
 import pytest
-from golden_cases import CASES, PIPELINED_CASES, TIME_LIMIT, GoldenCase, differences, record
+from golden_cases import (
+    CASES,
+    INFERENCE_CASES,
+    PIPELINED_CASES,
+    TIME_LIMIT,
+    GoldenCase,
+    differences,
+    record,
+)
 
 import autopar
 from autopar.passes.capturing.annotate import annotate
@@ -33,17 +42,19 @@ def _graph(example: str):
 
 
 def current_record(case: GoldenCase) -> dict:
-    if case.pipeline is not None:  # a pipeline captures the model at one micro-batch
+    if case.pipeline is not None or not case.training:
+        # A pipeline captures the model at one micro-batch; inference in eval mode.
         model, inputs = case.build()
         return record(case, autopar.plan(model, case.mesh_value(), inputs,
-                                         time_limit=TIME_LIMIT, pipeline=case.pipeline))
+                                         time_limit=TIME_LIMIT, training=case.training,
+                                         pipeline=case.pipeline or "auto"))
     gm, model_name = _graph(case.example)
     plan = plan_graph(gm, case.mesh_value(), model_name=model_name, time_limit=TIME_LIMIT)
     return record(case, plan)
 
 
 # The pipelined Llama-7B case (about 20 s: 32 layers captured at a micro-batch) is --slow.
-@pytest.mark.parametrize("case", [*CASES, *(
+@pytest.mark.parametrize("case", [*CASES, *INFERENCE_CASES, *(
     pytest.param(case, marks=pytest.mark.slow) if case.example == "llama" else case
     for case in PIPELINED_CASES)], ids=lambda c: c.name)
 def test_plan_matches_its_golden_record(case: GoldenCase, request) -> None:
@@ -64,6 +75,6 @@ def test_plan_matches_its_golden_record(case: GoldenCase, request) -> None:
 
 def test_every_golden_record_has_a_case() -> None:
     # A record left behind by a removed case would never be checked again.
-    names = {case.name for case in CASES + PIPELINED_CASES}
+    names = {case.name for case in CASES + PIPELINED_CASES + INFERENCE_CASES}
     stale = sorted(p.stem for p in PLANS.glob("*.json") if p.stem not in names)
     assert not stale, f"golden records without a case: {stale}; delete them"
