@@ -6,6 +6,7 @@ from autopar.errors import (
     AutoparError,
     CaptureError,
     CheckpointError,
+    GenerationError,
     HardwareError,
     InfeasiblePlanError,
     InitializationError,
@@ -40,6 +41,8 @@ _LAZY = {  # public name -> (module, attribute)
     "report": ("autopar.present.report", "write_report"),
     "to_dot": ("autopar.present.report", "to_dot"),
     "measure": ("autopar.tools.measure", "measure"),
+    "CachedLM": ("autopar.tools.kv_cache", "CachedLM"),
+    "generate": ("autopar.tools.generate", "generate"),
     "Measurement": ("autopar.values.measurement", "Measurement"),
 }
 # Modules of the public API, and the packages, reached as attributes (`autopar.runtime`).
@@ -64,11 +67,13 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "AutoparError", "CaptureError", "CheckpointError", "HardwareError", "HardwareProfile",
+    "AutoparError", "CachedLM", "CaptureError", "CheckpointError", "GenerationError",
+    "HardwareError", "HardwareProfile",
     "InfeasiblePlanError", "InitializationError", "InputMismatchError", "MasterWeights", "Mesh",
     "MeshError", "MicrobatchError", "ModelFileError", "OptimizerError", "ParallelModule",
     "Pipeline", "PipelineError", "Plan", "PlanFormatError", "ProblemFormatError",
     "ReportError", "ShardingError", "TrainingRunError", "available_hardware", "check",
-    "checkpoint", "compile", "launch", "load_hardware", "master_weights", "plan", "report",
+    "checkpoint", "compile", "generate", "launch", "load_hardware", "master_weights", "plan",
+    "report",
     "summary", "to_dot",
 ]

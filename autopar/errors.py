@@ -117,3 +117,8 @@ class PipelineError(AutoparError, ValueError):
 class CheckpointError(AutoparError, ValueError):
     """A checkpoint that can't be saved or loaded: a missing or incomplete one, one of
     another model, or an optimizer that doesn't match it."""
+
+
+class GenerationError(AutoparError, ValueError):
+    """A generation that can't run: a model without a KV cache autopar can hold, a program
+    planned for training, a prompt or a length the cache can't take."""

@@ -1,6 +1,6 @@
 """Gathers and scatters by index tensors: index, index_select, gather, scatter_add,
 scatter, scatter_reduce, index_add, index_put (what `x[i] = v`, `x[mask] = v` and
-`x[i] += v` export to), index_fill, one_hot.
+`x[i] += v` export to), index_copy (a static KV cache's update), index_fill, one_hot.
 
 A dim that is looked up by index values cannot be split in the looked-up tensor (a rank's
 chunk would not hold the rows named), but every other dim keeps its split, and the index
@@ -112,6 +112,16 @@ def _index_put(op: OpSpec) -> list[AxisStrategy]:
                 strategies.append(AxisStrategy((P, *layout.index_split(j), placed), P))
         strategies.append(AxisStrategy((P, *none, P), P))
     return finish(strategies)
+
+
+def _index_copy(op: OpSpec) -> list[AxisStrategy]:
+    """index_copy(self, dim, index, source): `self` with its rows `index` along `dim`
+    replaced by `source`'s (a static KV cache's update). Any other dim keeps its split in
+    `self`, `source` and the result; the index stays whole."""
+    dst, source = op.inputs[0], argument(op, "source")
+    dim = norm_dim(argument(op, "dim"), dst.ndim)
+    return finish(AxisStrategy((S(d), R, S(d)), S(d)) for d in range(dst.ndim)
+                  if d != dim and dst.shape[d] > 1 and source.shape[d] == dst.shape[d])
 
 
 def _masked_put(op: OpSpec, dst: TensorSpec, values: TensorSpec, indices: list,
@@ -254,6 +264,8 @@ RULES: dict[object, Rule] = {
     aten.scatter_reduce.two: _scatter_reduce,
     aten.index_put.default: _index_put,
     aten.index_put_.default: _index_put,
+    aten.index_copy.default: _index_copy,
+    aten.index_copy_.default: _index_copy,
     aten.index_fill.int_Scalar: _index_fill,
     aten.index_fill.int_Tensor: _index_fill,
     aten.one_hot.default: _one_hot,

@@ -185,6 +185,12 @@ class ParallelModule(nn.Module):
             context.regather if regathers else None
 
     @property
+    def inputs(self) -> tuple:
+        """The flat inputs a call takes, as compiled: a `TensorSpec` (the whole batch's shape
+        and dtype) per tensor, the value itself otherwise."""
+        return self._inputs
+
+    @property
     def slots(self) -> tuple[StateSlot, ...]:
         """Every state tensor the program reads: its names, role and placements."""
         return self._slots

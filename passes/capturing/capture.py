@@ -38,7 +38,8 @@ eval mode (dropout off, batch norm on its running statistics) with no parameter 
 a gradient, so every parameter is frozen and nothing lies on a gradient path: the plan has
 no backward, no gradients and no optimizer state, and the forward may return any tensors.
 The model's modes and flags are restored afterwards. `gm.meta["autopar_training"]` says
-which (`is_training`).
+which (`is_training`). A forward-only graph writes its buffer updates in place where they
+are made (`write_back`: a KV cache's), so it returns the model's outputs alone.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from autopar.errors import CaptureError, LossError
 from autopar.passes.capturing.repeat_blocks import capture_repeated
+from autopar.passes.capturing.write_back import write_back
 from autopar.rules import DECOMPOSITIONS
 from autopar.values.specs import FROZEN, MODULE, NAMES, ROLE
 
@@ -99,7 +101,7 @@ def capture(model: nn.Module, example_inputs: tuple, *,
         if gm is None:
             gm = _trace(model, example_inputs, dynamic_shapes)
     gm.meta[TRAINING] = training
-    return gm
+    return gm if training else write_back(gm, MUTATED)
 
 
 def is_training(gm: fx.GraphModule) -> bool:

@@ -82,6 +82,7 @@ from autopar.passes.capturing.gradient_path import (
     trained,
 )
 from autopar.passes.capturing.trace_kernels import priced_kernels
+from autopar.passes.capturing.write_back import writes_first_argument
 from autopar.passes.problem.edge_cache import EdgeCache
 from autopar.passes.problem.edge_costs import Background, EdgeRef
 from autopar.passes.problem.op_costs import (
@@ -167,7 +168,8 @@ def edge_ref(by_name: dict[str, fx.Node], on_path: dict[str, bool],
                    by_name[producer].meta.get(ROLE) == "parameter",
                    consumer_is_view=node.op == "call_function" and node.meta.get(BYTES, 0) == 0,
                    consumer_saves=entry is None or position in entry.inputs,
-                   producer_off_path=not on_path[producer])
+                   producer_off_path=not on_path[producer],
+                   consumer_writes=position == 0 and writes_first_argument(node))
 
 
 def tensor_leaves(node: fx.Node) -> list[fx.Node]:

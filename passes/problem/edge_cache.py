@@ -107,7 +107,8 @@ class EdgeCache:
         nbytes = ref.tensor.nbytes
         context = (nbytes, ref.requires_grad, ref.saved, ref.same_block,
                    ref.producer_is_parameter, ref.consumer_is_view, ref.consumer_saves,
-                   ref.bucket_bytes, ref.producer_recomputed, microbatches)
+                   ref.bucket_bytes, ref.producer_recomputed, ref.consumer_writes,
+                   microbatches)
         # Strategy tuples are shared between identical ops, so repeated blocks hit this.
         key = (id(src), id(dst), ref.position, context)
         found = self._tables.get(key)

@@ -88,6 +88,10 @@ class EdgeRef:
     bucket_bytes: int = 0
     # Every strategy of the producer recomputes it (a hand strategy's recompute mode).
     producer_recomputed: bool = False
+    # The consumer writes its result into this input (an in-place op's first argument: a
+    # buffer written back, `passes/capturing/write_back.py`): a conversion would write into
+    # a copy, so the input is read where it is stored.
+    consumer_writes: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,8 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
     output for it (`rebuilt.never_rebuilt`). Elsewhere that pair would only add the charge
     of a recomputation that never runs to what the producer kept otherwise."""
     read = dst.inputs[ref.position]
+    if ref.consumer_writes and read != src.output:
+        return None
     if src.gathered is not None and not _reads_gathered(src, read, nbytes, mesh_shape):
         return None
     if ref.consumer_is_view and src.recompute != dst.recompute:

@@ -196,6 +196,8 @@ INDEXING = [
     call("scatter_reduce_amax", aten.scatter_reduce.two, f(4, 8), 0, ints(4, 4, 8), f(4, 8),
          "amax"),
     call("index_put", aten.index_put.default, f(4, 8, 6), [None, rows(8, 4)], f(4, 4, 6)),
+    # A static KV cache's update: (batch, kv heads, positions, head dim), 3 new positions.
+    call("index_copy", aten.index_copy.default, f(4, 2, 8, 6), 2, rows(8, 3), f(4, 2, 3, 6)),
     call("index_put_bcast", aten.index_put.default, f(4, 8, 6), [None, rows(8, 4)], f(6)),
     call("index_put_acc", aten.index_put.default, f(8, 4), [ints(8, 8)], f(8, 4), True),
     call("index_put_acc_2d", aten.index_put.default, f(8, 4, 6), [ints(8, 4, 4), None],

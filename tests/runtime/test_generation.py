@@ -1,0 +1,100 @@
+"""Generation over a compiled static KV cache matches transformers' own, token for token.
+
+Llama and Qwen2 (`generation_cases`) wrapped in `autopar.CachedLM` (batch 4, 48 cache
+positions) are compiled for decoding with `training=False` on gloo meshes (2,) and (2, 2),
+under a budget of 0.6 of the one-device plan's peak (so the plan must split something),
+and `autopar.generate` appends 32 greedy tokens to a 16-token prompt: on every rank the
+ids equal `lm.generate(..., do_sample=False, cache_implementation="static")`'s. Sampling
+with a seeded generator draws on every rank what the plain module draws. Each rank holds
+its piece of every cache buffer: the whole's elements over the pieces the plan cuts it
+into, and the plan cuts the cache.
+"""
+
+from __future__ import annotations
+
+import generation_cases as cases
+import pytest
+import torch
+
+import autopar
+from autopar.runtime.launch import launch
+
+NAMES = tuple(cases.CONFIGS)
+MESHES = {"2": ((2,), ("tp",)), "2x2": ((2, 2), ("dp", "tp"))}
+BUDGET = 0.6
+
+
+@pytest.fixture(scope="module", params=tuple(MESHES))
+def generated(request):
+    shape, axes = MESHES[request.param]
+    budgets = {name: BUDGET * cases.one_device_peak(name) for name in NAMES}
+    count = shape[0] * (shape[1] if len(shape) > 1 else 1)
+    return launch(cases.generate_all, count, NAMES, budgets, shape, axes, timeout=900.0)
+
+
+def test_greedy_tokens_equal_transformers_generate(generated):
+    for rank, results in enumerate(generated):
+        for name, one in zip(NAMES, results):
+            assert one.ids == one.expected, (rank, name)
+            assert len(one.ids[0]) == cases.PROMPT + cases.NEW
+
+
+def test_sampling_draws_what_one_process_draws(generated):
+    for rank, results in enumerate(generated):
+        for name, one in zip(NAMES, results):
+            assert one.sampled_alike, (rank, name)
+
+
+def test_each_rank_holds_its_piece_of_the_cache(generated):
+    for rank, results in enumerate(generated):
+        for name, one in zip(NAMES, results):
+            assert len(one.pieces) == 4, name  # keys and values of two layers
+            for buffer, count in one.pieces.items():
+                assert count * one.shards[buffer] == one.whole[buffer], (rank, name, buffer)
+            assert max(one.shards.values()) > 1, (name, "the plan keeps the cache whole")
+
+
+def _decoder() -> autopar.ParallelModule:
+    served = autopar.CachedLM(cases.build("llama"), batch=cases.BATCH, max_len=20)
+    mesh = autopar.Mesh((1,), ("x",), hardware="cpu")
+    return autopar.compile(served, mesh, (cases.prompt()[:, :1], torch.tensor([0])),
+                           training=False, time_limit=5.0)
+
+
+def test_generation_past_the_cache_is_refused_before_it_runs():
+    pm = _decoder()
+    with pytest.raises(autopar.GenerationError, match="need 21 cache positions"):
+        autopar.generate(pm, cases.prompt(), max_new_tokens=5)
+    with pytest.raises(autopar.GenerationError, match="need 26 cache positions"):
+        autopar.generate(pm, torch.zeros(cases.BATCH, 25, dtype=torch.long), max_new_tokens=1)
+    with pytest.raises(autopar.GenerationError, match="batch"):
+        autopar.generate(pm, cases.prompt()[:2], max_new_tokens=1)
+
+
+def test_generate_refuses_a_training_plan_and_a_model_without_a_cache():
+    mesh = autopar.Mesh((1,), ("x",), hardware="cpu")
+    model = torch.nn.Linear(8, 8)
+    inputs = (torch.randn(2, 8),)
+    served = autopar.compile(model, mesh, inputs, training=False, time_limit=5.0)
+    with pytest.raises(autopar.GenerationError, match="holds no KV cache"):
+        autopar.generate(served, cases.prompt(), max_new_tokens=1)
+
+    class Loss(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x).sum()
+
+    trained = autopar.compile(Loss(), mesh, inputs, time_limit=5.0)
+    with pytest.raises(autopar.GenerationError, match="forward-only") as raised:
+        autopar.generate(trained, cases.prompt(), max_new_tokens=1)
+    assert "training=False" in str(raised.value)
+
+
+def test_cached_lm_refuses_what_is_not_a_causal_lm():
+    with pytest.raises(autopar.GenerationError, match="transformers causal LM"):
+        autopar.CachedLM(torch.nn.Linear(4, 4), batch=1, max_len=8)
+    with pytest.raises(autopar.GenerationError, match="max_len"):
+        autopar.CachedLM(cases.build("llama"), batch=1, max_len=0)
