@@ -4,6 +4,7 @@
 - `autopar solve PROBLEM.json` (`solve.py`): solve a sharding problem (IOPDDL format).
 - `autopar run FILE.py ...` (`run.py`): train a model on local processes, optionally verified.
 - `autopar profile --nproc N --mesh 2x2 --out FILE.json` (`profile.py`): measure a mesh.
+- `autopar generate FILE.py ...` (`generate.py`): decode with a causal LM on local processes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ COMMANDS = {
     "report": ("autopar.cli.report", "report_command"),
     "check": ("autopar.cli.check", "check_command"),
     "profile": ("autopar.cli.profile", "profile_command"),
+    "generate": ("autopar.cli.generate", "generate_command"),
 }
 
 
