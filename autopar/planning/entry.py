@@ -18,6 +18,7 @@ from autopar.costs.optimizer_state import optimizer_state
 from autopar.errors import MicrobatchError, PipelineError, PlanningError, ProblemFormatError
 from autopar.passes.capturing.annotate import annotate
 from autopar.passes.capturing.capture import capture, is_training
+from autopar.passes.capturing.write_back import WRITTEN
 from autopar.planning.deadline import Deadline
 from autopar.planning.graph import NO_RULE, STAGE
 from autopar.planning.layout import plan_layout
@@ -26,7 +27,7 @@ from autopar.solver.budget import PLANNER_GAP
 from autopar.values.mesh import Mesh
 from autopar.values.pipeline import Pipeline
 from autopar.values.plan import Plan
-from autopar.values.specs import TENSOR
+from autopar.values.specs import NAMES, TENSOR
 
 # Seconds a planning call may take by default, capture and every solve included.
 TIME_LIMIT = 30.0
@@ -133,7 +134,8 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
                            pipeline=pipeline, time_limit=deadline.seconds, deadline=deadline,
                            **options)
     if not training:
-        made = dataclasses.replace(made, training=False, optimizer=FORWARD_ONLY)
+        made = dataclasses.replace(made, training=False, optimizer=FORWARD_ONLY,
+                                   **_kv_cache(gm, made))
     solver = dataclasses.replace(
         made.solver, planning_s=deadline.spent(), time_limit_s=deadline.seconds,
         cut_short=deadline.passed() and made.solver.status != "optimal"
@@ -141,6 +143,22 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     return dataclasses.replace(made, inputs=input_signature(example_inputs),
                                graph=graph_digest(gm), solver=solver,
                                warnings=_merge_warnings(made.warnings, raised))
+
+
+def _kv_cache(gm: fx.GraphModule, made: Plan) -> dict:
+    """A forward-only plan's KV cache: the buffers its forward writes in place, their bytes
+    per device (the plan's pieces) and, laid out as transformers' caches (sequences, heads,
+    positions, head dim), the tokens they hold."""
+    written = set(gm.meta.get(WRITTEN, ()))
+    specs = {n.name: n.meta[TENSOR] for n in gm.graph.nodes if n.op == "placeholder"
+             and n.meta.get(NAMES, ("",))[0] in written}
+    if not specs:
+        return {}
+    held = sum(node.memory_bytes for node in made.nodes if node.name in specs)
+    # (sequences, positions) of each 4-d buffer: one pair when all agree.
+    shapes = {(spec.shape[0], spec.shape[2]) for spec in specs.values() if len(spec.shape) == 4}
+    tokens = shapes.pop() if len(shapes) == 1 else (0, 0)
+    return {"kv_cache_bytes": float(held), "kv_cache_tokens": int(tokens[0] * tokens[1])}
 
 
 def check_training(training: object) -> bool:

@@ -32,6 +32,7 @@ from autopar.errors import InfeasiblePlanError
 from autopar.passes.capturing.annotate import DATA_MOVEMENT, FORMULA, flop_source, size_hints
 from autopar.passes.capturing.find_saved import Saved, find_saved
 from autopar.passes.capturing.trace_kernels import ensure_traced
+from autopar.passes.capturing.write_back import WRITTEN
 from autopar.passes.problem.build_problem import ProblemBuild, build_problem
 from autopar.passes.problem.edge_cache import EdgeCache, EdgeCaches
 from autopar.passes.problem.edge_costs import Background
@@ -45,6 +46,7 @@ from autopar.planning.deadline import Deadline, expired
 from autopar.solver import Solution, min_peak_usage, solve
 from autopar.values.mesh import Mesh
 from autopar.values.plan import Plan
+from autopar.values.specs import NAMES, ROLE, TENSOR
 
 # Solves at most, re-estimating how much of the background collectives stays exposed.
 OVERLAP_ROUNDS = 3
@@ -237,7 +239,7 @@ def plan_table(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh, *, model_na
                 break
             # The least memory within the solve's own limit, not the deadline's last seconds.
             _infeasible(build, solution, model_name, memory_budget,
-                        time_limit if least_memory else None)
+                        time_limit if least_memory else None, cache_bytes(gm))
         say(f"{STAGE} extract_plan")
         plan = extract_plan(gm, build, solution, model_name=model_name, sizes=sizes,
                             warnings=warnings)
@@ -282,10 +284,33 @@ def _solved(build: ProblemBuild, seconds: float, *, seed: int,
     return solution
 
 
+def cache_bytes(gm: fx.GraphModule) -> float:
+    """Bytes of the buffers a forward-only graph writes in place (a KV cache), whole."""
+    written = set(gm.meta.get(WRITTEN, ()))
+    return float(sum(n.meta[TENSOR].nbytes for n in gm.graph.nodes if n.op == "placeholder"
+                     and n.meta.get(ROLE) == "buffer" and n.meta[NAMES][0] in written))
+
+
 def _infeasible(build: ProblemBuild, solution: Solution, model_name: str,
-                memory_budget: float | None, time_limit: float | None) -> NoReturn:
+                memory_budget: float | None, time_limit: float | None,
+                cache: float = 0.0) -> NoReturn:
     """Raise `InfeasiblePlanError`; with the least memory any plan needs, searched for
-    within `time_limit` seconds, unless that is None."""
+    within `time_limit` seconds, unless that is None; naming the `cache` bytes (a KV
+    cache's, whole) when there is one."""
+    if cache and memory_budget is not None:
+        devices = build.mesh.size
+        least = None if time_limit is None else min_peak_usage(build.problem,
+                                                              time_limit=time_limit)
+        raise InfeasiblePlanError(
+            f"no plan of {model_name} fits in {_gib(memory_budget)} per device with its "
+            f"KV cache of {_gib(cache)} ({_gib(cache / devices)} per device even when "
+            f"split over all {devices})", min_bytes=least,
+            expected="a memory budget that holds a share of the weights and of the cache "
+                     "and one forward's activations" + (
+                         f": at least {_gib(least)}" if least is not None else ""),
+            got=f"{_gib(memory_budget)} per device for a cache of {_gib(cache)}",
+            fix="shrink the cache (CachedLM's batch or max_len), use more devices, or raise "
+                "memory_budget")
     if memory_budget is None:  # only forbidden strategy pairs can leave no plan
         raise InfeasiblePlanError(f"no plan of {model_name} among its allowed strategies",
                                   expected="a strategy table with a compatible choice "

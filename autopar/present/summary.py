@@ -155,6 +155,9 @@ def _totals_table(plan: Plan) -> Table:
         *((("predicted MFU (bf16 peak)", f"{plan.mfu:.1%}"),) if plan.mfu is not None else ()),
         *((("micro-batches per step", str(plan.microbatches)),
            ("recomputed in the backward", _recomputed(plan))) if training else ()),
+        *((("KV cache", f"{_size(plan.kv_cache_bytes)} per device, "
+                        f"{plan.kv_cache_tokens:,} tokens in all"),)
+          if plan.kv_cache_bytes else ()),
         ("context parallel", describe_context_parallel(plan)),
         ("parameter storage", _storage(plan)),
         ("optimizer", plan.optimizer),

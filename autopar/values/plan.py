@@ -24,7 +24,7 @@ from autopar.values.mesh import Mesh
 # whole_gradient per node, calls per transfer; 4: the example inputs and graph planned for;
 # 5: pipelines (stage per node, the pipeline's stages and schedule); 6: optimizer_s per
 # node (older plans read as 0: their step times left the optimizer out); 7: training
-# (False: a forward-only plan; older plans read as training ones).
+# (False: a forward-only plan; older plans read as training ones) and its KV cache.
 FORMAT_VERSION = 7
 # The hand strategy record of the same step on one device: the scaling reference.
 SINGLE_DEVICE = "single device"
@@ -190,7 +190,9 @@ class Plan:
     a digest of the captured graph's ops and tensor shapes
     (`autopar.planning.entry.graph_digest`), which compiling it checks. A plan made with
     `training=False` (`training`) is of the forward alone: its step is one forward, its
-    memory the weights and one forward's live tensors, and its FLOPs the forward's.
+    memory the weights and one forward's live tensors, and its FLOPs the forward's; with a
+    KV cache (buffers the forward writes in place), `kv_cache_bytes` per device and the
+    `kv_cache_tokens` it holds (sequences x positions).
 
     A pipelined plan (`pipeline` set) holds every stage's nodes, each with its `stage`, and
     their placements on the whole mesh: replicated on the pipeline axis, which places
@@ -213,6 +215,8 @@ class Plan:
     graph: str = ""
     pipeline: PipelineRecord | None = None
     training: bool = True
+    kv_cache_bytes: float = 0.0
+    kv_cache_tokens: int = 0
     version: int = FORMAT_VERSION
 
     @property
@@ -353,7 +357,8 @@ class Plan:
                        inputs=tuple(data.get("inputs", ())), graph=data.get("graph", ""),
                        pipeline=_pipeline_from_dict(data.get("pipeline")),
                        **{key: data[key] for key in ("optimizer", "model_flops",
-                                                     "microbatches", "training")
+                                                     "microbatches", "training",
+                                                     "kv_cache_bytes", "kv_cache_tokens")
                           if key in data},
                        version=version)
         except (KeyError, TypeError, ValueError) as exc:

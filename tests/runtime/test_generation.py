@@ -98,3 +98,20 @@ def test_cached_lm_refuses_what_is_not_a_causal_lm():
         autopar.CachedLM(torch.nn.Linear(4, 4), batch=1, max_len=8)
     with pytest.raises(autopar.GenerationError, match="max_len"):
         autopar.CachedLM(cases.build("llama"), batch=1, max_len=0)
+
+
+def test_a_plan_states_its_cache_and_refuses_one_too_large():
+    served = autopar.CachedLM(cases.build("llama"), batch=cases.BATCH, max_len=cases.MAX_LEN)
+    mesh = autopar.Mesh((2,), ("tp",), hardware="cpu")
+    inputs = (cases.prompt()[:, :1], torch.tensor([0]))
+    whole = sum(b.numel() * b.element_size() for name, b in served.named_buffers()
+                if name.startswith(("cache_keys", "cache_values")))
+    plan = autopar.plan(served, mesh, inputs, training=False, time_limit=5.0)
+    assert plan.kv_cache_tokens == cases.BATCH * cases.MAX_LEN
+    assert whole / 2 <= plan.kv_cache_bytes <= whole
+    assert "KV cache" in autopar.summary(plan) and "tokens in all" in autopar.summary(plan)
+    with pytest.raises(autopar.InfeasiblePlanError, match="KV cache of") as raised:
+        autopar.plan(served, mesh, inputs, training=False, memory_budget=whole / 4,
+                     time_limit=5.0)
+    assert "per device for a cache of" in str(raised.value)
+    assert "max_len" in str(raised.value)
