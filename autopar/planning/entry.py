@@ -18,7 +18,7 @@ from autopar.costs.optimizer_state import optimizer_state
 from autopar.errors import MicrobatchError, PipelineError, PlanningError, ProblemFormatError
 from autopar.passes.capturing.annotate import annotate
 from autopar.passes.capturing.capture import capture, is_training
-from autopar.passes.capturing.write_back import WRITTEN
+from autopar.passes.capturing.write_back import written_buffers
 from autopar.planning.deadline import Deadline
 from autopar.planning.graph import NO_RULE, STAGE
 from autopar.planning.layout import plan_layout
@@ -27,7 +27,7 @@ from autopar.solver.budget import PLANNER_GAP
 from autopar.values.mesh import Mesh
 from autopar.values.pipeline import Pipeline
 from autopar.values.plan import Plan
-from autopar.values.specs import NAMES, TENSOR
+from autopar.values.specs import TENSOR
 
 # Seconds a planning call may take by default, capture and every solve included.
 TIME_LIMIT = 30.0
@@ -149,9 +149,7 @@ def _kv_cache(gm: fx.GraphModule, made: Plan) -> dict:
     """A forward-only plan's KV cache: the buffers its forward writes in place, their bytes
     per device (the plan's pieces) and, laid out as transformers' caches (sequences, heads,
     positions, head dim), the tokens they hold."""
-    written = set(gm.meta.get(WRITTEN, ()))
-    specs = {n.name: n.meta[TENSOR] for n in gm.graph.nodes if n.op == "placeholder"
-             and n.meta.get(NAMES, ("",))[0] in written}
+    specs = {n.name: n.meta[TENSOR] for n in written_buffers(gm)}
     if not specs:
         return {}
     held = sum(node.memory_bytes for node in made.nodes if node.name in specs)

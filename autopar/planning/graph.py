@@ -32,7 +32,7 @@ from autopar.errors import InfeasiblePlanError
 from autopar.passes.capturing.annotate import DATA_MOVEMENT, FORMULA, flop_source, size_hints
 from autopar.passes.capturing.find_saved import Saved, find_saved
 from autopar.passes.capturing.trace_kernels import ensure_traced
-from autopar.passes.capturing.write_back import WRITTEN
+from autopar.passes.capturing.write_back import written_buffers
 from autopar.passes.problem.build_problem import ProblemBuild, build_problem
 from autopar.passes.problem.edge_cache import EdgeCache, EdgeCaches
 from autopar.passes.problem.edge_costs import Background
@@ -46,7 +46,7 @@ from autopar.planning.deadline import Deadline, expired
 from autopar.solver import Solution, min_peak_usage, solve
 from autopar.values.mesh import Mesh
 from autopar.values.plan import Plan
-from autopar.values.specs import NAMES, ROLE, TENSOR
+from autopar.values.specs import FOLD, TENSOR
 
 # Solves at most, re-estimating how much of the background collectives stays exposed.
 OVERLAP_ROUNDS = 3
@@ -286,9 +286,9 @@ def _solved(build: ProblemBuild, seconds: float, *, seed: int,
 
 def cache_bytes(gm: fx.GraphModule) -> float:
     """Bytes of the buffers a forward-only graph writes in place (a KV cache), whole."""
-    written = set(gm.meta.get(WRITTEN, ()))
-    return float(sum(n.meta[TENSOR].nbytes for n in gm.graph.nodes if n.op == "placeholder"
-                     and n.meta.get(ROLE) == "buffer" and n.meta[NAMES][0] in written))
+    fold = gm.meta.get(FOLD)  # a folded block's buffer stands for its copies'
+    return float(sum(n.meta[TENSOR].nbytes * (fold.repeats(n.name) if fold else 1)
+                     for n in written_buffers(gm)))
 
 
 def _infeasible(build: ProblemBuild, solution: Solution, model_name: str,

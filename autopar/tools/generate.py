@@ -63,7 +63,7 @@ def cache_shape(pm: object) -> tuple[int, ...]:
                      "position), training=False)",
             got=type(pm).__name__ if not isinstance(pm, ParallelModule) else "a training plan",
             fix="compile the model wrapped in autopar.CachedLM with training=False")
-    slot = next((s for s in pm.slots if KEYS.format(0) in s.names), None)
+    slot = next((s for s in pm.slots if s.names[0].rsplit(".", 1)[-1] == KEYS), None)
     if slot is None:
         raise GenerationError("the compiled model holds no KV cache",
                               expected="a compiled autopar.CachedLM",

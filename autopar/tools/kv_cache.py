@@ -1,33 +1,40 @@
-"""`CachedLM`: a transformers causal LM with a static KV cache held as its own buffers.
+"""`CachedLM`: a transformers causal LM with a static KV cache held as buffers of its layers.
 
 Wrapping a model in `CachedLM(lm, batch=B, max_len=L)` declares its KV cache to autopar:
-transformers' `StaticCache` of L positions for B sequences, its layers' key and value
-tensors registered as the module's buffers `cache_keys_{i}` and `cache_values_{i}`
-(B, KV heads, L, head dim). `forward(input_ids, cache_position)` runs T tokens (B, T) at
-positions `cache_position` (T,), writes their keys and values into the cache there and
-returns the logits (B, T, vocab), as transformers' own generation with that cache does.
+transformers' `StaticCache` of L positions for B sequences, each layer's key and value
+tensors (B, KV heads, L, head dim) registered as non-persistent buffers `kv_cache_keys`
+and `kv_cache_values` of that layer's decoder block (`lm.model.layers[i]`; of a holder
+module `kv[i]` for a model without that list). `forward(input_ids, cache_position)` runs T
+tokens (B, T) at positions `cache_position` (T,), writes their keys and values into the
+cache there and returns the logits (B, T, vocab), as transformers' own generation with
+that cache does.
 
 Compiled with `training=False`, the cache is state of the plan like a weight: planned with
 a placement of its own (by batch, by KV heads, or whole), counted in memory, and updated in
-place on the rank that holds it (`passes/capturing/write_back.py`). Each forward re-points
-the cache's layers at the module's buffers, so that a trace sees the buffers themselves
-(torch.export substitutes a module's buffers, not tensors other objects hold) and a
-compiled program's pieces are what the cache writes into.
+place on the rank that holds it (`passes/capturing/write_back.py`). Held by the blocks, a
+layer's cache is block state like its weights: identical blocks stay identical, so they
+are captured and planned as one (`repeat_blocks`, `fold_depth`). Each forward points the
+cache's layers at the buffers (torch.export substitutes a module's buffers, not tensors
+other objects hold) and at `cache_position`, where they write: every block reads the
+same positions, the model's input, rather than a counter of its own.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
 
 from autopar.errors import GenerationError
 
-KEYS, VALUES, LENGTH = "cache_keys_{}", "cache_values_{}", "cache_length_{}"
+KEYS, VALUES = "kv_cache_keys", "kv_cache_values"
 
 
 class CachedLM(nn.Module):
-    """`lm` (a transformers causal LM: a `config` with attention heads and key-value heads)
-    with a static cache of `max_len` positions for `batch` sequences (module docstring)."""
+    """`lm` (a transformers causal LM: a `config` with attention heads and hidden size)
+    with a static cache of `max_len` positions for `batch` sequences (module docstring).
+    Registers the cache's buffers on `lm`'s decoder blocks."""
 
     def __init__(self, lm: nn.Module, *, batch: int, max_len: int) -> None:
         super().__init__()
@@ -46,19 +53,45 @@ class CachedLM(nn.Module):
         parameter = next(lm.parameters())
         self.cache.early_initialization(batch, getattr(config, "num_key_value_heads", heads),
                                         head_dim, parameter.dtype, parameter.device)
-        for i, layer in enumerate(self.cache.layers):
-            self.register_buffer(KEYS.format(i), layer.keys, persistent=False)
-            self.register_buffer(VALUES.format(i), layer.values, persistent=False)
-            self.register_buffer(LENGTH.format(i), layer.cumulative_length, persistent=False)
+        self.cache.layers = [_positioned(layer) for layer in self.cache.layers]
+        blocks = getattr(getattr(lm, "model", None), "layers", None)
+        if not (isinstance(blocks, nn.ModuleList) and len(blocks) == len(self.cache.layers)):
+            self.kv = blocks = nn.ModuleList(nn.Module() for _ in self.cache.layers)
+        self.holders = list(blocks)  # registered under `lm` or `kv`: a plain list here
+        for holder, layer in zip(self.holders, self.cache.layers):
+            holder.register_buffer(KEYS, layer.keys, persistent=False)
+            holder.register_buffer(VALUES, layer.values, persistent=False)
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        for i, layer in enumerate(self.cache.layers):
-            layer.keys = getattr(self, KEYS.format(i))
-            layer.values = getattr(self, VALUES.format(i))
-            layer.cumulative_length = getattr(self, LENGTH.format(i))
-            layer.cumulative_length.copy_(cache_position[0])
+        for holder, layer in zip(self.holders, self.cache.layers):
+            layer.keys, layer.values = getattr(holder, KEYS), getattr(holder, VALUES)
+            layer.positions, layer.cumulative_length = cache_position, cache_position[0]
         return self.lm(input_ids=input_ids, cache=self.cache, cache_position=cache_position,
                        use_cache=True).logits
+
+
+def _positioned(layer: object) -> object:
+    """`layer` (a `StaticLayer`, initialised) as one writing at the positions it is given."""
+    positioned_class = _positioned_class()
+    positioned = positioned_class.__new__(positioned_class)
+    positioned.__dict__.update(vars(layer))
+    return positioned
+
+
+@functools.cache
+def _positioned_class() -> type:
+    """transformers' `StaticLayer` writing at `positions` (set by `CachedLM.forward`)
+    rather than after a counter of its own (transformers is imported only when used)."""
+    from transformers.cache_utils import StaticLayer
+
+    class PositionedLayer(StaticLayer):
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor,
+                   *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+            self.keys.index_copy_(2, self.positions, key_states)
+            self.values.index_copy_(2, self.positions, value_states)
+            return self.keys, self.values
+
+    return PositionedLayer
 
 
 def _config_of(lm: nn.Module):

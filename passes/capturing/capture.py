@@ -94,14 +94,21 @@ def capture(model: nn.Module, example_inputs: tuple, *,
             "example_inputs must be the positional arguments of model.forward",
             expected="a tuple", got=type(example_inputs).__name__,
             fix="wrap them in a tuple, e.g. (x,)")
+    trace = _trace if training else _serving_trace
     with nullcontext() if training else _serving(model):
         gm = None
         if repeat_blocks and dynamic_shapes is None:
-            gm = capture_repeated(model, example_inputs, _trace, mutated=MUTATED)
+            gm = capture_repeated(model, example_inputs, trace, mutated=MUTATED)
         if gm is None:
-            gm = _trace(model, example_inputs, dynamic_shapes)
+            gm = trace(model, example_inputs, dynamic_shapes)
     gm.meta[TRAINING] = training
-    return gm if training else write_back(gm, MUTATED)
+    return gm
+
+
+def _serving_trace(model: nn.Module, example_inputs: tuple,
+                   dynamic_shapes: Any = None) -> fx.GraphModule:
+    """`_trace`, with the buffer updates written in place (`write_back`)."""
+    return write_back(_trace(model, example_inputs, dynamic_shapes), MUTATED)
 
 
 def is_training(gm: fx.GraphModule) -> bool:

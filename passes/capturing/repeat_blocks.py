@@ -56,7 +56,7 @@ import torch
 from torch import fx, nn
 
 from autopar.values.graph_module import graph_module
-from autopar.values.specs import MODULE, NAMES
+from autopar.values.specs import MODULE, NAMES, ROLE
 
 # Fewer blocks than this are traced whole: the pass traces four of them anyway.
 MIN_BLOCKS = 6
@@ -295,15 +295,20 @@ class _Stamp:
         template, before_template = self.segments[2], self.segments[1]
         stamped = {index: {} for index in range(3, self.last)}  # block 2's node -> block's
         placeholders = [n for n in self.traced.graph.nodes if n.op == "placeholder"]
-        run = [p for p in placeholders if self.block_of[p] == 2]
+        # The stamped blocks' parameters follow block 2's, their buffers block 2's buffers:
+        # export's order, every parameter before every buffer.
+        runs: dict[object, list[fx.Node]] = {}
+        for p in placeholders:
+            if self.block_of[p] == 2:
+                runs.setdefault(p.meta.get(ROLE), []).append(p)
+        ends = {run[-1]: run for run in runs.values()}
         for node in placeholders:
             env[node] = self._copy(graph, node, node.name, None, deltas,
                                    shift=self.last - 3 if self._counted_late(node) else 0)
-            if run and node is run[-1]:  # the stamped blocks' state follows block 2's
-                for index, mapping in stamped.items():
-                    for p in run:
-                        mapping[p] = self._copy(graph, p, self._renamed(p, 2, index), None,
-                                                deltas, block=index)
+            for index, mapping in stamped.items() if node in ends else ():
+                for p in ends[node]:
+                    mapping[p] = self._copy(graph, p, self._renamed(p, 2, index), None,
+                                            deltas, block=index)
         for node in self.prefix_ops + self.segments[0] + before_template + template:
             env[node] = self._copy(graph, node, node.name, env.__getitem__, deltas)
         previous = {n: env[n] for n in template}

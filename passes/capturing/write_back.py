@@ -15,10 +15,11 @@ from the inputs, has no input to write into and stays an output). The copy write
 the buffer's piece on the rank that holds it: the planner reads an in-place op's first
 argument where it is stored (`EdgeRef.consumer_writes`), so the update is computed at the
 buffer's placement and nothing is gathered; one layer's new cache is alive at a time, until
-its copy. The names written are in
-`gm.meta["autopar_written_buffers"]`; `autopar_mutated_buffers` keeps the others.
+its copy. `written_buffers` finds the buffers written so; `autopar_mutated_buffers` keeps
+the others.
 
-Mutates and returns `gm` (called by `capture` on the graph it has just traced).
+Mutates and returns `gm` (called by `capture` on each graph it traces, before repeated
+blocks are stamped from it: a block's update is then an op of the block like any other).
 """
 
 from __future__ import annotations
@@ -29,13 +30,11 @@ import torch.fx as fx
 from autopar.values.specs import MODULE, NAMES, ROLE
 
 aten = torch.ops.aten
-WRITTEN = "autopar_written_buffers"
 
 
 def write_back(gm: fx.GraphModule, mutated_key: str) -> fx.GraphModule:
     """`gm` with the buffer updates listed in `gm.meta[mutated_key]` written in place."""
     names = tuple(gm.meta.get(mutated_key, ()))
-    gm.meta[WRITTEN] = ()
     if not names:
         return gm
     graph = gm.graph
@@ -60,11 +59,16 @@ def write_back(gm: fx.GraphModule, mutated_key: str) -> fx.GraphModule:
         if "nn_module_stack" in new.meta:
             copy.meta["nn_module_stack"] = new.meta["nn_module_stack"]
     output.args = (tuple(value for _, value in kept) + tuple(values[len(names):]),)
-    gm.meta[WRITTEN] = tuple(name for name in names if name in buffers)
     gm.meta[mutated_key] = tuple(name for name, _ in kept)
     graph.lint()
     gm.recompile()
     return gm
+
+
+def written_buffers(gm: fx.GraphModule) -> list[fx.Node]:
+    """The buffer placeholders of `gm` an op writes in place (its first argument)."""
+    return [n for n in gm.graph.nodes if n.op == "placeholder" and n.meta.get(ROLE) == "buffer"
+            and any(writes_first_argument(u) and u.args[0] is n for u in n.users)]
 
 
 def writes_first_argument(node: fx.Node) -> bool:

@@ -72,9 +72,10 @@ def _generate(name: str, mesh: autopar.Mesh, budget: float) -> Generated:
                                generator=torch.Generator().manual_seed(3))
     single = _sampled_in_one_process(autopar.CachedLM(reference, batch=BATCH,
                                                       max_len=MAX_LEN), ids)
-    cache = {n.name.removeprefix("b_"): n for n in pm.plan.nodes
-             if n.name.startswith("b_cache_keys") or n.name.startswith("b_cache_values")}
-    buffers = dict(pm.named_buffers())
+    names = {n.name: n for n in pm.plan.nodes}
+    buffers = {name: b for name, b in pm.named_buffers()
+               if name.endswith((".kv_cache_keys", ".kv_cache_values"))}
+    cache = {name: names["b_" + name.replace(".", "_")] for name in buffers}
     return Generated(
         ours.tolist(), expected.tolist(), torch.equal(sampled, single),
         {b: buffers[b].numel() for b in cache}, {b: _whole(served, b) for b in cache},

@@ -105,7 +105,7 @@ def test_a_plan_states_its_cache_and_refuses_one_too_large():
     mesh = autopar.Mesh((2,), ("tp",), hardware="cpu")
     inputs = (cases.prompt()[:, :1], torch.tensor([0]))
     whole = sum(b.numel() * b.element_size() for name, b in served.named_buffers()
-                if name.startswith(("cache_keys", "cache_values")))
+                if name.endswith(("kv_cache_keys", "kv_cache_values")))
     plan = autopar.plan(served, mesh, inputs, training=False, time_limit=5.0)
     assert plan.kv_cache_tokens == cases.BATCH * cases.MAX_LEN
     assert whole / 2 <= plan.kv_cache_bytes <= whole
