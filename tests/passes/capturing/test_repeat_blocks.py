@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+import autopar
 from autopar.passes.capturing import repeat_blocks
 from autopar.passes.capturing.capture import capture
 from examples import bert, gpt, llama, moe
@@ -50,7 +51,7 @@ def assert_same_graph(full: fx.GraphModule, stamped: fx.GraphModule) -> None:
         {k: repr(v) for k, v in stamped.meta.items()}
 
 
-def _stamped(model: nn.Module, inputs: tuple, monkeypatch) -> fx.GraphModule:
+def _stamped(model: nn.Module, inputs: tuple, monkeypatch, **options) -> fx.GraphModule:
     """`capture` that fails the test unless the graph was stamped."""
     made = []
     real = repeat_blocks.capture_repeated
@@ -60,7 +61,7 @@ def _stamped(model: nn.Module, inputs: tuple, monkeypatch) -> fx.GraphModule:
         return made[-1]
 
     monkeypatch.setattr("autopar.passes.capturing.capture.capture_repeated", spy)
-    gm = capture(model, inputs)
+    gm = capture(model, inputs, **options)
     assert made and made[-1] is gm, "the blocks were not stamped"
     return gm
 
@@ -130,6 +131,20 @@ def test_stamped_graph_is_the_full_trace(name, monkeypatch):
     model, inputs = MODELS[name]()
     full = capture(model, inputs, repeat_blocks=False)
     assert_same_graph(full, _stamped(model, inputs, monkeypatch))
+
+
+def test_a_cached_model_served_is_stamped_with_its_cache_as_block_state(monkeypatch):
+    # Each block writes its own KV cache buffers in place (`write_back`): block state
+    # stamped like the weights, in export's order (every parameter before every buffer).
+    torch.manual_seed(0)
+    lm = _hf_llama()[0].model
+    served = autopar.CachedLM(lm, batch=2, max_len=12)
+    inputs = (torch.randint(0, 128, (2, 1)), torch.tensor([3]))
+    full = capture(served, inputs, repeat_blocks=False, training=False)
+    stamped = _stamped(served, inputs, monkeypatch, training=False)
+    assert_same_graph(full, stamped)
+    writes = [n for n in stamped.graph.nodes if n.target is torch.ops.aten.copy_.default]
+    assert len(writes) == 2 * LAYERS
 
 
 def test_a_loss_over_every_block_is_traced_whole():
