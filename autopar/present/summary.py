@@ -142,8 +142,7 @@ def _totals_table(plan: Plan) -> Table:
     solver = plan.solver
     training = plan.training
     rows = [
-        ("predicted step time" if training else "predicted latency",
-         _ms_text(plan.step_time_s)),
+        (_latency_label(plan), _ms_text(plan.step_time_s)),
         ("  compute", _ms_text(plan.compute_s)),
         ("  communication, exposed", _ms_text(plan.exposed_comm_s)),
         ("  communication, hidden", f"{_ms_text(plan.hidden_comm_s)} "
@@ -170,6 +169,15 @@ def _totals_table(plan: Plan) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def _latency_label(plan: Plan) -> str:
+    """A training plan's step, a forward's latency, a decode program's per output token
+    (a forward of one token per sequence over a KV cache)."""
+    if plan.training:
+        return "predicted step time"
+    return "predicted latency, per output token" if plan.kv_cache_bytes else \
+        "predicted latency"
 
 
 def _memory_free(solver: SolverReport) -> str:

@@ -109,7 +109,8 @@ def test_a_plan_states_its_cache_and_refuses_one_too_large():
     plan = autopar.plan(served, mesh, inputs, training=False, time_limit=5.0)
     assert plan.kv_cache_tokens == cases.BATCH * cases.MAX_LEN
     assert whole / 2 <= plan.kv_cache_bytes <= whole
-    assert "KV cache" in autopar.summary(plan) and "tokens in all" in autopar.summary(plan)
+    text = autopar.summary(plan)
+    assert "KV cache" in text and "tokens in all" in text and "per output token" in text
     with pytest.raises(autopar.InfeasiblePlanError, match="KV cache of") as raised:
         autopar.plan(served, mesh, inputs, training=False, memory_budget=whole / 4,
                      time_limit=5.0)
