@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import click
 
 from autopar.cli.options import axis_names as parse_axis_names
-from autopar.cli.options import config, mesh_shape
+from autopar.cli.options import config, mesh_shape, model_options
 from autopar.errors import AutoparError, GenerationError
 
 LAUNCH_TIMEOUT_S = 3600.0
@@ -147,12 +147,7 @@ def _report(result: Generated, batch_shown: int = 2) -> None:
 @click.command("generate")
 @click.argument("model_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--nproc", type=int, default=None, help="processes (default: the mesh size)")
-@click.option("--mesh", "mesh_text", default="2", show_default=True, help="mesh shape, e.g. 2x2")
-@click.option("--axis-names", default=None, help="comma-separated axis names (default dp,tp,..)")
-@click.option("--hardware", default="cpu", show_default=True, help="profile to plan for")
-@click.option("--memory-budget", type=float, default=None, help="bytes per device")
-@click.option("--time-limit", type=float, default=10.0, show_default=True, help="solver s")
-@click.option("--set", "settings", multiple=True, help="build() argument, KEY=VALUE")
+@model_options(mesh="2", hardware="cpu", time_limit=10.0)
 @click.option("--max-new-tokens", type=int, default=32, show_default=True)
 @click.option("--max-len", type=int, default=None,
               help="cache positions (default: the prompt's length plus the new tokens)")

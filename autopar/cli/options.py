@@ -76,3 +76,27 @@ def measured_steps(steps: int) -> int:
             "N steps, then times N more on every rank", got=f"--steps {steps}",
             fix="e.g. --measure --steps 5")
     return steps
+
+
+def model_options(*, mesh: str, hardware: str, time_limit: float):
+    """The options of a command that plans a model file: `--mesh` (default `mesh`),
+    `--axis-names`, `--hardware`, `--memory-budget`, `--time-limit` and `--set`."""
+    options = (
+        click.option("--mesh", "mesh_text", default=mesh, show_default=True,
+                     help="mesh shape, e.g. 2x4"),
+        click.option("--axis-names", default=None,
+                     help="comma-separated axis names (default dp,tp,..)"),
+        click.option("--hardware", default=hardware, show_default=True,
+                     help="profile name or path"),
+        click.option("--memory-budget", type=float, default=None, help="bytes per device"),
+        click.option("--time-limit", type=float, default=time_limit, show_default=True,
+                     help="solver s"),
+        click.option("--set", "settings", multiple=True, help="build() argument, KEY=VALUE"),
+    )
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate

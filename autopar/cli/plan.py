@@ -19,7 +19,7 @@ import click
 from rich.console import Console
 
 from autopar.cli.options import axis_names as parse_axis_names
-from autopar.cli.options import config, mesh_shape, microbatches, pipeline
+from autopar.cli.options import config, mesh_shape, microbatches, model_options, pipeline
 from autopar.errors import AutoparError
 
 
@@ -42,12 +42,7 @@ def progress_lines() -> Iterator[Callable[[str], None]]:
 
 @click.command("plan")
 @click.argument("model_file", type=click.Path())
-@click.option("--mesh", "mesh_text", default="8", show_default=True, help="mesh shape, e.g. 2x4")
-@click.option("--axis-names", default=None, help="comma-separated axis names (default dp,tp,..)")
-@click.option("--hardware", default="h100-sxm", show_default=True, help="profile name or path")
-@click.option("--memory-budget", type=float, default=None, help="bytes per device")
-@click.option("--time-limit", type=float, default=30.0, show_default=True, help="solver s")
-@click.option("--set", "settings", multiple=True, help="build() argument, KEY=VALUE")
+@model_options(mesh="8", hardware="h100-sxm", time_limit=30.0)
 @click.option("--hand-strategies/--no-hand-strategies", default=True, show_default=True,
               help="also cost data parallel, ZeRO-3, Megatron and data x tensor parallel")
 @click.option("--microbatches", "microbatch_text", default="auto", show_default=True,

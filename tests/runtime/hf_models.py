@@ -55,15 +55,17 @@ def _gpt2() -> nn.Module:
     return lm
 
 
-def _mixtral() -> nn.Module:
+def mixtral(vocab: int = VOCAB, intermediate: int = 64) -> nn.Module:
+    """The Mixtral of `MODELS` ("batched_mm" experts), of another vocabulary or expert
+    width when asked."""
     return MixtralForCausalLM(MixtralConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        vocab_size=vocab, hidden_size=64, intermediate_size=intermediate, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
         num_experts_per_tok=2, max_position_embeddings=64, use_cache=False,
         attn_implementation="sdpa", experts_implementation="batched_mm"))
 
 
-MODELS = {"gpt2": _gpt2, "mixtral": _mixtral}
+MODELS = {"gpt2": _gpt2, "mixtral": mixtral}
 
 
 def build(name: str, seed: int = 0, batch: int = 4, seq: int = 16,

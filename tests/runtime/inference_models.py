@@ -17,6 +17,7 @@ a served model's do: a memory budget below the weights then forces them to shard
 
 from __future__ import annotations
 
+import hf_models
 import torch
 from torch import nn
 from transformers import (
@@ -24,8 +25,6 @@ from transformers import (
     BertForMaskedLM,
     LlamaConfig,
     LlamaForCausalLM,
-    MixtralConfig,
-    MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     ViTConfig,
@@ -67,11 +66,7 @@ def _mixtral() -> nn.Module:
     # "batched_mm" gathers its expert's weights for every (token, chosen expert) pair: a
     # forward's activations outweigh the experts unless the tokens are few and the dense
     # weights (a larger vocabulary) large.
-    return MixtralForCausalLM(MixtralConfig(
-        vocab_size=MIXTRAL_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-        num_experts_per_tok=2, max_position_embeddings=64, use_cache=False,
-        attn_implementation="sdpa", experts_implementation="batched_mm"))
+    return hf_models.mixtral(vocab=MIXTRAL_VOCAB, intermediate=128)
 
 
 def _bert() -> nn.Module:
