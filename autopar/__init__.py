@@ -43,6 +43,7 @@ _LAZY = {  # public name -> (module, attribute)
     "measure": ("autopar.tools.measure", "measure"),
     "CachedLM": ("autopar.tools.kv_cache", "CachedLM"),
     "generate": ("autopar.tools.generate", "generate"),
+    "compile_prefill": ("autopar.tools.generate", "compile_prefill"),
     "Measurement": ("autopar.values.measurement", "Measurement"),
 }
 # Modules of the public API, and the packages, reached as attributes (`autopar.runtime`).
@@ -73,7 +74,7 @@ __all__ = [
     "MeshError", "MicrobatchError", "ModelFileError", "OptimizerError", "ParallelModule",
     "Pipeline", "PipelineError", "Plan", "PlanFormatError", "ProblemFormatError",
     "ReportError", "ShardingError", "TrainingRunError", "available_hardware", "check",
-    "checkpoint", "compile", "generate", "launch", "load_hardware", "master_weights", "plan",
-    "report",
+    "checkpoint", "compile", "compile_prefill", "generate", "launch", "load_hardware",
+    "master_weights", "plan", "report",
     "summary", "to_dot",
 ]

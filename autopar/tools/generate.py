@@ -10,6 +10,12 @@ the cache), then appends N tokens, each the argmax of the last logits (or, with
 cache_implementation="static")` does. Every rank calls it alike; the outputs are whole on
 every rank, so each draws the same tokens (give every rank a generator seeded alike).
 
+A prefill program runs the whole prompt in one call: `compile_prefill(pm, served, P)`
+compiles `served` at P tokens with every weight and cache buffer pinned where the decode
+program `pm` placed it, and shares `pm`'s tensors (the weights and the cache are stored
+once); `generate(pm, ids, N, prefill=that)` then fills the cache with it. Its plan's
+latency is the predicted time to first token, the decode plan's the time per output token.
+
 The loop is the caller's if they prefer: `pm(ids[:, t:t + 1], torch.tensor([t]))` returns
 the logits of position t and writes its keys and values into the cache at t.
 """
@@ -20,21 +26,27 @@ import torch
 
 from autopar.errors import GenerationError
 from autopar.runtime.parallel_module import ParallelModule
-from autopar.tools.kv_cache import KEYS
+from autopar.tools.kv_cache import KEYS, CachedLM
 from autopar.values.specs import TensorSpec
 
 
 def generate(pm: ParallelModule, input_ids: torch.Tensor, max_new_tokens: int, *,
              do_sample: bool = False, temperature: float = 1.0,
-             generator: torch.Generator | None = None) -> torch.Tensor:
+             generator: torch.Generator | None = None,
+             prefill: ParallelModule | None = None) -> torch.Tensor:
     """The prompt `input_ids` (B, P) and `max_new_tokens` tokens after it (module
-    docstring). Raises `GenerationError`, before anything runs, for a program that is not a
-    forward-only `CachedLM` decoding one token, a batch other than the cache's, or a prompt
-    and new tokens longer than the cache."""
+    docstring), the prompt run by `prefill` when given. Raises `GenerationError`, before
+    anything runs, for a program that is not a forward-only `CachedLM` decoding one token,
+    a batch other than the cache's, a prompt and new tokens longer than the cache, or a
+    prefill program of another prompt length or of other tensors than `pm`'s."""
     batch, length = _check(pm, input_ids, max_new_tokens, temperature)
+    if prefill is not None:
+        _check_prefill(pm, prefill, length)
     tokens = [input_ids]
     with torch.no_grad():
-        for t in range(length):
+        if prefill is not None:
+            logits = prefill(input_ids, torch.arange(length, device=input_ids.device))
+        for t in range(0 if prefill is None else length, length):
             logits = pm(input_ids[:, t:t + 1], _position(t, input_ids))
         for t in range(length, length + max_new_tokens):
             last = logits[:, -1].float()
@@ -47,6 +59,48 @@ def generate(pm: ParallelModule, input_ids: torch.Tensor, max_new_tokens: int, *
             if t + 1 < length + max_new_tokens:
                 logits = pm(tokens[-1], _position(t, input_ids))
     return torch.cat(tokens, dim=1)
+
+
+def compile_prefill(pm: ParallelModule, served: CachedLM, prompt_length: int, *,
+                    time_limit: float = 30.0) -> ParallelModule:
+    """The prefill program of `served` (the `CachedLM` `pm` was compiled from) at
+    `prompt_length` tokens per sequence: planned with every weight and cache buffer pinned
+    where `pm` placed it, then holding `pm`'s own tensors, so that both programs share one
+    copy of the weights and the cache. Collective, like `autopar.compile`."""
+    from autopar.compiler import compile as compile_model
+
+    batch, _, positions, _ = cache_shape(pm)
+    if isinstance(prompt_length, bool) or not isinstance(prompt_length, int) \
+            or not 1 <= prompt_length <= positions:
+        raise GenerationError("a prefill program runs a prompt the cache can hold",
+                              expected=f"a prompt length from 1 to {positions}",
+                              got=repr(prompt_length), fix="pass the prompts' length")
+    # By graph node: both programs name a weight's or buffer's placeholder alike.
+    pinned = {node.name: node.output for node in pm.plan.nodes
+              if node.role in ("parameter", "buffer")}
+    example = (torch.zeros(batch, prompt_length, dtype=torch.long),
+               torch.arange(prompt_length))
+    program = compile_model(served, pm.plan.mesh, example, training=False,
+                            constraints=pinned, time_limit=time_limit)
+    program.adopt(dict(pm.named_parameters()) | dict(pm.named_buffers()))
+    return program
+
+
+def _check_prefill(pm: ParallelModule, prefill: object, length: int) -> None:
+    ids = prefill.inputs[0] if isinstance(prefill, ParallelModule) else None
+    if not isinstance(ids, TensorSpec) or ids.shape[1] != length:
+        raise GenerationError("the prefill program runs prompts of another length",
+                              expected=f"one compiled at {length} tokens per sequence",
+                              got=f"one compiled at {ids}",
+                              fix="compile_prefill(pm, served, prompt_length=P) for these "
+                                  "prompts, or leave prefill out")
+    mine = dict(pm.named_buffers())
+    shared = all(t is mine.get(name) for name, t in prefill.named_buffers() if name in mine)
+    if not shared:
+        raise GenerationError("the prefill program holds a cache of its own",
+                              expected="a prefill program sharing the decode program's "
+                                       "tensors (compile_prefill)",
+                              got="separate tensors", fix="build it with compile_prefill")
 
 
 def _position(t: int, like: torch.Tensor) -> torch.Tensor:

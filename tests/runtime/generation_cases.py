@@ -45,6 +45,8 @@ class Generated:
 
     ids: list
     expected: list
+    prefilled: list   # the ids generated with the prompt run by a prefill program
+    shares_state: bool  # the prefill program holds the decode program's own tensors
     sampled_alike: bool
     pieces: dict      # cache buffer -> this rank's piece's element count
     whole: dict       # cache buffer -> the whole cache's element count
@@ -65,6 +67,11 @@ def _generate(name: str, mesh: autopar.Mesh, budget: float) -> Generated:
     pm = autopar.compile(served, mesh, (ids[:, :1], torch.tensor([0])), training=False,
                          memory_budget=budget, time_limit=5.0)
     ours = autopar.generate(pm, ids, max_new_tokens=NEW)
+    prefill = autopar.compile_prefill(pm, served, PROMPT, time_limit=5.0)
+    prefilled = autopar.generate(pm, ids, max_new_tokens=NEW, prefill=prefill)
+    decode_state = dict(pm.named_parameters()) | dict(pm.named_buffers())
+    shares = all(t is decode_state.get(name) for name, t in
+                 (*prefill.named_parameters(), *prefill.named_buffers()) if name in decode_state)
     with torch.no_grad():
         expected = reference.generate(ids, max_new_tokens=NEW, do_sample=False,
                                       cache_implementation="static", pad_token_id=0)
@@ -77,7 +84,8 @@ def _generate(name: str, mesh: autopar.Mesh, budget: float) -> Generated:
                if name.endswith((".kv_cache_keys", ".kv_cache_values"))}
     cache = {name: names["b_" + name.replace(".", "_")] for name in buffers}
     return Generated(
-        ours.tolist(), expected.tolist(), torch.equal(sampled, single),
+        ours.tolist(), expected.tolist(), prefilled.tolist(), shares,
+        torch.equal(sampled, single),
         {b: buffers[b].numel() for b in cache}, {b: _whole(served, b) for b in cache},
         {b: _pieces(n.output, mesh) for b, n in cache.items()})
 

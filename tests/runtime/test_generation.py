@@ -4,7 +4,9 @@ Llama and Qwen2 (`generation_cases`) wrapped in `autopar.CachedLM` (batch 4, 48 
 positions) are compiled for decoding with `training=False` on gloo meshes (2,) and (2, 2),
 under a budget of 0.6 of the one-device plan's peak (so the plan must split something),
 and `autopar.generate` appends 32 greedy tokens to a 16-token prompt: on every rank the
-ids equal `lm.generate(..., do_sample=False, cache_implementation="static")`'s. Sampling
+ids equal `lm.generate(..., do_sample=False, cache_implementation="static")`'s, and so
+do those generated with the prompt run by a prefill program (`compile_prefill`), which
+holds the decode program's own weights and cache. Sampling
 with a seeded generator draws on every rank what the plain module draws. Each rank holds
 its piece of every cache buffer: the whole's elements over the pieces the plan cuts it
 into, and the plan cuts the cache.
@@ -39,6 +41,13 @@ def test_greedy_tokens_equal_transformers_generate(generated):
             assert len(one.ids[0]) == cases.PROMPT + cases.NEW
 
 
+def test_a_prefill_program_shares_the_decoder_s_tensors_and_its_tokens(generated):
+    for rank, results in enumerate(generated):
+        for name, one in zip(NAMES, results):
+            assert one.prefilled == one.expected, (rank, name)
+            assert one.shares_state, (rank, name)
+
+
 def test_sampling_draws_what_one_process_draws(generated):
     for rank, results in enumerate(generated):
         for name, one in zip(NAMES, results):
@@ -54,15 +63,24 @@ def test_each_rank_holds_its_piece_of_the_cache(generated):
             assert max(one.shards.values()) > 1, (name, "the plan keeps the cache whole")
 
 
-def _decoder() -> autopar.ParallelModule:
+def _decoder() -> tuple[autopar.ParallelModule, autopar.CachedLM]:
     served = autopar.CachedLM(cases.build("llama"), batch=cases.BATCH, max_len=20)
     mesh = autopar.Mesh((1,), ("x",), hardware="cpu")
     return autopar.compile(served, mesh, (cases.prompt()[:, :1], torch.tensor([0])),
-                           training=False, time_limit=5.0)
+                           training=False, time_limit=5.0), served
+
+
+def test_a_prefill_program_for_other_prompts_is_refused():
+    pm, served = _decoder()
+    prefill = autopar.compile_prefill(pm, served, 8, time_limit=5.0)
+    with pytest.raises(autopar.GenerationError, match="another length"):
+        autopar.generate(pm, cases.prompt(), max_new_tokens=2, prefill=prefill)
+    with pytest.raises(autopar.GenerationError, match="prompt length from 1 to 20"):
+        autopar.compile_prefill(pm, served, 21)
 
 
 def test_generation_past_the_cache_is_refused_before_it_runs():
-    pm = _decoder()
+    pm, _ = _decoder()
     with pytest.raises(autopar.GenerationError, match="need 21 cache positions"):
         autopar.generate(pm, cases.prompt(), max_new_tokens=5)
     with pytest.raises(autopar.GenerationError, match="need 26 cache positions"):
