@@ -4,10 +4,11 @@ FILE.py's `build(**config)` returns `(lm, prompt_ids)`: a transformers causal LM
 prompt's token ids (B, P). The parent loads it once (a bad file, prompt or length fails
 before any rank starts), then `--nproc` ranks each wrap the model in `autopar.CachedLM`
 (batch B, `--max-len` positions, by default P plus the new tokens), compile its decode
-program with `training=False` and run `autopar.generate`. Rank 0's ids are printed with
-the output tokens per second, and the plan's predicted time per forward beside the
-measured one; with `--verify`, whether the ids equal transformers' own `generate` with a
-static cache (greedy only). A mesh of one device runs in this process.
+program with `training=False` and its prefill program (`autopar.compile_prefill`), and run
+`autopar.generate`. Rank 0's ids are printed with the output tokens per second, and the
+plans' predicted time to first token and per output token beside the measured ones; with
+`--verify`, whether the ids equal transformers' own `generate` with a static cache (greedy
+only). A mesh of one device runs in this process.
 """
 
 from __future__ import annotations
@@ -46,13 +47,16 @@ class GenerationRun:
 @dataclass(frozen=True)
 class Generated:
     """Rank 0's generation: the ids (prompt, then the new tokens), the prompt's length, the
-    seconds it took, the plan's predicted seconds per forward, and (with --verify) whether
+    seconds of the whole generation and of one prefill call (the time to first token), the
+    plans' predicted time to first token and per output token, and (with --verify) whether
     transformers agrees."""
 
     ids: list
     prompt_length: int
     seconds: float
-    predicted_s: float
+    prefill_s: float
+    predicted_first_s: float
+    predicted_per_token_s: float
     verified: bool | None
 
     @property
@@ -60,10 +64,10 @@ class Generated:
         return len(self.ids[0]) - self.prompt_length
 
     @property
-    def forwards(self) -> int:
-        """The decode program's calls: one per prompt position, then one per new token but
-        the last."""
-        return self.prompt_length + self.new_tokens - 1
+    def per_token_s(self) -> float:
+        """Measured seconds per output token after the first: the generation's time less
+        a prefill call's, over the decode calls (one per new token but the last)."""
+        return (self.seconds - self.prefill_s) / max(self.new_tokens - 1, 1)
 
 
 def generate_rank(rank: int, run: GenerationRun) -> Generated | None:
@@ -71,7 +75,7 @@ def generate_rank(rank: int, run: GenerationRun) -> Generated | None:
     import torch
 
     from autopar.compiler import compile as compile_model
-    from autopar.tools.generate import generate
+    from autopar.tools.generate import compile_prefill, generate
     from autopar.tools.kv_cache import CachedLM
     from autopar.values.mesh import Mesh
 
@@ -81,10 +85,15 @@ def generate_rank(rank: int, run: GenerationRun) -> Generated | None:
     pm = compile_model(served, Mesh(run.shape, run.axes, hardware=run.hardware),
                        (prompt[:, :1], torch.tensor([0])), training=False,
                        memory_budget=run.memory_budget, time_limit=run.time_limit)
+    prefill = compile_prefill(pm, served, prompt.shape[1], time_limit=run.time_limit)
+    with torch.no_grad():
+        start = time.perf_counter()
+        prefill(prompt, torch.arange(prompt.shape[1]))
+        first = time.perf_counter() - start
     generator = torch.Generator().manual_seed(run.seed) if run.sample else None
     start = time.perf_counter()
     ids = generate(pm, prompt, run.max_new_tokens, do_sample=run.sample,
-                   temperature=run.temperature, generator=generator)
+                   temperature=run.temperature, generator=generator, prefill=prefill)
     seconds = time.perf_counter() - start
     if rank != 0:
         return None
@@ -95,7 +104,8 @@ def generate_rank(rank: int, run: GenerationRun) -> Generated | None:
                                    do_sample=False, cache_implementation="static",
                                    pad_token_id=0)
         verified = bool(torch.equal(ids, expected))
-    return Generated(ids.tolist(), prompt.shape[1], seconds, pm.plan.step_time_s, verified)
+    return Generated(ids.tolist(), prompt.shape[1], seconds, first,
+                     prefill.plan.step_time_s, pm.plan.step_time_s, verified)
 
 
 def _loaded(run: GenerationRun) -> tuple:
@@ -134,9 +144,11 @@ def _report(result: Generated, batch_shown: int = 2) -> None:
     click.echo(f"generated {len(result.ids)} x {result.new_tokens} tokens in "
                f"{result.seconds:.2f} s: "
                f"{tokens / result.seconds:.1f} output tokens/s")
-    click.echo(f"per forward (one token per sequence): predicted {result.predicted_s * 1e3:.3f}"
-               f" ms, measured {result.seconds / result.forwards * 1e3:.3f} ms "
-               f"(mean of {result.forwards}, the prompt's included)")
+    click.echo(f"time to first token (the prompt's prefill): predicted "
+               f"{result.predicted_first_s * 1e3:.3f} ms, measured {result.prefill_s * 1e3:.3f} ms")
+    click.echo(f"per output token (a decode call): predicted "
+               f"{result.predicted_per_token_s * 1e3:.3f} ms, measured "
+               f"{result.per_token_s * 1e3:.3f} ms (mean of {max(result.new_tokens - 1, 1)})")
     for i, ids in enumerate(result.ids[:batch_shown]):
         click.echo(f"sequence {i}: {ids}")
     if result.verified is not None:

@@ -17,6 +17,7 @@ def test_generate_on_two_ranks_matches_transformers():
                                        "--max-new-tokens", "12"])
     assert result.exit_code == 0, result.output
     assert "generated 4 x 12 tokens" in result.output and "output tokens/s" in result.output
+    assert "time to first token" in result.output and "per output token" in result.output
     assert "predicted" in result.output and "measured" in result.output
     assert "verify: identical to transformers' generate" in result.output
 
