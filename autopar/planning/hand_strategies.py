@@ -23,6 +23,7 @@ import torch.fx as fx
 
 from autopar.costs.optimizer_state import ADAMW, OptimizerState, optimizer_state
 from autopar.errors import InfeasiblePlanError
+from autopar.passes.capturing.capture import is_training
 from autopar.passes.strategies.find_strategies import StrategyTable, find_strategies
 from autopar.passes.strategies.restrict import RECOMPUTE, ROLES, Restriction, restrict
 from autopar.planning.deadline import Deadline
@@ -128,6 +129,11 @@ def _module(node: fx.Node) -> str:
     return node.meta.get(MODULE) or "top"
 
 
+# The hand strategies that differ from others only in the backward and the optimizer.
+TRAINING_ONLY = ("FSDP + full recompute",
+                 "Megatron TP + selective recompute + distributed optimizer")
+
+
 def standard_hand_strategies(mesh: Mesh) -> tuple[HandStrategy, ...]:
     """Data parallel, ZeRO-3, Megatron over all devices, data x tensor parallel, FSDP with
     full recomputation, Megatron with selective recomputation and a distributed optimizer
@@ -184,11 +190,15 @@ def standard_hand_strategies(mesh: Mesh) -> tuple[HandStrategy, ...]:
     return tuple(strategies)
 
 
-def asked_hand_strategies(asked: bool | tuple[str, ...], mesh: Mesh
-                          ) -> tuple[HandStrategy, ...]:
-    """The standard hand strategies of `mesh` the `hand_strategies` option asks for."""
+def asked_hand_strategies(asked: bool | tuple[str, ...], mesh: Mesh, *,
+                          training: bool = True) -> tuple[HandStrategy, ...]:
+    """The standard hand strategies of `mesh` the `hand_strategies` option asks for; for a
+    forward-only graph (not `training`), all of them but the training recipes (what they
+    add, recomputation in the backward and a distributed optimizer, a forward has not)."""
     every = standard_hand_strategies(mesh)
-    return every if asked is True else tuple(s for s in every if s.name in (asked or ()))
+    if asked is True:
+        return every if training else tuple(s for s in every if s.name not in TRAINING_ONLY)
+    return tuple(s for s in every if s.name in (asked or ()))
 
 
 def plan_record(strategy: HandStrategy, plan: Plan, budget: float,
@@ -412,7 +422,8 @@ def _evaluated(tables, mesh: Mesh, asked: bool | tuple[str, ...],
     `strategy_tables`), with the planning call's `options`."""
     return evaluate_hand_strategies(
         tables.gm, mesh, memory_budget=default_budget(mesh, options.get("memory_budget")),
-        table=tables.found, strategies=asked_hand_strategies(asked, mesh),
+        table=tables.found, strategies=asked_hand_strategies(
+            asked, mesh, training=is_training(tables.gm)),
         optimizer=optimizer_state(options.get("optimizer"),
                                   master_weights=options.get("master_weights")),
         **_picked(options, ("time_limit", "fold_layers", "seed", "microbatches", "in_flight",

@@ -134,3 +134,16 @@ def test_the_report_draws_a_forward_only_plan_without_backward(tmp_path):
     page = Path(autopar.report(plan, tmp_path / "plan.html")).read_text()
     assert "one forward (inference" in page and "latency" in page
     assert "forward + backward" not in page and "optimizer step" not in page
+
+
+def test_a_forward_only_plan_compares_the_serving_hand_strategies():
+    mesh = autopar.Mesh((2, 2), ("dp", "tp"), hardware="cpu")
+    served = autopar.plan(Classifier(), mesh, _inputs(), training=False, time_limit=5.0,
+                          hand_strategies=True)
+    names = {record.name for record in served.hand_strategies}
+    assert {"data parallel", "Megatron tensor parallel", "data x tensor parallel"} <= names
+    # Recomputation in the backward and a distributed optimizer: nothing to a forward.
+    assert not names & {"FSDP + full recompute",
+                        "Megatron TP + selective recompute + distributed optimizer"}
+    fitting = [r.step_time_s for r in served.hand_strategies if r.fits and r.step_time_s]
+    assert fitting and served.step_time_s <= min(fitting) * (1 + 1e-9)
