@@ -50,8 +50,9 @@ def solve_command(path: str, timeout: float, echo: Callable[[str], None] = print
     if say:
         say(f"{problem.name}: {problem.num_nodes} nodes, {problem.num_edges} edges, "
             f"started and loaded in {loaded:.1f} s")
-    # Keep back a little for expanding the answer, printing it and the interpreter's exit.
-    budget = timeout - loaded - max(0.5, 0.02 * timeout)
+    # Keep back a little for expanding the answer, printing it and the interpreter's exit:
+    # a second at least (a 5 s run ended 0.1 s late on 2 shared cores with half of one).
+    budget = timeout - loaded - max(1.0, 0.02 * timeout)
     solution = solve(problem, time_limit=max(budget, 0.1), progress=say)
     echo(f"# status {solution.status}, bound {_number(solution.bound)}, "
          f"gap {solution.gap:.3%}, {time.monotonic() - start:.1f} s since the process began")
