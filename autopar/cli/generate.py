@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import click
 
 from autopar.cli.options import axis_names as parse_axis_names
-from autopar.cli.options import config, mesh_shape, model_options
+from autopar.cli.options import config, mesh_shape, model_options, process_count
 from autopar.errors import AutoparError, GenerationError
 
 LAUNCH_TIMEOUT_S = 3600.0
@@ -175,17 +175,12 @@ def generate_command(model_file, nproc, mesh_text, axis_names, hardware, memory_
     from autopar.runtime.launch import launch
 
     shape = mesh_shape(mesh_text)
-    size = 1
-    for extent in shape:
-        size *= extent
+    size = process_count(nproc, shape, mesh_text)
     try:
         run = _checked(GenerationRun(
             model_file, tuple(config(settings).items()), shape,
             parse_axis_names(axis_names, len(shape)), hardware, memory_budget, time_limit,
             max_new_tokens, max_len or 0, sample, temperature, seed, verify))
-        if (nproc or size) != size:
-            raise GenerationError("--nproc must match the mesh", expected=f"{size} processes",
-                                  got=str(nproc), fix="leave --nproc out, or change --mesh")
         result = generate_rank(0, run) if size == 1 else launch(
             generate_rank, size, run, timeout=LAUNCH_TIMEOUT_S)[0]
     except AutoparError as exc:

@@ -100,3 +100,18 @@ def model_options(*, mesh: str, hardware: str, time_limit: float):
         return command
 
     return decorate
+
+
+def process_count(nproc: int | None, shape: tuple[int, ...], mesh_text: str) -> int:
+    """The processes to run: `nproc`, by default one per device of the mesh `shape`
+    (`mesh_text` as given); `BadParameter` for any other count."""
+    size = 1
+    for axis in shape:
+        size *= axis
+    if nproc is None:
+        nproc = size
+    if nproc != size:
+        raise click.BadParameter(
+            f"{nproc} processes for mesh {mesh_text} of {size} devices; expected one process "
+            f"per device: --nproc {size}, or a mesh of {nproc} devices", param_hint="--nproc")
+    return nproc

@@ -29,7 +29,14 @@ from collections.abc import Callable
 import click
 
 from autopar.cli.options import axis_names as parse_axis_names
-from autopar.cli.options import config, measured_steps, mesh_shape, microbatches, pipeline
+from autopar.cli.options import (
+    config,
+    measured_steps,
+    mesh_shape,
+    microbatches,
+    pipeline,
+    process_count,
+)
 from autopar.errors import AutoparError
 from autopar.tools.training import (
     ABSOLUTE_TOLERANCE,
@@ -246,7 +253,7 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
         except AutoparError as exc:
             raise click.ClickException(str(exc)) from exc
     shape = mesh_shape(mesh_text)
-    nproc = _process_count(nproc, shape, mesh_text)
+    nproc = process_count(nproc, shape, mesh_text)
     if lr is None:
         lr = VERIFY_LEARNING_RATE if verify else LEARNING_RATE
     if tolerance is None:
@@ -275,21 +282,6 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
         click.echo(render_measured(Plan.from_dict(run.plan), trained.measured), nl=False)
     if verify:
         _check_verified(report, accepted, steps)
-
-
-def _process_count(nproc: int | None, shape: tuple[int, ...], mesh_text: str) -> int:
-    """The processes to run: `nproc`, by default one per device of the mesh `shape`
-    (`mesh_text` as given); `BadParameter` for any other count."""
-    size = 1
-    for axis in shape:
-        size *= axis
-    if nproc is None:
-        nproc = size
-    if nproc != size:
-        raise click.BadParameter(
-            f"{nproc} processes for mesh {mesh_text} of {size} devices; expected one process "
-            f"per device: --nproc {size}, or a mesh of {nproc} devices", param_hint="--nproc")
-    return nproc
 
 
 def _planned(run: TrainingRun) -> TrainingRun:
