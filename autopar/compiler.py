@@ -24,7 +24,11 @@ from autopar.errors import (
 )
 from autopar.passes.capturing.annotate import annotate
 from autopar.passes.capturing.capture import CALL_SPEC, CONSTANTS, LOSS, MUTATED, capture
-from autopar.passes.layout.split_microbatches import loss_weights, split_microbatches
+from autopar.passes.layout.split_microbatches import (
+    batch_size,
+    loss_weights,
+    split_microbatches,
+)
 from autopar.passes.layout.split_stages import find_units, split_stages
 from autopar.passes.lowering.lower import lower
 from autopar.passes.strategies.find_strategies import is_decision
@@ -46,7 +50,7 @@ from autopar.runtime.materialize import local_pieces, state_slots
 from autopar.runtime.parallel_module import ParallelModule
 from autopar.runtime.pipeline import PipelinedModule, boundary_examples, stage_user_keys
 from autopar.values.mesh import Mesh
-from autopar.values.microbatch import ACCUMULATE
+from autopar.values.microbatch import ACCUMULATE, SUMMED, BatchSplit
 from autopar.values.pipeline import Pipeline
 from autopar.values.plan import Plan
 from autopar.values.specs import NAMES, ROLE, TENSOR, TensorSpec
@@ -255,11 +259,7 @@ def assemble_pipeline(model: nn.Module, gm: fx.GraphModule, plan: Plan,
     inner_coordinate = tuple(c for i, c in enumerate(coordinate) if i != axis) or (0,)
     context = RankContext(inner) if inner is not None else None
     here = _rank_device(device)
-    # A pipelined plan of a step that mixes samples was asked for (auto pipelines only steps
-    # that split exactly), so it accumulates as planned; an exact step splits as before.
-    split = split_microbatches(gm, record.microbatches, mixing=ACCUMULATE)
-    micro = gm if record.microbatches == 1 else micro_graph(model, example_inputs, split)
-    weights = loss_weights(split, micro)
+    split, micro, weights = _micro_step(model, gm, plan, example_inputs)
     units = find_units(micro)
     stages = split_stages(micro, units, tuple(s.units[0] for s in record.stages[1:]))
     model_inputs = [n.name for n in micro.graph.nodes
@@ -272,7 +272,7 @@ def assemble_pipeline(model: nn.Module, gm: fx.GraphModule, plan: Plan,
         program = lower(stage.module, stage_plan, inner_coordinate, context, here)
         local.append((stage.index, program, stage_user_keys(stage.module, model_inputs)))
         examples[stage.index] = boundary_examples(stage.module, stage_plan, inner_coordinate,
-                                                  here)
+                                                  here, training=plan.training)
         state.update({slot.names[0]: slot for slot in program.state})
     read_anywhere = {name for stage in stages for n in stage.module.graph.nodes
                      if n.op == "placeholder" for name in n.meta.get(NAMES, ())}
@@ -287,7 +287,32 @@ def assemble_pipeline(model: nn.Module, gm: fx.GraphModule, plan: Plan,
                            persistent=set(model.state_dict(keep_vars=True)), device=device,
                            inner=inner, context=context, here=here, inputs=tuple(_batch_inputs(gm)),
                            call_spec=gm.meta[CALL_SPEC], split=split, weights=weights,
-                           shared=shared, loss_index=micro.meta[LOSS])
+                           shared=shared, loss_index=micro.meta.get(LOSS, 0),
+                           returns=None if plan.training else _returned(gm))
+
+
+def _micro_step(model: nn.Module, gm: fx.GraphModule, plan: Plan, example_inputs: tuple
+                ) -> tuple[BatchSplit, fx.GraphModule, Callable[[list[list]], list[float]]]:
+    """How a pipelined plan's step is cut: the split, the graph of one micro-batch and the
+    micro-batches' loss weights. A forward-only plan runs the batch whole, as one."""
+    if not plan.training:
+        whole = BatchSplit(1, batch_size(gm) or 1, tuple(False for _ in _batch_inputs(gm)),
+                           SUMMED)
+        return whole, gm, lambda inputs: [1.0]
+    # A pipelined plan of a step that mixes samples was asked for (auto pipelines only steps
+    # that split exactly), so it accumulates as planned; an exact step splits as before.
+    split = split_microbatches(gm, plan.pipeline.microbatches, mixing=ACCUMULATE)
+    micro = gm if split.microbatches == 1 else micro_graph(model, example_inputs, split)
+    return split, micro, loss_weights(split, micro)
+
+
+def _returned(gm: fx.GraphModule) -> tuple[TensorSpec | None, ...]:
+    """A forward-only graph's flat outputs as the last pipeline stage broadcasts them: each
+    tensor's spec (None for a leaf that is not a tensor)."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    return tuple(v.meta.get(TENSOR) if isinstance(v, fx.Node)
+                 and isinstance(v.meta.get(TENSOR), TensorSpec) else None
+                 for v in output.args[0])
 
 
 def _batch_inputs(gm: fx.GraphModule) -> list:

@@ -116,6 +116,18 @@ def test_large_models() -> None:
     assert has_line(r"^CP x TP x FSDP \(.*\): step \d+\.\d+ s", out)
 
 
+def test_serving() -> None:
+    out = run_quick("serving.py")
+    assert "## tiny Llama shape" in out
+    assert has_line(r"^predicted \d+\.\d ms per output token \(\d+ tokens/s\), ", out)
+    assert has_line(r"^peak memory \d+\.\d of 74\.0 GiB; KV cache \d+\.\d\d GiB per device, "
+                    r"1024 tokens$", out)
+    assert has_line(r"^predicted time to first token \(64-token prompts\)", out)
+    for rule in ("Megatron tensor parallel", "Megatron 3D"):
+        assert has_line(rf"^{rule}\s+\d+\.\d\s+\d+\.\d\s+yes\s+\d\.\d{{3}} \(rule of thumb\)$",
+                        out), rule
+
+
 def test_memory_fidelity() -> None:
     out = run_quick("memory_fidelity.py")
     assert "mesh 2x2 (dp, tp), 4 gloo ranks, AdamW; 2 cases" in out

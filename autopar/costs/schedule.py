@@ -105,10 +105,11 @@ class Slot:
 
 
 def timeline(stage_times: Sequence[float], microbatches: int, ranks: int,
-             schedule: Schedule) -> tuple[Slot, ...]:
+             schedule: Schedule, *, training: bool = True) -> tuple[Slot, ...]:
     """The step as the cost model sees it: each stage's forward (a third of its time) and
     backward of each micro-batch (with a split backward, its input gradient and its weight
-    gradient, a third each), on the rank that runs it, as early as its inputs allow.
+    gradient, a third each), on the rank that runs it, as early as its inputs allow; of a
+    forward-only plan (not `training`), the forwards alone, each the stage's whole time.
 
     A rank runs one piece at a time, in the schedule's order: GPipe every forward before
     any backward; the others a backward as soon as one is ready once the rank holds its
@@ -123,6 +124,8 @@ def timeline(stage_times: Sequence[float], microbatches: int, ranks: int,
     kinds = "FBW" if schedule.splits_backward else "FB"
     shares = {"F": FORWARD_SHARE, "W": WEIGHT_SHARE,
               "B": 1 - FORWARD_SHARE - (WEIGHT_SHARE if schedule.splits_backward else 0.0)}
+    if not training:
+        kinds, shares = "F", {"F": 1.0}
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * ranks
     held = [0] * ranks

@@ -15,7 +15,7 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 
 from autopar.costs.optimizer_state import optimizer_state
-from autopar.errors import MicrobatchError, PipelineError, PlanningError, ProblemFormatError
+from autopar.errors import MicrobatchError, PlanningError, ProblemFormatError
 from autopar.passes.capturing.annotate import annotate
 from autopar.passes.capturing.capture import capture, is_training
 from autopar.passes.capturing.write_back import written_buffers
@@ -147,12 +147,19 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
 
 def _kv_cache(gm: fx.GraphModule, made: Plan) -> dict:
     """A forward-only plan's KV cache: the buffers its forward writes in place, their bytes
-    per device (the plan's pieces) and, laid out as transformers' caches (sequences, heads,
-    positions, head dim), the tokens they hold."""
+    per device (the plan's pieces; of a pipeline, on the pipeline rank holding the most)
+    and, laid out as transformers' caches (sequences, heads, positions, head dim), the
+    tokens they hold."""
     specs = {n.name: n.meta[TENSOR] for n in written_buffers(gm)}
     if not specs:
         return {}
-    held = sum(node.memory_bytes for node in made.nodes if node.name in specs)
+    rank = {s.index: s.rank for s in made.pipeline.stages} if made.pipeline else {}
+    held_by: dict[int, float] = {}  # pipeline rank -> its stages' cache bytes
+    for node in made.nodes:
+        if node.name in specs:
+            where = rank.get(node.stage, 0)
+            held_by[where] = held_by.get(where, 0.0) + node.memory_bytes
+    held = max(held_by.values(), default=0.0)
     # (sequences, positions) of each 4-d buffer: one pair when all agree.
     shapes = {(spec.shape[0], spec.shape[2]) for spec in specs.values() if len(spec.shape) == 4}
     tokens = shapes.pop() if len(shapes) == 1 else (0, 0)
@@ -173,16 +180,11 @@ def _forward_only_layout(microbatches: int | str, pipeline: Pipeline | str | boo
                          ) -> tuple[int, bool]:
     """The layout of a forward-only plan: one batch, no pipeline; `PipelineError` or
     `MicrobatchError` when the caller asked for a pipeline or micro-batches."""
-    if isinstance(pipeline, Pipeline) or pipeline is True:
-        raise PipelineError("a forward-only plan (training=False) is not pipelined yet",
-                            expected="pipeline='auto' or False", got=repr(pipeline),
-                            fix="plan the forward on the mesh's other axes, or with "
-                                "training=True")
     if microbatches not in ("auto", 1):
         raise MicrobatchError("a forward-only plan (training=False) runs the batch whole",
                               expected="microbatches='auto' or 1", got=repr(microbatches),
                               fix="pass a smaller batch per call instead")
-    return 1, False
+    return 1, pipeline
 
 
 def check_time_limit(time_limit: object) -> float:

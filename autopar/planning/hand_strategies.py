@@ -24,12 +24,13 @@ import torch.fx as fx
 from autopar.costs.optimizer_state import ADAMW, OptimizerState, optimizer_state
 from autopar.errors import InfeasiblePlanError
 from autopar.passes.capturing.capture import is_training
+from autopar.passes.capturing.write_back import written_buffers
 from autopar.passes.strategies.find_strategies import StrategyTable, find_strategies
 from autopar.passes.strategies.restrict import RECOMPUTE, ROLES, Restriction, restrict
 from autopar.planning.deadline import Deadline
 from autopar.planning.graph import STAGE, default_budget, plan_graph, plan_table, strategy_tables
 from autopar.values.mesh import Mesh
-from autopar.values.placement import Partial, Placements, Replicate
+from autopar.values.placement import Partial, Placements, Replicate, Shard
 from autopar.values.plan import SINGLE_DEVICE, HandStrategyRecord, Plan
 from autopar.values.specs import MODULE, ROLE, TENSOR, TensorSpec
 
@@ -79,8 +80,10 @@ def pure_data_parallel(gm: fx.GraphModule, restricted: Restriction) -> Restricti
     where that is cheaper under the cost model: a plan that is no longer data parallel.
     Here every op that depends on a user input reads each such input as its producer can
     give it with no collective but an all-reduce (`_moves_nothing`), so the batch split
-    flows from the inputs to the loss; every other op (it computes from parameters and
-    constants only), and every buffer and constant, is replicated, as the parameters are.
+    flows from the inputs to the loss; a buffer the forward writes in place (a KV cache:
+    each sequence's state) is split on the batch as they are; every other op (it computes
+    from parameters and constants only), and every other buffer and constant, is
+    replicated, as the parameters are.
     An op left with no such strategy (no rule splits it along the batch) keeps its
     candidates and is listed in `relaxed`, by `op (module)`, in place of `restricted`'s."""
     table = restricted.table
@@ -90,17 +93,20 @@ def pure_data_parallel(gm: fx.GraphModule, restricted: Restriction) -> Restricti
     strategies = dict(table.strategies)
     relaxed: list[str] = []
     cache: dict[tuple, tuple | None] = {}
+    written = {node.name for node in written_buffers(gm)}
     for name, candidates in table.strategies.items():
         node = by_name[name]
         if node.op == "output":
             continue
         sources = table.inputs.get(name, ())
         role = node.meta.get(ROLE)
-        is_batched = role == "input" or any(p in batched for p, _ in sources)
+        is_batched = role == "input" or name in written or any(p in batched for p, _ in sources)
         if is_batched:
             batched.add(name)
-        if node.op == "placeholder" and role in ("parameter", "input"):
-            kept: tuple | None = candidates  # restrict fixed them
+        if name in written:
+            kept: tuple | None = _split_on_the_batch(candidates)
+        elif node.op == "placeholder" and role in ("parameter", "input"):
+            kept = candidates  # restrict fixed them
         else:
             reads = tuple(tuple(sorted(map(repr, produced[p]))) for p, _ in sources)
             key = (id(candidates), is_batched, reads)
@@ -123,6 +129,13 @@ def pure_data_parallel(gm: fx.GraphModule, restricted: Restriction) -> Restricti
         strategies[name] = kept
         produced[name] = frozenset(s.output for s in kept)
     return Restriction(dataclasses.replace(table, strategies=strategies), tuple(relaxed))
+
+
+def _split_on_the_batch(candidates: tuple) -> tuple:
+    """The `candidates` whose output splits dim 0 (the batch) on every axis, or all of them
+    where none does."""
+    return tuple(s for s in candidates if all(
+        isinstance(p, Shard) and p.dim == 0 for p in s.output)) or candidates
 
 
 def _module(node: fx.Node) -> str:
@@ -412,7 +425,8 @@ def plan_compared(gm: fx.GraphModule, mesh: Mesh, *,
     fastest = hand.fastest_fitting
     if not options.get("constraints") and fastest is not None \
             and fastest.step_time_s < result.step_time_s:
-        result = dataclasses.replace(fastest, model=result.model, warnings=result.warnings)
+        result = dataclasses.replace(fastest, model=result.model, warnings=result.warnings,
+                                     memory_limit_bytes=result.memory_limit_bytes)
     return dataclasses.replace(result, hand_strategies=hand.records)
 
 

@@ -55,7 +55,8 @@ def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     if request.microbatches is None and isinstance(microbatches, int) \
             and not isinstance(microbatches, bool):
         request = dataclasses.replace(request, microbatches=microbatches)
-    loss_output(gm)
+    if is_training(gm):
+        loss_output(gm)
     stage_options = {k: v for k, v in options.items() if k not in ("hand_strategies",
                                                                    "constraints", "micro")}
 
@@ -140,6 +141,9 @@ def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     and the plan without one, where only many micro-batches fit, takes long to find: its
     whole step is planned, but more micro-batches are searched for it once the call's
     deadline has passed only when no pipeline fits."""
+    if not is_training(gm):
+        return _faster_forward(model, gm, example_inputs, mesh, pipelined,
+                               memory_budget=memory_budget, **options)
     piped: Plan | None = None
     try:
         piped = pipelined()
@@ -158,6 +162,33 @@ def _faster_of(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     if plain is None:  # raises the whole step's InfeasiblePlanError, with the least memory
         return plan_unpipelined(model, gm, example_inputs, mesh,
                                 microbatches=1 if microbatches == "auto" else microbatches,
+                                memory_budget=memory_budget, **options)
+    return plain
+
+
+def _faster_forward(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh,
+                    pipelined: Callable[[], Plan], *, memory_budget: float | None,
+                    **options) -> Plan:
+    """`_faster_of` for a forward-only graph: the plan without a pipeline first, then the
+    pipelined one with what the call's time has left; the faster that fits. A pipeline
+    runs a forward's batch whole, its stages in turn: it gains latency only where it saves
+    the collectives a plan without it runs over the pipeline axis (across nodes), so the
+    plan without it is the one to plan in full."""
+    plain: Plan | None = None
+    try:
+        plain = plan_unpipelined(model, gm, example_inputs, mesh, microbatches=1,
+                                 memory_budget=memory_budget, least_memory=False, **options)
+    except InfeasiblePlanError:
+        plain = None
+    try:
+        piped = pipelined()
+    except (PipelineError, MicrobatchError, InfeasiblePlanError, ShardingError):
+        piped = None
+    if piped is not None and (plain is None or piped.step_time_s < plain.step_time_s):
+        return dataclasses.replace(piped, hand_strategies=plain.hand_strategies if plain
+                                   else ())
+    if plain is None:  # raises the whole step's InfeasiblePlanError, with the least memory
+        return plan_unpipelined(model, gm, example_inputs, mesh, microbatches=1,
                                 memory_budget=memory_budget, **options)
     return plain
 

@@ -252,7 +252,8 @@ def _pipeline_table(plan: Plan) -> Table:
             f"{stage.blocks[0]} .. {stage.blocks[1]}"
         table.add_row(str(stage.index), str(stage.rank), blocks, _ms(stage.time_s),
                       str(stage.in_flight), _size(stage.memory_bytes))
-    table.caption = ("ms: forward and backward of one micro-batch with the stage's sends; "
+    work = "forward and backward" if plan.training else "forward"
+    table.caption = (f"ms: {work} of one micro-batch with the stage's sends; "
                      "in flight: micro-batches whose activations the stage holds at its peak; "
                      "memory per device. The rows above sum every stage.")
     return table

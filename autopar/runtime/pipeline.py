@@ -53,7 +53,7 @@ from autopar.values.microbatch import BatchSplit, micro_inputs
 from autopar.values.pipeline import schedule_named
 from autopar.values.placement import parse_placements
 from autopar.values.plan import Plan
-from autopar.values.specs import BOUNDARY, ROLE, TENSOR
+from autopar.values.specs import BOUNDARY, ROLE, TENSOR, TensorSpec
 
 
 def _gather_once_per_backward(context: RankContext | None, splits_backward: bool) -> None:
@@ -76,16 +76,19 @@ class PipelinedModule(nn.Module):
                  context: RankContext | None, here: torch.device, inputs: tuple,
                  call_spec: tuple, split: BatchSplit,
                  weights: Callable[[list[list]], list[float]],
-                 shared: tuple[tuple[str, int, torch.dtype], ...], loss_index: int = 0) -> None:
+                 shared: tuple[tuple[str, int, torch.dtype], ...], loss_index: int = 0,
+                 returns: tuple[TensorSpec | None, ...] | None = None) -> None:
         """`stages`: this rank's (stage index, lowered program, the flat user-input keys
         it reads); `examples` per stage empty tensors shaped as what it receives and sends
         (`boundary_examples`); `slots`/`pieces` the state of all of them (by canonical name);
         `inputs` the whole batch's flat input specs; `shared` the weights summed over the
         pipeline axis (canonical name, local elements, dtype), in the same order on every
         rank; `loss_index` is the loss's position among the model's flat outputs (the
-        others, which `split_microbatches` checked are None, are returned as None)."""
+        others, which `split_microbatches` checked are None, are returned as None);
+        `returns`, for a forward-only plan, the model's flat outputs (None where a leaf is not
+        a tensor), which the last stage broadcasts to the other pipeline ranks."""
         super().__init__()
-        self._loss_index = loss_index
+        self._loss_index, self._returns = loss_index, returns
         record = plan.pipeline
         assert record is not None
         self.plan, self.microbatches = plan, record.microbatches
@@ -113,22 +116,32 @@ class PipelinedModule(nn.Module):
         for index, program, keys in stages:
             arguments = tuple(by_name[slot.names[0]] for slot in program.state)
             self._stages.append(StageModule(self, index, program, arguments, keys,
-                                             index == 0, index == count - 1))
+                                             index == 0, index == count - 1,
+                                             returns_all=returns is not None))
+        self._keys = sorted({key for _, _, keys in stages for key in keys})
+        self._schedule = self._torch_schedule(examples, here, split)
+        self._last = any(module.index == count - 1 for module in self._stages)
+
+    def _torch_schedule(self, examples: dict, here: torch.device, split: BatchSplit):
+        """torch's schedule over this rank's stages, which cuts the inputs as `split` does;
+        with a loss (of the micro-batch times its weight, the schedule's target) only for
+        a training plan: a forward-only plan's schedule runs no backward."""
+        record = self.plan.pipeline
+        count = len(record.stages)
         # Static metadata: torch would otherwise run each stage once more to infer it, with
         # its collectives.
         self._torch_stages = [TorchStage(
             module, module.index, count, here, group=self._group,
             input_args=examples[module.index][0],
             output_args=examples[module.index][1]) for module in self._stages]
-        self._keys = sorted({key for _, _, keys in stages for key in keys})
         chunking = {f"in{i}": TensorChunkSpec(0) if cut else _Replicate()
                     for i, cut in enumerate(split.split)}
+        options = dict(kwargs_chunk_spec={key: chunking[key] for key in self._keys})
+        if self.plan.training:
+            options.update(loss_fn=lambda loss, weight: loss * weight[0], scale_grads=False)
         schedule = get_schedule_class(record.schedule)
-        options = dict(loss_fn=lambda loss, weight: loss * weight[0], scale_grads=False,
-                       kwargs_chunk_spec={key: chunking[key] for key in self._keys})
-        self._schedule = schedule(self._torch_stages[0] if record.virtual == 1
-                                  else self._torch_stages, self.microbatches, **options)
-        self._last = any(module.index == count - 1 for module in self._stages)
+        return schedule(self._torch_stages[0] if record.virtual == 1 else self._torch_stages,
+                        self.microbatches, **options)
 
     @property
     def slots(self) -> tuple[StateSlot, ...]:
@@ -162,7 +175,14 @@ class PipelinedModule(nn.Module):
         check_inputs(flat, self._inputs)
         return flat
 
+    @property
+    def inputs(self) -> tuple:
+        """The flat user inputs the plan is for (`ParallelModule.inputs`)."""
+        return self._inputs
+
     def forward(self, *args, **kwargs):
+        if self._returns is not None:
+            return pytree.tree_unflatten(self._serve(args, kwargs), self._out_spec)
         loss = self._step(args, kwargs)
         if self._out_spec.is_leaf():
             return loss
@@ -198,6 +218,27 @@ class PipelinedModule(nn.Module):
             with torch.no_grad():
                 return step()
         return hand_over(step, parameters)
+
+    def _serve(self, args: tuple, kwargs: dict) -> list:
+        """A forward-only plan's flat outputs, whole on every rank: the schedule runs the
+        batch through the stages, and the last stage's outputs are broadcast over the
+        pipeline axis."""
+        flat = self._flat_inputs(args, kwargs)
+        users = {key: flat[int(key[2:])] for key in self._keys}
+        with torch.no_grad():
+            made = self._schedule.step(return_outputs=self._last, **users)
+            made = list(made) if isinstance(made, (tuple, list)) else [made]
+            leaves = []
+            for spec in self._returns:
+                if spec is None:
+                    leaves.append(None)
+                    continue
+                value = made.pop(0).contiguous() if self._last else torch.empty(
+                    spec.shape, dtype=spec.dtype, device=self._device())
+                self._counter.record("broadcast", self.axis_name, "forward", tensor_bytes(value))
+                dist.broadcast(value, group=self._group, group_src=self._ranks - 1)
+                leaves.append(value)
+        return leaves
 
     def _sum_shared(self) -> None:
         """Sum over the pipeline axis the gradients of the weights several stages hold."""
@@ -259,18 +300,20 @@ class PipelinedModule(nn.Module):
 
 
 def boundary_examples(stage_graph: fx.GraphModule, stage_plan: Plan,
-                      coordinate: tuple[int, ...], device: torch.device
+                      coordinate: tuple[int, ...], device: torch.device, *,
+                      training: bool = True
                       ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """Empty tensors shaped as the pieces of a stage's received inputs and of its outputs
-    (the loss, for the last stage) that the rank at `coordinate` of the sub-mesh holds, as
-    `stage_plan` places them, floating ones requiring a gradient: torch's static stage
-    metadata (each rank sends its piece to its counterpart in the next stage)."""
+    (the loss, or a forward-only model's outputs, for the last stage) that the rank at
+    `coordinate` of the sub-mesh holds, as `stage_plan` places them, floating ones
+    requiring a gradient in a `training` step: torch's static stage metadata (each rank
+    sends its piece to its counterpart in the next stage)."""
     def example(node: fx.Node, placements: str) -> torch.Tensor:
         spec = node.meta[TENSOR]
         whole = torch.empty(spec.shape, dtype=spec.dtype, device="meta")
         piece = chunk_of(whole, parse_placements(placements), stage_plan.mesh.shape, coordinate)
         return torch.empty(piece.shape, dtype=spec.dtype, device=device,
-                           requires_grad=spec.dtype.is_floating_point)
+                           requires_grad=training and spec.dtype.is_floating_point)
 
     received = tuple(example(n, stage_plan.node(n.name).output)
                      for n in stage_graph.graph.nodes

@@ -70,16 +70,20 @@ class _CountGrad(torch.autograd.Function):
 
 class StageModule(nn.Module):
     """One stage's rank program as torch's `PipelineStage` calls it:
-    `forward(*received, **user_inputs)` -> the tensors to send (or the loss)."""
+    `forward(*received, **user_inputs)` -> the tensors to send (or the loss, or a
+    forward-only model's outputs)."""
 
     def __init__(self, owner: StageOwner, index: int, program: RankProgram,
                  arguments: tuple[StateSlot, ...], user_keys: tuple[str, ...],
-                 is_first: bool, is_last: bool) -> None:
+                 is_first: bool, is_last: bool, *, returns_all: bool = False) -> None:
+        """`returns_all`: the last stage returns all the model's tensor outputs (a
+        forward-only plan's), not its loss alone."""
         super().__init__()
         self._owner = [owner]  # not a submodule: the owner holds the parameters
         self.index, self._program, self._arguments = index, program, arguments
         self._user_keys = user_keys
         self._is_first, self._is_last = is_first, is_last
+        self._returns_all = returns_all
         self.backwards = 0
 
     def forward(self, *received: torch.Tensor, **users) -> torch.Tensor | tuple:
@@ -100,10 +104,12 @@ class StageModule(nn.Module):
         else:
             with scope:
                 outputs = self._program.module(*inputs)
+        if self._is_last and self._returns_all:
+            return tuple(o for o in outputs if isinstance(o, torch.Tensor))
         if self._is_last:
             sent = [next(o for o in outputs if isinstance(o, torch.Tensor))]
         else:
-            sent = list(outputs)
+            sent = [t.contiguous() for t in outputs]  # torch sends contiguous tensors only
             for t in sent:
                 owner.counter.record("send", owner.axis_name, "forward", tensor_bytes(t))
         floating = [i for i, t in enumerate(sent) if t.requires_grad]

@@ -26,11 +26,12 @@ import torch
 
 from autopar.errors import GenerationError
 from autopar.runtime.parallel_module import ParallelModule
+from autopar.runtime.pipeline import PipelinedModule
 from autopar.tools.kv_cache import KEYS, CachedLM
 from autopar.values.specs import TensorSpec
 
 
-def generate(pm: ParallelModule, input_ids: torch.Tensor, max_new_tokens: int, *,
+def generate(pm: ParallelModule | PipelinedModule, input_ids: torch.Tensor, max_new_tokens: int, *,
              do_sample: bool = False, temperature: float = 1.0,
              generator: torch.Generator | None = None,
              prefill: ParallelModule | None = None) -> torch.Tensor:
@@ -70,6 +71,12 @@ def compile_prefill(pm: ParallelModule, served: CachedLM, prompt_length: int, *,
     from autopar.compiler import compile as compile_model
 
     batch, _, positions, _ = cache_shape(pm)
+    if isinstance(pm, PipelinedModule):
+        raise GenerationError("a pipelined decode program has no prefill program yet",
+                              expected="a decode program planned without a pipeline",
+                              got=f"one pipelined over {pm.axis_name!r}",
+                              fix="leave prefill out: generate feeds the prompt through "
+                                  "the decode program, or compile with pipeline=False")
     if isinstance(prompt_length, bool) or not isinstance(prompt_length, int) \
             or not 1 <= prompt_length <= positions:
         raise GenerationError("a prefill program runs a prompt the cache can hold",
@@ -110,12 +117,13 @@ def _position(t: int, like: torch.Tensor) -> torch.Tensor:
 def cache_shape(pm: object) -> tuple[int, ...]:
     """The global shape (batch, KV heads, positions, head dim) of `pm`'s cache; raises
     `GenerationError` unless `pm` is a forward-only compiled `CachedLM`."""
-    if not isinstance(pm, ParallelModule) or pm.plan.training:
+    compiled = isinstance(pm, (ParallelModule, PipelinedModule))
+    if not compiled or pm.plan.training:
         raise GenerationError(
             "generate runs a forward-only compiled CachedLM",
             expected="autopar.compile(CachedLM(lm, batch=B, max_len=L), mesh, (ids, "
                      "position), training=False)",
-            got=type(pm).__name__ if not isinstance(pm, ParallelModule) else "a training plan",
+            got=type(pm).__name__ if not compiled else "a training plan",
             fix="compile the model wrapped in autopar.CachedLM with training=False")
     slot = next((s for s in pm.slots if s.names[0].rsplit(".", 1)[-1] == KEYS), None)
     if slot is None:

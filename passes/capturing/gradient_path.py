@@ -5,14 +5,16 @@ dict, writes nothing. A node is on the gradient path when its value depends on a
 parameter (`trained`: not a frozen one) through floating-point values and ops that pass
 gradients: integer and boolean results (indices, masks) and factories (`zeros_like(x)`
 depends on x's shape only) carry none. In a pipeline
-stage's graph, a floating-point input the previous stage sends (`autopar_boundary`) carries
-a gradient too: the one the stage sends back.
+stage's graph of a training step, a floating-point input the previous stage sends
+(`autopar_boundary`) carries a gradient too: the one the stage sends back. Nothing does in
+a forward-only graph (`is_training`).
 """
 
 from __future__ import annotations
 
 import torch.fx as fx
 
+from autopar.passes.capturing.capture import is_training
 from autopar.rules import factories
 from autopar.values.specs import BOUNDARY, FROZEN, ROLE, TENSOR, TensorSpec
 
@@ -22,10 +24,11 @@ def gradient_path(gm: fx.GraphModule) -> dict[str, bool]:
     ops that pass gradients, so carry a gradient. Integer and boolean results (indices,
     masks) carry none, whatever they were computed from."""
     on_path: dict[str, bool] = {}
+    receives_gradients = is_training(gm)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             on_path[node.name] = trained(node) or (
-                bool(node.meta.get(BOUNDARY)) and any(
+                receives_gradients and bool(node.meta.get(BOUNDARY)) and any(
                     is_differentiable(spec) for spec in tensor_outputs(node)))
         elif node.op == "output":
             on_path[node.name] = any(on_path[n.name] for n in node.all_input_nodes)

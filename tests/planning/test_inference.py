@@ -23,6 +23,7 @@ from autopar.errors import (
     PlanningError,
 )
 from autopar.passes.capturing.capture import capture, is_training
+from autopar.present.report import render_html
 
 ROOT = Path(__file__).resolve().parents[2]
 MESH = autopar.Mesh((2,), ("tp",), hardware="cpu")
@@ -97,6 +98,46 @@ def test_bad_inference_options_are_refused_before_solving(options, error):
     with pytest.raises(error) as raised:
         autopar.plan(Classifier(), MESH, _inputs(), **options)
     assert "expected" in str(raised.value) and "fix" in str(raised.value)
+
+
+class Stack(nn.Module):
+    """Four blocks of a ModuleList, returning logits: what a pipeline cuts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(4))
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return self.head(x)
+
+
+def test_a_forward_only_pipeline_sends_forward_and_broadcasts_the_outputs():
+    mesh = autopar.Mesh((2,), ("pp",), hardware="cpu")
+    plan = autopar.plan(Stack(), mesh, _inputs(), training=False,
+                        pipeline=autopar.Pipeline(), time_limit=5.0)
+    record = plan.pipeline
+    assert record is not None and record.microbatches == 1 and len(record.stages) == 2
+    assert all(direction == "forward" for _, _, direction in plan.comm_bytes())
+    # The last stage's logits (8 x 10 float32) reach the other pipeline rank whole; the
+    # first stage sends its 8 x 32 activations; nothing is reduced over the stages.
+    assert plan.comm_bytes(0) == {("broadcast", "pp", "forward"): 8 * 10 * 4,
+                                  ("send", "pp", "forward"): 8 * 32 * 4}
+    assert [t.kind for t in record.transfers] == ["broadcast"]
+    assert plan.pipeline.stages[0].time_s > 0 and plan.optimizer_s == 0.0
+    page = render_html(plan)  # the report's timeline: forwards, no backward lanes
+    assert page.count('data-kind="F"') == 2 and 'data-kind="B"' not in page
+
+
+@pytest.mark.parametrize("pipeline", [autopar.Pipeline(schedule="1F1B"),
+                                      autopar.Pipeline(microbatches=2)])
+def test_a_forward_only_pipeline_of_several_micro_batches_is_refused(pipeline):
+    mesh = autopar.Mesh((2,), ("pp",), hardware="cpu")
+    with pytest.raises(PipelineError, match="one micro-batch") as raised:
+        autopar.plan(Stack(), mesh, _inputs(), training=False, pipeline=pipeline)
+    assert "fix" in str(raised.value)
 
 
 def test_a_model_without_a_loss_is_pointed_to_inference():

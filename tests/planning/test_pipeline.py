@@ -72,6 +72,14 @@ def test_zero_bubble_fills_the_ramps_with_weight_gradients():
                                                            8, 4, 0, 2)
 
 
+def test_a_forward_only_timeline_runs_each_stage_s_forward_in_turn():
+    times = [1.0, 2.0, 0.5]
+    slots = timeline(times, 1, 3, SCHEDULES["GPipe"], training=False)
+    assert [(s.kind, s.stage, s.rank, s.start, s.end) for s in slots] == [
+        ("F", 0, 0, 0.0, 1.0), ("F", 1, 1, 1.0, 3.0), ("F", 2, 2, 3.0, 3.5)]
+    assert max(s.end for s in slots) == step_time(times, 1, 3, SCHEDULES["GPipe"])
+
+
 @pytest.mark.parametrize("name", ["1F1B", "Interleaved1F1B", "InterleavedZeroBubble"])
 def test_the_timeline_runs_every_piece_once_after_what_it_needs(name):
     """Each stage's forward, backward (and for a split backward, weight gradient) of every

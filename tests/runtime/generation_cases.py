@@ -45,8 +45,13 @@ class Generated:
 
     ids: list
     expected: list
-    prefilled: list   # the ids generated with the prompt run by a prefill program
-    shares_state: bool  # the prefill program holds the decode program's own tensors
+    # The ids generated with the prompt run by a prefill program, and whether it holds the
+    # decode program's own tensors; None for a pipelined decode program, which has none
+    # (`compile_prefill` raised GenerationError: `prefill_refused`).
+    prefilled: list | None
+    shares_state: bool | None
+    prefill_refused: bool
+    stages: int       # the decode plan's pipeline stages (1 without a pipeline)
     sampled_alike: bool
     pieces: dict      # cache buffer -> this rank's piece's element count
     whole: dict       # cache buffer -> the whole cache's element count
@@ -64,14 +69,13 @@ def _generate(name: str, mesh: autopar.Mesh, budget: float) -> Generated:
     reference = copy.deepcopy(lm)
     ids = prompt()
     served = autopar.CachedLM(lm, batch=BATCH, max_len=MAX_LEN)
+    pipelined = "pp" in mesh.axis_names
     pm = autopar.compile(served, mesh, (ids[:, :1], torch.tensor([0])), training=False,
-                         memory_budget=budget, time_limit=5.0)
+                         memory_budget=budget, time_limit=5.0,
+                         pipeline=autopar.Pipeline() if pipelined else "auto")
     ours = autopar.generate(pm, ids, max_new_tokens=NEW)
-    prefill = autopar.compile_prefill(pm, served, PROMPT, time_limit=5.0)
-    prefilled = autopar.generate(pm, ids, max_new_tokens=NEW, prefill=prefill)
-    decode_state = dict(pm.named_parameters()) | dict(pm.named_buffers())
-    shares = all(t is decode_state.get(name) for name, t in
-                 (*prefill.named_parameters(), *prefill.named_buffers()) if name in decode_state)
+    prefilled, shares, refused = _prefilled(pm, served, ids) if not pipelined else (
+        None, None, _prefill_refused(pm, served))
     with torch.no_grad():
         expected = reference.generate(ids, max_new_tokens=NEW, do_sample=False,
                                       cache_implementation="static", pad_token_id=0)
@@ -84,10 +88,30 @@ def _generate(name: str, mesh: autopar.Mesh, budget: float) -> Generated:
                if name.endswith((".kv_cache_keys", ".kv_cache_values"))}
     cache = {name: names["b_" + name.replace(".", "_")] for name in buffers}
     return Generated(
-        ours.tolist(), expected.tolist(), prefilled.tolist(), shares,
+        ours.tolist(), expected.tolist(), prefilled, shares, refused,
+        len(pm.plan.pipeline.stages) if pm.plan.pipeline else 1,
         torch.equal(sampled, single),
         {b: buffers[b].numel() for b in cache}, {b: _whole(served, b) for b in cache},
         {b: _pieces(n.output, mesh) for b, n in cache.items()})
+
+
+def _prefilled(pm, served: autopar.CachedLM, ids: torch.Tensor) -> tuple[list, bool, bool]:
+    """The ids generated with the prompt run by `compile_prefill`'s program, and whether
+    that program holds the decode program's own tensors."""
+    prefill = autopar.compile_prefill(pm, served, PROMPT, time_limit=5.0)
+    prefilled = autopar.generate(pm, ids, max_new_tokens=NEW, prefill=prefill)
+    decode_state = dict(pm.named_parameters()) | dict(pm.named_buffers())
+    shares = all(t is decode_state.get(name) for name, t in
+                 (*prefill.named_parameters(), *prefill.named_buffers()) if name in decode_state)
+    return prefilled.tolist(), shares, False
+
+
+def _prefill_refused(pm, served: autopar.CachedLM) -> bool:
+    try:
+        autopar.compile_prefill(pm, served, PROMPT, time_limit=5.0)
+    except autopar.GenerationError:
+        return True
+    return False
 
 
 def _sampled_in_one_process(served: autopar.CachedLM, ids: torch.Tensor) -> torch.Tensor:

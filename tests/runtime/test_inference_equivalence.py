@@ -1,11 +1,12 @@
 """Forward-only plans (`training=False`) serve exactly like the single-process model.
 
 Hugging Face models as they serve (`inference_models`: Llama, Qwen2, Mixtral, BERT, ViT,
-each returning its logits) are compiled with `training=False` on gloo meshes (2,), (4,)
-and (2, 2), each under a memory budget below the weights' own bytes, so that no plan
-keeping them whole fits and they must shard: the one-device plan's peak less a quarter of
-the weights' bytes (half would leave two devices nothing for the weights' gathered copies
-and the whole logits every rank returns).
+each returning its logits) are compiled with `training=False` on gloo meshes (2,), (4,),
+(2, 2), and (2, 2) pipelined over its first axis (two stages of one layer each), each
+under a memory budget below the weights' own bytes, so that no plan keeping them whole
+fits and they must shard: the one-device plan's peak less a quarter of the weights' bytes
+(half would leave two devices nothing for the weights' gathered copies and the whole
+logits every rank returns).
 Every rank's outputs equal the plain model's in eval mode within `TOLERANCE`, carry no
 autograd graph, and the bytes each rank's collectives moved equal the plan's prediction
 (all of it forward: the plan has no backward).
@@ -24,7 +25,9 @@ import autopar
 from autopar.runtime.launch import launch
 
 NAMES = tuple(inference_models.MODELS)
-MESHES = {"2": ((2,), ("tp",)), "4": ((4,), ("tp",)), "2x2": ((2, 2), ("dp", "tp"))}
+# "2x2pp": pipelined over pp, its last stage's outputs broadcast to the other stage's ranks.
+MESHES = {"2": ((2,), ("tp",)), "4": ((4,), ("tp",)), "2x2": ((2, 2), ("dp", "tp")),
+          "2x2pp": ((2, 2), ("pp", "tp"))}
 # Absolute, on logits of order one: a split computation rounds about 1e-7 differently.
 TOLERANCE = 1e-5
 
@@ -60,13 +63,15 @@ def serve_all(rank: int, chosen: dict[str, float], shape: tuple[int, ...],
     for name, budget in chosen.items():
         model, inputs = inference_models.build(name)
         pm = autopar.compile(model, mesh, inputs, training=False, memory_budget=budget,
-                             time_limit=3.0)
+                             time_limit=3.0,
+                             pipeline=autopar.Pipeline() if "pp" in names else False)
         out = pm(*inputs)
         model.eval()
         with torch.no_grad():
             expected = model(*inputs)
         served.append(Served(float((out - expected).abs().max()), out.requires_grad,
-                             dict(pm.counter.totals()), pm.plan.comm_bytes(),
+                             dict(pm.counter.totals()),
+                             pm.plan.rank_comm_bytes(tuple(pm.coordinate)),
                              pm.plan.to_dict()))
     return served
 
@@ -106,7 +111,10 @@ def test_the_plans_shard_the_weights_and_have_no_backward(outcomes):
     for name, one in zip(NAMES, results[0]):
         plan = autopar.Plan.from_dict(one.plan)
         assert not plan.training, name
-        assert [n for n in plan.nodes if n.role == "parameter" and "S(" in n.output], name
+        assert (plan.pipeline is not None) == ("pp" in plan.mesh.axis_names), name
+        # A pipeline's stages hold the weights of their own layers.
+        assert plan.pipeline is not None or [
+            n for n in plan.nodes if n.role == "parameter" and "S(" in n.output], name
         assert all(direction == "forward" for _, _, direction in plan.comm_bytes()), name
         assert plan.optimizer_s == 0.0, name
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from autopar.costs.optimizer_state import OptimizerState
 from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError
+from autopar.passes.capturing.capture import is_training
 from autopar.passes.problem.edge_cache import EdgeCaches
 from autopar.passes.problem.fold_depth import fold_depth
 from autopar.passes.strategies.find_strategies import find_strategies
@@ -56,17 +57,13 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
     """The Megatron 3D record and its plan (None when it doesn't apply or fit, a slow one
     that fits counting); `micro` (or its own), `edge_caches`, `deadline`: the call's."""
     axis = pipeline_axis_3d(mesh) if mesh.ndim >= 2 else None
-    inner_link = mesh.hardware.links[0].name
     if axis is None:
         strategy = HandStrategy(MEGATRON_3D, "tensor parallel inside nodes, pipeline across, data "
                                 "parallel over the rest", None,
                                 note="needs an axis named pp or one across nodes, and another")
         return missing_record(strategy, strategy.note), None
-    others = [i for i in range(mesh.ndim) if i != axis]
-    roles = tuple("tp" if mesh.axis_links[i].name == inner_link else "dopt" for i in others)
-    described = ", ".join(f"{role} over {mesh.axis_names[i]}" for i, role in zip(others, roles))
-    strategy = HandStrategy(MEGATRON_3D, f"pipeline over {mesh.axis_names[axis]}, {described}"
-                            ", selective recompute", roles, recompute="selective")
+    strategy = _strategy(mesh, axis, training=is_training(gm))
+    roles = strategy.roles
 
     def plan_stage(graph: fx.GraphModule, inner: Mesh, *, memory_budget: float | None,
                    microbatches: int, in_flight: int, constraints=None,
@@ -107,6 +104,24 @@ def megatron_3d(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
         record = plan_record(strategy, plan, memory_budget, _describe(plan))
         return record, plan if fits else None
     return missing_record(strategy, "no plan within this restriction"), None
+
+
+def _strategy(mesh: Mesh, axis: int, *, training: bool) -> HandStrategy:
+    """The roles of the axes besides the pipeline's `axis`: "tp" inside a node, else data
+    parallel, with the distributed optimizer and selective recompute in a `training` step
+    (Megatron-LM's recipe); a forward (serving's rule of thumb, as vLLM's guide gives it:
+    tensor parallel = the GPUs of a node, pipeline = the nodes) replicates the model over
+    the data-parallel axes."""
+    inner_link = mesh.hardware.links[0].name
+    others = [i for i in range(mesh.ndim) if i != axis]
+    parallel = "dopt" if training else "dp"
+    roles = tuple("tp" if mesh.axis_links[i].name == inner_link else parallel for i in others)
+    described = ", ".join(f"{role} over {mesh.axis_names[i]}" for i, role in zip(others, roles))
+    if not training:
+        return HandStrategy(MEGATRON_3D, f"pipeline over {mesh.axis_names[axis]}, {described}",
+                            roles)
+    return HandStrategy(MEGATRON_3D, f"pipeline over {mesh.axis_names[axis]}, {described}"
+                        ", selective recompute", roles, recompute="selective")
 
 
 def _describe(plan: Plan) -> str:

@@ -56,6 +56,7 @@ import torch.fx as fx
 
 from autopar.costs.schedule import in_flight, rank_of, step_time
 from autopar.errors import InfeasiblePlanError, PipelineError, ShardingError
+from autopar.passes.capturing.capture import is_training
 from autopar.passes.layout.split_microbatches import batch_size
 from autopar.passes.layout.split_stages import (
     Stage,
@@ -140,6 +141,8 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
     axis = pipeline_axis(mesh, pipeline)
     ranks, inner = mesh.shape[axis], sub_mesh(mesh, axis)
     batch = batch_size(gm)
+    if not is_training(gm):
+        _check_forward_only(pipeline, ranks)
     check_request(pipeline, ranks, find_units(gm).count, batch)
     stager = _Stager(mesh, axis, inner, memory_budget, plan_stage, cache={}, splits={},
                      pins=_stage_pins(gm, mesh, axis, constraints or {}))
@@ -151,6 +154,19 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
                             f"that splits into micro-batches for {ranks} pipeline ranks",
                             got=f"batch {batch}", fix="use a larger batch, or fewer ranks")
     return _with_accumulation_warning(_refined(best, stager), mixes)
+
+
+def _check_forward_only(pipeline: Pipeline, ranks: int) -> None:
+    """`PipelineError` unless `pipeline` can run a forward-only plan's batch whole, as one
+    micro-batch (a KV cache is the whole batch's; `_search`)."""
+    runs_one = [s.name for s in pipeline.schedules() if s.check_microbatches(1, ranks) is None]
+    if pipeline.microbatches not in (None, 1) or not runs_one:
+        raise PipelineError("a forward-only pipeline runs its batch whole, as one micro-batch",
+                            expected="microbatches=None or 1, and a schedule that runs one "
+                                     "(GPipe)",
+                            got=f"microbatches={pipeline.microbatches}, "
+                                f"schedule={pipeline.schedule}",
+                            fix="Pipeline(axis=...) with the other options left out")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,9 +229,11 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
     none fits), the last `InfeasiblePlanError` (None if none), and what mixes samples per
     accumulated count."""
     ranks = stager.ranks
-    # Fewer micro-batches than ranks leave most of every rank idle: not worth a solve.
-    allowed = [pipeline.microbatches] if pipeline.microbatches else [
-        m for m in divisors(batch or 1) if ranks <= m <= MAX_MICROBATCHES]
+    # Fewer micro-batches than ranks leave most of every rank idle: not worth a solve. A
+    # forward-only plan runs its batch whole (its cache, if any, is the whole batch's).
+    allowed = [1] if not is_training(gm) else [pipeline.microbatches] \
+        if pipeline.microbatches else [m for m in divisors(batch or 1)
+                                       if ranks <= m <= MAX_MICROBATCHES]
     counts = [m for m in allowed if m <= MAX_MICROBATCHES_PER_RANK * ranks] or allowed[:1]
     first, tried = tuple(counts), []
     best: _Chosen | None = None

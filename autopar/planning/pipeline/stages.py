@@ -12,6 +12,8 @@ import torch.fx as fx
 from autopar.costs import formulas
 from autopar.costs.schedule import bubble, in_flight, rank_of, step_time
 from autopar.errors import InfeasiblePlanError
+from autopar.passes.capturing.capture import is_training
+from autopar.passes.capturing.gradient_path import gradient_path, tensor_outputs
 from autopar.passes.layout.split_stages import Stage
 from autopar.values.mesh import Mesh
 from autopar.values.pipeline import Schedule
@@ -240,7 +242,8 @@ def costed(stages: tuple[Stage, ...], blocks: tuple[str, ...], stage_plans: list
            memory_budget: float | None) -> Plan:
     """One plan of the whole mesh from its stages' plans, costed by the schedule (module
     docstring): each stage's boundary sends added (`_with_sends`), the shared weights'
-    gradient all-reduce and the loss's broadcast over the pipeline axis."""
+    gradient all-reduce and the broadcast of what the last stage returns (`_returned`) over
+    the pipeline axis."""
     virtual = len(stages) // ranks
     link = mesh.axis_links[axis]
     axis_name = mesh.axis_names[axis]
@@ -249,7 +252,9 @@ def costed(stages: tuple[Stage, ...], blocks: tuple[str, ...], stage_plans: list
     for stage, stage_plan in zip(stages, stage_plans):
         held, _ = _stage_budget(stage, schedule, microbatches, ranks, len(stages), None)
         plan = _with_sends(stage_plan, stage, microbatches, axis_name, link)
-        for name, placements in _shared_placements(plan, stage).items():
+        # A weight two stages hold (tied) sums its gradients over them: none in a forward.
+        shares = _shared_placements(plan, stage) if is_training(stage.module) else {}
+        for name, placements in shares.items():
             pinned.setdefault(name, placements)
             spec = _state_node(stage.module, name).meta[TENSOR]
             shared_bytes[name] = formulas.local_bytes(spec.nbytes, parse_placements(pinned[name]),
@@ -264,8 +269,9 @@ def costed(stages: tuple[Stage, ...], blocks: tuple[str, ...], stage_plans: list
         "all_reduce", axis_name, float(nbytes), True, name,
         float(formulas.collective_time("all_reduce", nbytes, ranks, link)))
         for name, nbytes in sorted(shared_bytes.items()))
-    transfers += (TransferRecord("broadcast", axis_name, float(LOSS_BYTES), False, "loss",
-                                 float(formulas.collective_time("broadcast", LOSS_BYTES, ranks,
+    name, nbytes = _returned(stages[-1].module)
+    transfers += (TransferRecord("broadcast", axis_name, float(nbytes), False, name,
+                                 float(formulas.collective_time("broadcast", nbytes, ranks,
                                                                 link))),)
     times = [r.time_s for r in records]
     total = (step_time(times, microbatches, ranks, schedule) + max(r.once_s for r in records)
@@ -275,6 +281,16 @@ def costed(stages: tuple[Stage, ...], blocks: tuple[str, ...], stage_plans: list
                             total, bubble(times, microbatches, ranks, schedule), inner,
                             transfers)
     return _combined(plans, record, mesh, axis, max(per_rank), memory_budget)
+
+
+def _returned(last: fx.GraphModule) -> tuple[str, int]:
+    """What the last stage broadcasts to the other pipeline ranks, and its bytes: the loss
+    (one float32 scalar) of a training step; a forward-only graph's outputs, whole."""
+    if is_training(last):
+        return "loss", LOSS_BYTES
+    output = next(n for n in last.graph.nodes if n.op == "output")
+    return "outputs", sum(spec.nbytes for value in output.all_input_nodes
+                          for spec in tensor_outputs(value))
 
 
 def holds(module: fx.GraphModule, name: str) -> bool:
@@ -304,9 +320,9 @@ def _sent_placements(plan: Plan, stage: Stage) -> dict[str, str]:
 
 def _with_sends(plan: Plan, stage: Stage, microbatches: int, axis: str, link) -> Plan:
     """`plan` with the stage's boundary sends over the pipeline axis: its outputs forward
-    (on the output node) and the gradients of the floating inputs it received backward (on
-    those inputs), once per micro-batch, each rank its piece of the tensor to its
-    counterpart, at `B / beta + alpha` each (`formulas.send_time`)."""
+    (on the output node) and, in a training step, the gradients of the floating inputs it
+    received backward (on those inputs), once per micro-batch, each rank its piece of the
+    tensor to its counterpart, at `B / beta + alpha` each (`formulas.send_time`)."""
     module = stage.module
     by_name = {n.name: n for n in module.graph.nodes}
     shape = plan.mesh.shape
@@ -322,6 +338,7 @@ def _with_sends(plan: Plan, stage: Stage, microbatches: int, axis: str, link) ->
             for name, nbytes in pieces)
 
     placed = _sent_placements(plan, stage)
+    gradients = gradient_path(module)
     nodes = []
     for node in plan.nodes:
         added: tuple[TransferRecord, ...] = ()
@@ -330,7 +347,7 @@ def _with_sends(plan: Plan, stage: Stage, microbatches: int, axis: str, link) ->
             added = sends([(name, _sent_spec(module, name), placed[name])
                            for name in stage.sends], False)
         elif graph_node is not None and graph_node.op == "placeholder" and \
-                graph_node.meta.get(BOUNDARY) and graph_node.meta[TENSOR].dtype.is_floating_point:
+                graph_node.meta.get(BOUNDARY) and gradients.get(graph_node.name):
             added = sends([(node.name, graph_node.meta[TENSOR], node.output)], True)
         if added:
             node = dataclasses.replace(node, transfers=node.transfers + added,

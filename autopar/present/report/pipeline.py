@@ -1,7 +1,7 @@
 """The pipeline of a pipelined plan: a timeline of every stage's forward and backward (a
-zero-bubble schedule's input and weight gradients apart) per micro-batch on each pipeline
-rank (`autopar.costs.schedule.timeline`, from the cost model), and
-the stages' table. Empty for a plan without a pipeline."""
+zero-bubble schedule's input and weight gradients apart; a forward-only plan's forwards
+alone) per micro-batch on each pipeline rank (`autopar.costs.schedule.timeline`, from the
+cost model), and the stages' table. Empty for a plan without a pipeline."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _timeline_svg(plan: Plan) -> str:
     record = plan.pipeline
     assert record is not None
     slots = timeline([s.time_s for s in record.stages], record.microbatches, record.ranks,
-                     SCHEDULES[record.schedule])
+                     SCHEDULES[record.schedule], training=plan.training)
     end = max(slot.end for slot in slots)
     to_x = lambda t: LABEL_W + WIDTH * t / end  # noqa: E731 - a scale
     height = TOP + record.ranks * ROW_H + 20
@@ -66,8 +66,9 @@ def pipeline_section(plan: Plan) -> str:
     if record is None:
         return ""
     splits = SCHEDULES[record.schedule].splits_backward
+    kinds = KINDS if plan.training else {"F": KINDS["F"]}  # a forward has no backward lanes
     legend = "".join(swatch(colour, "input gradient" if kind == "B" and splits else name)
-                     for kind, (colour, name) in KINDS.items() if kind != "W" or splits)
+                     for kind, (colour, name) in kinds.items() if kind != "W" or splits)
     return (f'<section id="pipeline"><h2>Pipeline <span class="dim">over {esc(record.axis)}: '
             f'{esc(record.schedule)}, {record.microbatches} micro-batches, '
             f'{len(record.stages)} stages, predicted bubble {record.bubble:.1%} · each box is '

@@ -1,0 +1,140 @@
+"""Plan Llama-shaped models as they serve, on the meta device, and print what the plan
+predicts next to the hand strategies under the same cost model: time per output token (the
+decode program's latency), memory per device, the KV cache's bytes per device and the
+tokens it holds, and how long planning took.
+
+    python benchmarks/serving.py                  # 70B on 8 H100s, 405B on 2 x 8
+    python benchmarks/serving.py --case 405b-2x8  # one case
+    python benchmarks/serving.py --quick          # a 2-layer Llama of width 256, 5 s solves
+
+Each model is `autopar.CachedLM(lm, batch, max_len=context)` in bfloat16, planned with
+`training=False` at defaults (`hand_strategies=True`) for decoding one token per sequence;
+its rule-of-thumb strategy is Megatron tensor parallelism over one node ("Megatron tensor
+parallel"), and over several nodes tensor parallel within and pipeline across ("Megatron
+3D": vLLM's guide, tensor parallel = GPUs per node, pipeline parallel = nodes). A mesh
+whose outer axis is named "pp" lets the planner pipeline over it too. For a plan without a
+pipeline, the prefill of a `--prompt`-token prompt is planned with the decode plan's
+placements pinned (as `autopar.compile_prefill` does): its latency is the predicted time
+to first token.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from case_options import case_parser, parse_cases  # noqa: E402
+
+import autopar  # noqa: E402
+
+# The hand strategies a serving plan is compared with: the rule of thumb's.
+RULES_OF_THUMB = ("Megatron tensor parallel", "Megatron 3D")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    batch: int
+    context: int
+    mesh: tuple[int, ...]
+    axes: tuple[str, ...]
+    prompt: int = 1024
+
+
+CASES = {
+    "70b-8": Case("Llama-3-70B shape", 80, 8192, 64, 8, 28672, 128256, 32, 8192,
+                  (8,), ("tp",)),
+    "405b-2x8": Case("Llama-3-405B shape", 126, 16384, 128, 8, 53248, 128256, 16, 8192,
+                     (2, 8), ("pp", "tp")),
+    "tiny": Case("tiny Llama shape", 2, 256, 4, 2, 512, 1024, 4, 256, (2, 2), ("pp", "tp"),
+                 prompt=64),
+}
+QUICK_CASES, QUICK_TIME_LIMIT = ("tiny",), 5.0
+
+
+def build(case: Case) -> nn.Module:
+    """The case's causal LM with a static cache of `batch` x `context` tokens, on meta."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=case.vocab, hidden_size=case.hidden,
+                         intermediate_size=case.ffn, num_hidden_layers=case.layers,
+                         num_attention_heads=case.heads, num_key_value_heads=case.kv_heads,
+                         max_position_embeddings=case.context, attn_implementation="sdpa",
+                         torch_dtype=torch.bfloat16)
+    with torch.device("meta"):
+        lm = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+        return autopar.CachedLM(lm, batch=case.batch, max_len=case.context)
+
+
+def report(case: Case, time_limit: float) -> None:
+    served = build(case)
+    params = sum(p.numel() for p in served.parameters())
+    mesh = autopar.Mesh(case.mesh, case.axes, hardware="h100-sxm")
+    ids = torch.zeros(case.batch, 1, dtype=torch.long, device="meta")
+    start = time.monotonic()
+    plan = autopar.plan(served, mesh, (ids, torch.zeros(1, dtype=torch.long, device="meta")),
+                        training=False, hand_strategies=True, time_limit=time_limit)
+    took = time.monotonic() - start
+    gib = 2 ** 30
+    print(f"## {case.name}: {params / 1e9:.1f} B parameters, batch {case.batch}, context "
+          f"{case.context}, mesh {mesh.describe()}")
+    print(f"planned in {took:.1f} s; solver {plan.solver.status}, gap {plan.solver.gap:.2%}")
+    layout = "no pipeline" if plan.pipeline is None else (
+        f"pipeline over {plan.pipeline.axis}: {len(plan.pipeline.stages)} stages")
+    print(f"predicted {plan.step_time_s * 1e3:.1f} ms per output token "
+          f"({case.batch / plan.step_time_s:.0f} tokens/s), {layout}")
+    print(f"peak memory {plan.peak_memory_bytes / gib:.1f} of "
+          f"{plan.memory_limit_bytes / gib:.1f} GiB; KV cache "
+          f"{plan.kv_cache_bytes / gib:.2f} GiB per device, {plan.kv_cache_tokens} tokens")
+    if plan.pipeline is None:
+        _time_to_first_token(served, mesh, plan, case, time_limit)
+    print(f"{'strategy':<28} {'ms/token':>9} {'peak GiB':>9} {'fits':>5} {'plan/it':>8}")
+    for record in plan.hand_strategies:
+        if record.step_time_s is None:
+            print(f"{record.name:<28} {'-':>9} {'-':>9} {'-':>5} {'-':>8}  {record.note}")
+            continue
+        mark = " (rule of thumb)" if record.name in RULES_OF_THUMB else ""
+        print(f"{record.name:<28} {record.step_time_s * 1e3:9.1f} "
+              f"{record.peak_memory_bytes / gib:9.1f} {'yes' if record.fits else 'no':>5} "
+              f"{plan.step_time_s / record.step_time_s:8.3f}{mark}")
+    print()
+
+
+def _time_to_first_token(served: nn.Module, mesh: autopar.Mesh, decode: autopar.Plan,
+                         case: Case, time_limit: float) -> None:
+    """The prefill of a `case.prompt`-token prompt, planned with the decode plan's weights
+    and cache pinned where it placed them: its latency is the time to first token."""
+    pinned = {node.name: node.output for node in decode.nodes
+              if node.role in ("parameter", "buffer")}
+    ids = torch.zeros(case.batch, case.prompt, dtype=torch.long, device="meta")
+    start = time.monotonic()
+    prefill = autopar.plan(served, mesh, (ids, torch.arange(case.prompt, device="meta")),
+                           training=False, constraints=pinned, time_limit=time_limit)
+    print(f"predicted time to first token ({case.prompt}-token prompts) "
+          f"{prefill.step_time_s * 1e3:.0f} ms, peak {prefill.peak_memory_bytes / 2**30:.1f} "
+          f"GiB (planned in {time.monotonic() - start:.1f} s)")
+
+
+def main() -> None:
+    args = parse_cases(case_parser(__doc__.splitlines()[0], CASES, 30.0,
+                                   (QUICK_CASES, QUICK_TIME_LIMIT)))
+    for name in args.case or ("70b-8", "405b-2x8"):
+        report(CASES[name], args.time_limit)
+
+
+if __name__ == "__main__":
+    main()
