@@ -23,7 +23,14 @@ from autopar.errors import (
     PlanningError,
 )
 from autopar.passes.capturing.annotate import annotate
-from autopar.passes.capturing.capture import CALL_SPEC, CONSTANTS, LOSS, MUTATED, capture
+from autopar.passes.capturing.capture import (
+    CALL_SPEC,
+    CONSTANTS,
+    LOSS,
+    MUTATED,
+    capture,
+    leave_outputs_sharded,
+)
 from autopar.passes.layout.split_microbatches import (
     batch_size,
     loss_weights,
@@ -35,6 +42,7 @@ from autopar.passes.strategies.find_strategies import is_decision
 from autopar.planning.deadline import Deadline
 from autopar.planning.entry import (
     TIME_LIMIT,
+    check_outputs,
     check_time_limit,
     check_training,
     graph_digest,
@@ -57,7 +65,7 @@ from autopar.values.specs import NAMES, ROLE, TENSOR, TensorSpec
 
 
 def check_plan(plan: Plan, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh,
-               training: bool = True) -> None:
+               training: bool = True, outputs: str = "whole") -> None:
     """Raise the error naming the first thing `plan` was not made for: training or
     inference (`PlanFormatError`), the mesh (`MeshError`), the example inputs' shapes and
     dtypes (`InputMismatchError`), or the model captured as `gm` (`PlanFormatError`: a node
@@ -71,6 +79,11 @@ def check_plan(plan: Plan, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh
                               got=f"a plan made with training={plan.training}",
                               fix=f"plan again with training={training}, or compile with "
                                   f"training={plan.training}")
+    if plan.outputs != outputs:
+        raise PlanFormatError(f"the plan returns its outputs {plan.outputs}, not {outputs}",
+                              expected=f"a plan made with outputs={outputs!r}",
+                              got=f"a plan made with outputs={plan.outputs!r}",
+                              fix=f"compile with outputs={plan.outputs!r}, or plan again")
     if plan.mesh.shape != mesh.shape or plan.mesh.axis_names != mesh.axis_names:
         raise MeshError("the plan was made for another mesh",
                         expected=f"a plan for mesh {mesh.describe()}",
@@ -157,7 +170,7 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
             seed: int = 0, optimizer: object = None,
             master_weights: torch.dtype | None = None, microbatches: int | str = "auto",
             pipeline: Pipeline | str | bool = "auto", training: bool = True,
-            hardware: str | None = None, replan: bool = True,
+            outputs: str = "whole", hardware: str | None = None, replan: bool = True,
             progress: Callable[[str], None] | None = None) -> ParallelModule | CompileOnCall:
     """This rank's `ParallelModule` of `model` split over `mesh` (see docs/DESIGN.md's API).
 
@@ -183,8 +196,8 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
     rank's stages under torch's schedule (`autopar.runtime.pipeline`); a forced pipeline
     of a model whose ops mix samples trains it by gradient accumulation over the
     micro-batches (`passes/split_microbatches`'s ACCUMULATED, which the plan's warnings state).
-    `training=False` compiles the model as it serves (`autopar.plan`'s): each call runs the
-    forward alone, without autograd, and returns its outputs whole on every rank.
+    `training=False` (and `outputs`) compile the model as it serves (`autopar.plan`'s): a
+    call runs the forward alone, without autograd ("sharded" outputs come back DTensors).
 
     Raises `ProcessGroupError` (no process group, or a world size that is not the mesh's),
     `MeshError`/`PlanFormatError` for a plan of another mesh or model, and the planning
@@ -198,13 +211,13 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
         options = dict(plan=plan, memory_budget=memory_budget, time_limit=time_limit,
                        seed=seed, optimizer=optimizer, master_weights=master_weights,
                        microbatches=microbatches, pipeline=pipeline, training=training,
-                       progress=progress)
+                       outputs=outputs, progress=progress)
         return _on_first_call(model, mesh, device, constraints, options,
                               replan=replan and plan is None)
     deadline = Deadline(check_time_limit(time_limit))  # capture included
-    gm = _captured(model, example_inputs, training)
+    gm = _captured(model, example_inputs, training, outputs)
     if plan is not None:
-        check_plan(plan, gm, tuple(example_inputs), mesh, training)
+        check_plan(plan, gm, tuple(example_inputs), mesh, training, outputs)
     chosen = _agreed(lambda: plan or plan_model(
         model, gm, tuple(example_inputs), mesh, microbatches=microbatches,
         model_name=type(model).__name__, memory_budget=memory_budget,
@@ -213,14 +226,18 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
     return assemble(model, gm, chosen, device, tuple(example_inputs))
 
 
-def _captured(model: nn.Module, example_inputs: object, training: bool) -> fx.GraphModule:
+def _captured(model: nn.Module, example_inputs: object, training: bool,
+              outputs: str = "whole") -> fx.GraphModule:
     """`model`'s step (or forward, without `training`) captured at `example_inputs` and
-    annotated; `CaptureError` when they are not a tuple."""
+    annotated, its outputs marked as the caller takes them (`check_outputs`);
+    `CaptureError` when they are not a tuple."""
     if not isinstance(example_inputs, tuple):
         raise CaptureError("example_inputs must be the positional arguments of model.forward",
                            expected="a tuple", got=type(example_inputs).__name__,
                            fix="wrap them in a tuple, e.g. (x,)")
-    return annotate(capture(model, tuple(example_inputs), training=check_training(training)))
+    sharded = check_outputs(outputs, check_training(training))
+    gm = annotate(capture(model, tuple(example_inputs), training=training))
+    return leave_outputs_sharded(gm) if sharded else gm
 
 
 def _on_first_call(model: nn.Module, mesh: Mesh, device: DeviceMesh | None,

@@ -17,7 +17,12 @@ from torch.utils import _pytree as pytree
 from autopar.costs.optimizer_state import optimizer_state
 from autopar.errors import MicrobatchError, PlanningError, ProblemFormatError
 from autopar.passes.capturing.annotate import annotate
-from autopar.passes.capturing.capture import capture, is_training
+from autopar.passes.capturing.capture import (
+    capture,
+    is_training,
+    leave_outputs_sharded,
+    outputs_sharded,
+)
 from autopar.passes.capturing.write_back import written_buffers
 from autopar.planning.deadline import Deadline
 from autopar.planning.graph import NO_RULE, STAGE
@@ -43,7 +48,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
          optimizer: object = None, master_weights: torch.dtype | None = None,
          recompute: bool = True, microbatches: int | str = "auto",
          pipeline: Pipeline | str | bool = "auto", training: bool = True,
-         progress: Callable[[str], None] | None = None) -> Plan:
+         outputs: str = "whole", progress: Callable[[str], None] | None = None) -> Plan:
     """Choose how every op and tensor of `model` is split over `mesh`.
 
     The model and `example_inputs` may live on the meta device. The plan minimises the modelled
@@ -69,32 +74,43 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     stages, micro-batches, schedule; `autopar.planning.pipeline.plan`); "auto" (the default)
     also plans a pipeline over the axis named "pp" when the mesh has one and keeps it when it is
     faster, False never pipelines. `training=False` plans the forward alone, as the model
-    serves (`capture`'s; any outputs, one batch, no pipeline). `progress` receives a message as
-    each pass starts (prefixed `STAGE`) and the solver's progress lines. Each distinct warning
-    is issued once, at the end, and kept in the plan's `warnings`. Raises
+    serves (`capture`'s; one batch, run whole by a pipeline), its `outputs` "whole" on every
+    rank or "sharded" as placed (compiled: DTensors; not pipelined). `progress` receives a
+    message as each pass starts (prefixed `STAGE`) and the solver's progress lines. Each
+    distinct warning is issued once, at the end, and kept in the plan's `warnings`. Raises
     `InfeasiblePlanError` with the least memory any plan needs when nothing fits,
     `OptimizerError` for an optimizer whose state the cost model can't size, and
     `MicrobatchError` for a count of micro-batches the model's step can't be cut into.
     """
     deadline = Deadline(check_time_limit(time_limit))
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
+    sharded = check_outputs(outputs, check_training(training))
     check_hand_strategy_names(hand_strategies, mesh, strategy, microbatches=microbatches,
                               pipeline=pipeline, constraints=constraints)
     say, raised = progress or (lambda message: None), []
     with _warned_once(raised):
-        say(f"{STAGE} capture")
-        gm = capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
-                     training=check_training(training))
-        say(f"{STAGE} annotate")
+        gm = _traced(model, example_inputs, dynamic_shapes, training, sharded, say)
         if dynamic_shapes is not None and microbatches == "auto":
             microbatches = 1  # a symbolic batch has no divisors to try
-        made = plan_model(model, annotate(gm), tuple(example_inputs), mesh,
+        made = plan_model(model, gm, tuple(example_inputs), mesh,
                           microbatches=microbatches, model_name=type(model).__name__,
                           memory_budget=memory_budget, deadline=deadline,
                           constraints=constraints, fold_layers=fold_layers, seed=seed,
                           hand_strategies=hand_strategies, strategy=strategy, optimizer=state,
                           recompute=recompute, pipeline=pipeline, progress=progress)
     return dataclasses.replace(made, warnings=_merge_warnings(made.warnings, raised))
+
+
+def _traced(model: nn.Module, example_inputs: tuple, dynamic_shapes, training: bool,
+            sharded: bool, say: Callable[[str], None]) -> fx.GraphModule:
+    """`model` captured at `example_inputs`, its outputs marked as the caller takes them
+    (`leave_outputs_sharded` where `sharded`), and annotated."""
+    say(f"{STAGE} capture")
+    gm = capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
+                 training=training)
+    gm = leave_outputs_sharded(gm) if sharded else gm
+    say(f"{STAGE} annotate")
+    return annotate(gm)
 
 
 def input_signature(example_inputs: tuple) -> tuple[str, ...]:
@@ -135,6 +151,7 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
                            **options)
     if not training:
         made = dataclasses.replace(made, training=False, optimizer=FORWARD_ONLY,
+                                   outputs="sharded" if outputs_sharded(gm) else "whole",
                                    **_kv_cache(gm, made))
     solver = dataclasses.replace(
         made.solver, planning_s=deadline.spent(), time_limit_s=deadline.seconds,
@@ -174,6 +191,18 @@ def check_training(training: object) -> bool:
                             expected="a bool", got=repr(training),
                             fix="pass training=False for inference, or leave the default")
     return training
+
+
+def check_outputs(outputs: object, training: bool) -> bool:
+    """Whether the plan may leave the outputs split ("sharded"); `PlanningError` unless
+    `outputs` is "whole" or, for a forward-only plan, "sharded"."""
+    if outputs == "whole" or (outputs == "sharded" and not training):
+        return outputs == "sharded"
+    raise PlanningError("outputs must be 'whole', or 'sharded' for a forward-only plan",
+                        expected="'whole' or, with training=False, 'sharded'",
+                        got=f"outputs={outputs!r}, training={training!r}",
+                        fix="outputs='sharded' with training=False (a training step returns "
+                            "its loss whole), or leave the default")
 
 
 def _forward_only_layout(microbatches: int | str, pipeline: Pipeline | str | bool

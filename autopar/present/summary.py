@@ -157,6 +157,8 @@ def _totals_table(plan: Plan) -> Table:
         *((("KV cache", f"{_size(plan.kv_cache_bytes)} per device, "
                         f"{plan.kv_cache_tokens:,} tokens in all"),)
           if plan.kv_cache_bytes else ()),
+        *((("outputs", "whole on every device" if plan.outputs == "whole" else
+            "left split as placed (DTensors)"),) if not training else ()),
         ("context parallel", describe_context_parallel(plan)),
         ("parameter storage", _storage(plan)),
         ("optimizer", plan.optimizer),

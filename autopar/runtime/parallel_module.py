@@ -28,6 +28,7 @@ from contextlib import nullcontext
 import torch
 from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.utils import _pytree as pytree
 
 from autopar.errors import InputMismatchError
@@ -38,7 +39,7 @@ from autopar.runtime.program import RankProgram, StateSlot
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.shards import gather_full, local_piece
 from autopar.values.microbatch import BatchSplit, micro_inputs
-from autopar.values.placement import format_placements
+from autopar.values.placement import format_placements, parse_placements, shard_count
 from autopar.values.plan import Plan
 from autopar.values.specs import TensorSpec
 
@@ -268,8 +269,11 @@ class ParallelModule(nn.Module):
             pytree.tree_unflatten(leaves, self._out_spec)
 
     def _run(self, flat: list):
-        """The program on flat user inputs, outputs as the model returns them."""
+        """The program on flat user inputs, outputs as the model returns them (DTensors,
+        for a plan that leaves them split: `_as_dtensors`)."""
         outputs = self._run_flat(flat)
+        if self.plan.outputs == "sharded" and self.device_mesh is not None:
+            outputs = self._as_dtensors(outputs)
         if self._out_spec.is_leaf():
             return outputs[0]
         return pytree.tree_unflatten(outputs, self._out_spec)
@@ -292,6 +296,24 @@ class ParallelModule(nn.Module):
                 owner, leaf = owner_of(self, name)
                 owner._buffers[leaf] = piece
         return list(outputs[len(self._mutated):])
+
+    def _as_dtensors(self, outputs: list) -> list:
+        """Each tensor output as the DTensor its piece is of, placed as the plan's output
+        node reads it (the plan splits evenly: the whole shape is the piece's times its
+        pieces)."""
+        output = next(n for n in self.plan.nodes if n.role == "output")
+        placed = iter(output.inputs[len(self._mutated):])
+        wrapped = []
+        for value in outputs:
+            if isinstance(value, torch.Tensor):
+                placements = parse_placements(next(placed))
+                shape = tuple(size * shard_count(placements, self.plan.mesh.shape, dim)
+                              for dim, size in enumerate(value.shape))
+                value = DTensor.from_local(value, self.device_mesh, placements, run_check=False,
+                                           shape=torch.Size(shape),
+                                           stride=torch.empty(shape, device="meta").stride())
+            wrapped.append(value)
+        return wrapped
 
     def _gather(self, piece: torch.Tensor, slot: StateSlot) -> torch.Tensor:
         mesh = self._context.mesh if self._context is not None else None

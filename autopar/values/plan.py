@@ -24,8 +24,9 @@ from autopar.values.mesh import Mesh
 # whole_gradient per node, calls per transfer; 4: the example inputs and graph planned for;
 # 5: pipelines (stage per node, the pipeline's stages and schedule); 6: optimizer_s per
 # node (older plans read as 0: their step times left the optimizer out); 7: training
-# (False: a forward-only plan; older plans read as training ones) and its KV cache.
-FORMAT_VERSION = 7
+# (False: a forward-only plan; older plans read as training ones) and its KV cache; 8:
+# outputs ("sharded": a forward-only plan's outputs as its placements leave them).
+FORMAT_VERSION = 8
 # The hand strategy record of the same step on one device: the scaling reference.
 SINGLE_DEVICE = "single device"
 
@@ -192,7 +193,8 @@ class Plan:
     `training=False` (`training`) is of the forward alone: its step is one forward, its
     memory the weights and one forward's live tensors, and its FLOPs the forward's; with a
     KV cache (buffers the forward writes in place), `kv_cache_bytes` per device and the
-    `kv_cache_tokens` it holds (sequences x positions).
+    `kv_cache_tokens` it holds (sequences x positions). Its `outputs` are "whole" on every
+    rank, or "sharded": left as the output node's input placements say.
 
     A pipelined plan (`pipeline` set) holds every stage's nodes, each with its `stage`, and
     their placements on the whole mesh: replicated on the pipeline axis, which places
@@ -217,6 +219,7 @@ class Plan:
     training: bool = True
     kv_cache_bytes: float = 0.0
     kv_cache_tokens: int = 0
+    outputs: str = "whole"
     version: int = FORMAT_VERSION
 
     @property
@@ -358,7 +361,8 @@ class Plan:
                        pipeline=_pipeline_from_dict(data.get("pipeline")),
                        **{key: data[key] for key in ("optimizer", "model_flops",
                                                      "microbatches", "training",
-                                                     "kv_cache_bytes", "kv_cache_tokens")
+                                                     "kv_cache_bytes", "kv_cache_tokens",
+                                                     "outputs")
                           if key in data},
                        version=version)
         except (KeyError, TypeError, ValueError) as exc:

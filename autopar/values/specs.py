@@ -20,6 +20,8 @@ read them. Meta keys (all prefixed `autopar_`):
   decompose into their parts (a CPU), forward and backward; absent where it was not traced.
 - `autopar_boundary` (split_stages): on the inputs of a pipeline stage's graph that the
   previous stage sends (role "input"; floating-point ones carry a gradient back).
+- `autopar_sharded_outputs` (`capture.leave_outputs_sharded`): on the output node of a
+  forward-only graph whose caller takes its outputs as the plan leaves them, split or not.
 
 Graph meta (`gm.meta`):
 
@@ -46,6 +48,7 @@ FLOPS = "autopar_flops"
 BYTES = "autopar_bytes"
 KERNELS = "autopar_kernels"
 BOUNDARY = "autopar_boundary"
+SHARDED_OUTPUTS = "autopar_sharded_outputs"
 FOLD = "autopar_fold"
 
 # A module path inside a block of a ModuleList: `<list>.<index>` then the rest, if any.

@@ -59,7 +59,7 @@ from autopar.errors import CaptureError, LossError
 from autopar.passes.capturing.repeat_blocks import capture_repeated
 from autopar.passes.capturing.write_back import write_back
 from autopar.rules import DECOMPOSITIONS
-from autopar.values.specs import FROZEN, MODULE, NAMES, ROLE
+from autopar.values.specs import FROZEN, MODULE, NAMES, ROLE, SHARDED_OUTPUTS
 
 CONSTANTS = "autopar_constants"
 CALL_SPEC = "autopar_call_spec"
@@ -114,6 +114,19 @@ def _serving_trace(model: nn.Module, example_inputs: tuple,
 def is_training(gm: fx.GraphModule) -> bool:
     """Whether `gm` was captured for training (`capture`'s `training`)."""
     return gm.meta.get(TRAINING, True)
+
+
+def leave_outputs_sharded(gm: fx.GraphModule) -> fx.GraphModule:
+    """Mark `gm`'s outputs as the caller takes them: split as the plan leaves them, not
+    gathered whole (`SHARDED_OUTPUTS` on the output node, which copies of it keep)."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    output.meta[SHARDED_OUTPUTS] = True
+    return gm
+
+
+def outputs_sharded(gm: fx.GraphModule) -> bool:
+    """Whether `gm`'s outputs may stay split (`leave_outputs_sharded`)."""
+    return any(n.op == "output" and n.meta.get(SHARDED_OUTPUTS) for n in gm.graph.nodes)
 
 
 @contextmanager

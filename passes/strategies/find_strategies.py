@@ -13,7 +13,8 @@ and constants may be stored replicated or sharded along any dim on each axis
 (ZeRO-3/FSDP-style storage), and a sharded parameter may instead be kept gathered over
 some of its split axes from its use to its backward (ZeRO-2); user inputs arrive whole on
 every rank, so they are replicated. A pipeline stage's boundary tensors
-(`autopar_boundary`: the inputs it receives, the outputs it sends) travel as each rank's
+(`autopar_boundary`: the inputs it receives, the outputs it sends), and the outputs of a
+graph whose caller takes them split (`autopar_sharded_outputs`), travel as each rank's
 piece, so they may be split as stored tensors are (the output node then has one strategy
 per combination of its tensors' placements, up to `MAX_BOUNDARY_STRATEGIES`, the smallest
 tensors replicated beyond it); the pipeline planner pins a receiving stage to what the
@@ -39,7 +40,7 @@ from autopar.rules.base import AxisStrategy, OpSpec
 from autopar.values.graph_module import argument_nodes
 from autopar.values.mesh import Mesh
 from autopar.values.placement import Placements, Replicate, Shard, format_placements, shard_count
-from autopar.values.specs import BOUNDARY, ROLE, TENSOR, TensorSpec
+from autopar.values.specs import BOUNDARY, ROLE, SHARDED_OUTPUTS, TENSOR, TensorSpec
 
 STORED_ROLES = ("parameter", "buffer", "constant")
 # The most strategies a stage's sending output node gets (the product of its tensors'
@@ -166,8 +167,9 @@ def _stored_strategies(spec: TensorSpec, mesh: Mesh, *, parameter: bool) -> tupl
 
 def _output_strategies(inputs: tuple[tuple[str, TensorSpec], ...], mesh: Mesh, *,
                        boundary: bool) -> tuple[Strategy, ...]:
-    """The output node's strategies: its tensors replicated (the model's outputs), or for a
-    stage's boundary every combination of their stored placements (module docstring), the
+    """The output node's strategies: its tensors replicated (the model's outputs, whole on
+    every rank), or where they travel as pieces (`boundary`: a stage's sends, outputs the
+    caller takes split) every combination of their stored placements (module docstring), the
     largest tensors first while the combinations stay within `MAX_BOUNDARY_STRATEGIES`, the
     others replicated: a transformer's stage sends its hidden state beside position ids
     and rotary tables, whose bytes are a sliver of it, and whose choices multiplied would
@@ -220,8 +222,8 @@ def find_strategies(gm: fx.GraphModule, mesh: Mesh) -> StrategyTable:
             continue
         inputs[node.name] = tensor_inputs(node)
         if node.op == "output":
-            strategies[node.name] = _output_strategies(inputs[node.name], mesh,
-                                                       boundary=bool(node.meta.get(BOUNDARY)))
+            split = bool(node.meta.get(BOUNDARY) or node.meta.get(SHARDED_OUTPUTS))
+            strategies[node.name] = _output_strategies(inputs[node.name], mesh, boundary=split)
         elif node.op == "placeholder":
             spec = node.meta[TENSOR]
             role = node.meta.get(ROLE)

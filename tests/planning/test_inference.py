@@ -5,6 +5,7 @@ The equivalence of their programs on gloo is `tests/runtime/test_inference_equiv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -93,6 +94,8 @@ def test_a_forward_only_plan_survives_its_json():
     ({"training": "no"}, PlanningError),
     ({"training": False, "pipeline": autopar.Pipeline(schedule="1F1B")}, PipelineError),
     ({"training": False, "microbatches": 4}, MicrobatchError),
+    ({"outputs": "sharded"}, PlanningError),  # a training step returns its loss whole
+    ({"training": False, "outputs": "split"}, PlanningError),
 ])
 def test_bad_inference_options_are_refused_before_solving(options, error):
     with pytest.raises(error) as raised:
@@ -140,6 +143,27 @@ def test_a_forward_only_pipeline_of_several_micro_batches_is_refused(pipeline):
     assert "fix" in str(raised.value)
 
 
+def test_outputs_left_sharded_are_planned_split_and_stated():
+    mesh = autopar.Mesh((2,), ("tp",), hardware="cpu")
+    whole = autopar.plan(Stack(), mesh, _inputs(), training=False, time_limit=5.0)
+    sharded = autopar.plan(Stack(), mesh, _inputs(), training=False, outputs="sharded",
+                           time_limit=5.0)
+    assert (whole.outputs, sharded.outputs) == ("whole", "sharded")
+    placed = next(n for n in sharded.nodes if n.role == "output").inputs
+    assert next(n for n in whole.nodes if n.role == "output").inputs == ("R",)
+    # Left as the data-parallel batch split: nothing moves at all.
+    assert placed == ("S(0)",) and sharded.comm_bytes() == {}
+    assert sharded.step_time_s <= whole.step_time_s
+    assert autopar.Plan.from_dict(json.loads(json.dumps(sharded.to_dict()))) == sharded
+    with pytest.raises(PlanFormatError, match="returns its outputs sharded"):
+        autopar.compile(Stack(), autopar.Mesh((1,), ("x",), hardware="cpu"), _inputs(),
+                        plan=dataclasses.replace(sharded, mesh=autopar.Mesh(
+                            (1,), ("x",), hardware="cpu")), training=False)
+    with pytest.raises(PipelineError, match="returns its outputs whole"):
+        autopar.plan(Stack(), autopar.Mesh((2,), ("pp",), hardware="cpu"), _inputs(),
+                     training=False, outputs="sharded", pipeline=autopar.Pipeline())
+
+
 def test_a_model_without_a_loss_is_pointed_to_inference():
     with pytest.raises(LossError, match="training=False"):
         autopar.plan(Classifier(), MESH, _inputs())
@@ -168,6 +192,12 @@ def test_the_command_plans_for_inference(tmp_path):
     assert "predicted latency" in result.output and "one forward, inference" in result.output
     assert "recomputed in the backward" not in result.output
     assert json.loads(out.read_text())["training"] is False
+    assert json.loads(out.read_text())["outputs"] == "whole"
+    result = CliRunner().invoke(main, [
+        "plan", str(ROOT / "examples" / "mlp.py"), "--mesh", "2", "--hardware", "a100-sxm",
+        "--inference", "--sharded-outputs", "--no-hand-strategies", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["outputs"] == "sharded"
 
 
 def test_the_report_draws_a_forward_only_plan_without_backward(tmp_path):

@@ -20,6 +20,7 @@ import hf_models
 import inference_models
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
 import autopar
 from autopar.runtime.launch import launch
@@ -124,3 +125,46 @@ def test_measured_bytes_equal_the_plan_exactly(outcomes):
     for rank, served in enumerate(results):
         for name, one in zip(NAMES, served):
             assert one.measured == one.predicted, (rank, name)
+
+
+@dataclass(frozen=True)
+class ShardedServed:
+    """One rank's Llama compiled with `outputs="sharded"`: whether it returned a DTensor,
+    its placements, the whole's largest difference from the plain model's, the bytes
+    measured and predicted, and the bytes the same model's whole-output plan predicts."""
+
+    is_dtensor: bool
+    placements: str
+    error: float
+    measured: dict
+    predicted: dict
+    whole_plan_bytes: float
+
+
+def serve_sharded(rank: int, budget: float) -> ShardedServed:
+    mesh = autopar.Mesh((2,), ("tp",), hardware="cpu")
+    model, inputs = inference_models.build("llama")
+    pm = autopar.compile(model, mesh, inputs, training=False, outputs="sharded",
+                         memory_budget=budget, time_limit=3.0)
+    out = pm(*inputs)
+    whole = autopar.plan(model, mesh, inputs, training=False, memory_budget=budget,
+                         time_limit=3.0)
+    model.eval()
+    with torch.no_grad():
+        expected = model(*inputs)
+    is_dtensor = isinstance(out, DTensor)
+    full = out.full_tensor() if is_dtensor else out
+    return ShardedServed(is_dtensor, str(getattr(out, "placements", "")),
+                         float((full - expected).abs().max()), dict(pm.counter.totals()),
+                         pm.plan.comm_bytes(), sum(whole.comm_bytes().values()))
+
+
+def test_outputs_left_sharded_come_back_as_dtensors_of_the_same_values():
+    budget = budgets()["llama"]
+    for rank, one in enumerate(launch(serve_sharded, 2, budget, timeout=600.0)):
+        assert one.is_dtensor and "Shard" in one.placements, (rank, one.placements)
+        assert one.error <= TOLERANCE, (rank, one.error)
+        assert one.measured == one.predicted, rank
+        # Nothing gathers the logits whole: fewer bytes than the plan that returns them so.
+        assert sum(one.predicted.values()) < one.whole_plan_bytes, rank
+

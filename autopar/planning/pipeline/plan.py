@@ -56,7 +56,7 @@ import torch.fx as fx
 
 from autopar.costs.schedule import in_flight, rank_of, step_time
 from autopar.errors import InfeasiblePlanError, PipelineError, ShardingError
-from autopar.passes.capturing.capture import is_training
+from autopar.passes.capturing.capture import is_training, outputs_sharded
 from autopar.passes.layout.split_microbatches import batch_size
 from autopar.passes.layout.split_stages import (
     Stage,
@@ -142,7 +142,7 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
     ranks, inner = mesh.shape[axis], sub_mesh(mesh, axis)
     batch = batch_size(gm)
     if not is_training(gm):
-        _check_forward_only(pipeline, ranks)
+        _check_forward_only(pipeline, ranks, outputs_sharded(gm))
     check_request(pipeline, ranks, find_units(gm).count, batch)
     stager = _Stager(mesh, axis, inner, memory_budget, plan_stage, cache={}, splits={},
                      pins=_stage_pins(gm, mesh, axis, constraints or {}))
@@ -156,9 +156,16 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
     return _with_accumulation_warning(_refined(best, stager), mixes)
 
 
-def _check_forward_only(pipeline: Pipeline, ranks: int) -> None:
+def _check_forward_only(pipeline: Pipeline, ranks: int, sharded: bool) -> None:
     """`PipelineError` unless `pipeline` can run a forward-only plan's batch whole, as one
-    micro-batch (a KV cache is the whole batch's; `_search`)."""
+    micro-batch (a KV cache is the whole batch's; `_search`), and returns the outputs
+    whole (not `sharded`: the last stage broadcasts them whole)."""
+    if sharded:
+        raise PipelineError("a pipelined forward returns its outputs whole",
+                            expected="outputs='whole' with a pipeline",
+                            got="outputs='sharded'",
+                            fix="pipeline=False to take the outputs sharded, or "
+                                "outputs='whole'")
     runs_one = [s.name for s in pipeline.schedules() if s.check_microbatches(1, ranks) is None]
     if pipeline.microbatches not in (None, 1) or not runs_one:
         raise PipelineError("a forward-only pipeline runs its batch whole, as one micro-batch",
