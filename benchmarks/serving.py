@@ -7,15 +7,15 @@ tokens it holds, and how long planning took.
     python benchmarks/serving.py --case 405b-2x8  # one case
     python benchmarks/serving.py --quick          # a 2-layer Llama of width 256, 5 s solves
 
-Each model is `autopar.CachedLM(lm, batch, max_len=context)` in bfloat16, planned with
-`training=False` at defaults (`hand_strategies=True`) for decoding one token per sequence;
-its rule-of-thumb strategy is Megatron tensor parallelism over one node ("Megatron tensor
-parallel"), and over several nodes tensor parallel within and pipeline across ("Megatron
-3D": vLLM's guide, tensor parallel = GPUs per node, pipeline parallel = nodes). A mesh
-whose outer axis is named "pp" lets the planner pipeline over it too. For a plan without a
-pipeline, the prefill of a `--prompt`-token prompt is planned with the decode plan's
-placements pinned (as `autopar.compile_prefill` does): its latency is the predicted time
-to first token.
+Each model is `autopar.CachedLM(lm, batch, max_len=context)` in bfloat16, planned for
+decoding one token per sequence with `training=False` and `prefill=` the case's prompt
+length, at default options otherwise: the time printed is that call's, its plan's prefill
+(planned with the decode plan's weights and cache pinned, as `autopar.compile_prefill`
+compiles it) the predicted time to first token. A second call costs the hand strategies
+under the same cost model; the rule of thumb is Megatron tensor parallelism over one node
+("Megatron tensor parallel"), and over several nodes tensor parallel within and pipeline
+across ("Megatron 3D": vLLM's guide, tensor parallel = GPUs per node, pipeline parallel =
+nodes). A mesh whose outer axis is named "pp" lets the planner pipeline over it too.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from case_options import case_parser, parse_cases  # noqa: E402
 
 import autopar  # noqa: E402
 
-# The hand strategies a serving plan is compared with: the rule of thumb's.
+# The hand strategies a serving plan is compared with: the rule of thumb's, and the others.
 RULES_OF_THUMB = ("Megatron tensor parallel", "Megatron 3D")
+OTHERS = ("data parallel", "fully sharded (ZeRO-3)", "data x tensor parallel")
 
 
 @dataclass(frozen=True)
@@ -87,12 +88,16 @@ def report(case: Case, time_limit: float) -> None:
     ids = torch.zeros(case.batch, 1, dtype=torch.long, device="meta")
     start = time.monotonic()
     plan = autopar.plan(served, mesh, (ids, torch.zeros(1, dtype=torch.long, device="meta")),
-                        training=False, hand_strategies=True, time_limit=time_limit)
+                        training=False, prefill=case.prompt, time_limit=time_limit)
     took = time.monotonic() - start
+    hand = autopar.plan(served, mesh, (ids, torch.zeros(1, dtype=torch.long, device="meta")),
+                        training=False, hand_strategies=RULES_OF_THUMB + OTHERS,
+                        time_limit=time_limit).hand_strategies
     gib = 2 ** 30
     print(f"## {case.name}: {params / 1e9:.1f} B parameters, batch {case.batch}, context "
           f"{case.context}, mesh {mesh.describe()}")
-    print(f"planned in {took:.1f} s; solver {plan.solver.status}, gap {plan.solver.gap:.2%}")
+    print(f"planned in {took:.1f} s (the decode plan {plan.solver.planning_s:.1f} s, then its "
+          f"prefill); solver {plan.solver.status}, gap {plan.solver.gap:.2%}")
     layout = "no pipeline" if plan.pipeline is None else (
         f"pipeline over {plan.pipeline.axis}: {len(plan.pipeline.stages)} stages")
     print(f"predicted {plan.step_time_s * 1e3:.1f} ms per output token "
@@ -100,10 +105,12 @@ def report(case: Case, time_limit: float) -> None:
     print(f"peak memory {plan.peak_memory_bytes / gib:.1f} of "
           f"{plan.memory_limit_bytes / gib:.1f} GiB; KV cache "
           f"{plan.kv_cache_bytes / gib:.2f} GiB per device, {plan.kv_cache_tokens} tokens")
-    if plan.pipeline is None:
-        _time_to_first_token(served, mesh, plan, case, time_limit)
+    if plan.prefill_tokens:
+        print(f"predicted time to first token ({plan.prefill_tokens}-token prompts) "
+              f"{plan.prefill_s * 1e3:.0f} ms, prefill peak {plan.prefill_peak_bytes / gib:.1f} "
+              "GiB")
     print(f"{'strategy':<28} {'ms/token':>9} {'peak GiB':>9} {'fits':>5} {'plan/it':>8}")
-    for record in plan.hand_strategies:
+    for record in hand:
         if record.step_time_s is None:
             print(f"{record.name:<28} {'-':>9} {'-':>9} {'-':>5} {'-':>8}  {record.note}")
             continue
@@ -112,21 +119,6 @@ def report(case: Case, time_limit: float) -> None:
               f"{record.peak_memory_bytes / gib:9.1f} {'yes' if record.fits else 'no':>5} "
               f"{plan.step_time_s / record.step_time_s:8.3f}{mark}")
     print()
-
-
-def _time_to_first_token(served: nn.Module, mesh: autopar.Mesh, decode: autopar.Plan,
-                         case: Case, time_limit: float) -> None:
-    """The prefill of a `case.prompt`-token prompt, planned with the decode plan's weights
-    and cache pinned where it placed them: its latency is the time to first token."""
-    pinned = {node.name: node.output for node in decode.nodes
-              if node.role in ("parameter", "buffer")}
-    ids = torch.zeros(case.batch, case.prompt, dtype=torch.long, device="meta")
-    start = time.monotonic()
-    prefill = autopar.plan(served, mesh, (ids, torch.arange(case.prompt, device="meta")),
-                           training=False, constraints=pinned, time_limit=time_limit)
-    print(f"predicted time to first token ({case.prompt}-token prompts) "
-          f"{prefill.step_time_s * 1e3:.0f} ms, peak {prefill.peak_memory_bytes / 2**30:.1f} "
-          f"GiB (planned in {time.monotonic() - start:.1f} s)")
 
 
 def main() -> None:

@@ -56,12 +56,16 @@ def progress_lines() -> Iterator[Callable[[str], None]]:
 @click.option("--sharded-outputs", is_flag=True,
               help="with --inference: leave the outputs split as the plan chooses "
                    "(outputs='sharded'), not gathered whole on every device")
+@click.option("--prefill", type=int, default=None,
+              help="with --inference, for a decode program (an autopar.CachedLM fed one "
+                   "token): also plan its prefill of this many prompt tokens, to predict the "
+                   "time to first token")
 @click.option("--out", type=click.Path(), default=None, help="write the plan as JSON")
 @click.option("--report", "report_out", type=click.Path(), default=None,
               help="write the plan's HTML report (see `autopar report`)")
 def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, time_limit,
                  settings, hand_strategies, microbatch_text, pipeline_text, inference,
-                 sharded_outputs, out, report_out) -> None:
+                 sharded_outputs, prefill, out, report_out) -> None:
     """Plan MODEL_FILE (a .py file with build() -> (model, example_inputs))."""
     from autopar.planning.entry import plan
     from autopar.present.report import write_report
@@ -80,7 +84,8 @@ def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, tim
             result = plan(model, mesh, inputs, memory_budget=memory_budget,
                           time_limit=time_limit, hand_strategies=hand_strategies,
                           microbatches=count, pipeline=layout, training=not inference,
-                          outputs="sharded" if sharded_outputs else "whole", progress=progress)
+                          outputs="sharded" if sharded_outputs else "whole", prefill=prefill,
+                          progress=progress)
     except AutoparError as exc:
         for message in dict.fromkeys(str(w.message) for w in caught):
             click.echo(f"warning: {message}", err=True)

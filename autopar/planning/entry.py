@@ -27,6 +27,7 @@ from autopar.passes.capturing.write_back import written_buffers
 from autopar.planning.deadline import Deadline
 from autopar.planning.graph import NO_RULE, STAGE
 from autopar.planning.layout import plan_layout
+from autopar.planning.prefill import check_prefill, with_prefill
 from autopar.planning.strategy_names import check_hand_strategy_names
 from autopar.solver.budget import PLANNER_GAP
 from autopar.values.mesh import Mesh
@@ -48,48 +49,48 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
          optimizer: object = None, master_weights: torch.dtype | None = None,
          recompute: bool = True, microbatches: int | str = "auto",
          pipeline: Pipeline | str | bool = "auto", training: bool = True,
-         outputs: str = "whole", progress: Callable[[str], None] | None = None) -> Plan:
+         outputs: str = "whole", prefill: int | None = None,
+         progress: Callable[[str], None] | None = None) -> Plan:
     """Choose how every op and tensor of `model` is split over `mesh`.
 
     The model and `example_inputs` may live on the meta device. The plan minimises the modelled
     step time such that every device holds at most `memory_budget` bytes (default: the
-    hardware's memory less `HardwareProfile.reserve_bytes`). `time_limit` bounds the whole
-    call (`autopar.planning.deadline`). `constraints` pins named tensors'
-    placements (see `autopar.passes.strategies.constrain`; with a pipeline, placements on the
-    whole mesh replicated on the pipeline axis, each applied in the stage holding the tensor);
+    hardware's memory less `HardwareProfile.reserve_bytes`). `time_limit` bounds the whole call
+    (`autopar.planning.deadline`). `constraints` pins named tensors' placements (see
+    `autopar.passes.strategies.constrain`; with a pipeline, placements on the whole mesh
+    replicated on the pipeline axis, each applied in the stage holding the tensor);
     `fold_layers` makes identical blocks share one decision. With `hand_strategies`, the plan
     also carries the standard hand-written strategies (data parallel, ZeRO-3, Megatron, data x
     tensor, and with recomputation) costed the same way (`autopar.planning.hand_strategies`),
-    which costs one more solve each; a tuple of their names carries those only. `strategy` names
-    one to plan with instead of the solver's free choice (Megatron 3D too). `optimizer` is what
-    the model is trained with: a torch optimizer class, `(class, options)` or state bytes per
+    one more solve each; a tuple of their names carries those only. `strategy` names one to
+    plan with instead of the solver's free choice (Megatron 3D too). `optimizer` is what the
+    model is trained with: a torch optimizer class, `(class, options)` or state bytes per
     parameter element (default AdamW; `autopar.costs.optimizer_state`), stepping a
-    `master_weights` copy (e.g. torch.float32 for a bfloat16 model) when given. `recompute` lets
-    the solver recompute activations in the backward instead of keeping them. `microbatches`
-    runs a step as that many micro-batches one after the other (gradient accumulation: one
-    micro-batch's activations at a time, against smaller matmuls and collectives repeated per
-    micro-batch); "auto" tries more of them while the plan of fewer holds most of the memory
-    budget, and keeps the fastest plan (see `layout.plan_unpipelined`). `pipeline` cuts the
-    model into stages of consecutive blocks over one mesh axis (`autopar.Pipeline`: axis,
-    stages, micro-batches, schedule; `autopar.planning.pipeline.plan`); "auto" (the default)
-    also plans a pipeline over the axis named "pp" when the mesh has one and keeps it when it is
-    faster, False never pipelines. `training=False` plans the forward alone, as the model
-    serves (`capture`'s; one batch, run whole by a pipeline), its `outputs` "whole" on every
-    rank or "sharded" as placed (compiled: DTensors; not pipelined). `progress` receives a
-    message as each pass starts (prefixed `STAGE`) and the solver's progress lines. Each
-    distinct warning is issued once, at the end, and kept in the plan's `warnings`. Raises
-    `InfeasiblePlanError` with the least memory any plan needs when nothing fits,
-    `OptimizerError` for an optimizer whose state the cost model can't size, and
-    `MicrobatchError` for a count of micro-batches the model's step can't be cut into.
-    """
+    `master_weights` copy (e.g. torch.float32 for a bfloat16 model) when given. `recompute`
+    lets the solver recompute activations in the backward instead of keeping them.
+    `microbatches` runs a step as that many micro-batches one after the other (gradient
+    accumulation); "auto" tries more of them while the plan of fewer holds most of the memory
+    budget, and keeps the fastest (`layout.plan_unpipelined`). `pipeline` cuts the model into
+    stages of consecutive blocks over one mesh axis (`autopar.Pipeline`;
+    `autopar.planning.pipeline.plan`); "auto" (the default) also plans one over the axis named
+    "pp" when the mesh has it and keeps it when faster, False never pipelines. `training=False`
+    plans the forward alone, as the model serves (one batch, run whole by a pipeline), its
+    `outputs` "whole" on every rank or "sharded" as placed (compiled: DTensors; no pipeline);
+    a decode program's plan with the `prefill` of that many prompt tokens predicts the time
+    to first token (`autopar.planning.prefill`). `progress` receives a message as each pass
+    starts (prefixed `STAGE`) and the solver's progress lines. Each distinct warning is issued
+    once, at the end, and kept in the plan's `warnings`. Raises `InfeasiblePlanError` with the
+    least memory any plan needs when nothing fits, `OptimizerError` for an optimizer whose
+    state the cost model can't size, `MicrobatchError` for a step that can't be so cut."""
     deadline = Deadline(check_time_limit(time_limit))
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
     sharded = check_outputs(outputs, check_training(training))
+    prompt = check_prefill(prefill, example_inputs, training)
     check_hand_strategy_names(hand_strategies, mesh, strategy, microbatches=microbatches,
                               pipeline=pipeline, constraints=constraints)
-    say, raised = progress or (lambda message: None), []
+    raised: list[str] = []
     with _warned_once(raised):
-        gm = _traced(model, example_inputs, dynamic_shapes, training, sharded, say)
+        gm = _traced(model, example_inputs, dynamic_shapes, training, sharded, progress)
         if dynamic_shapes is not None and microbatches == "auto":
             microbatches = 1  # a symbolic batch has no divisors to try
         made = plan_model(model, gm, tuple(example_inputs), mesh,
@@ -97,14 +98,16 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
                           memory_budget=memory_budget, deadline=deadline,
                           constraints=constraints, fold_layers=fold_layers, seed=seed,
                           hand_strategies=hand_strategies, strategy=strategy, optimizer=state,
-                          recompute=recompute, pipeline=pipeline, progress=progress)
+                          recompute=recompute, pipeline=pipeline, progress=progress,
+                          prefill=prompt)
     return dataclasses.replace(made, warnings=_merge_warnings(made.warnings, raised))
 
 
 def _traced(model: nn.Module, example_inputs: tuple, dynamic_shapes, training: bool,
-            sharded: bool, say: Callable[[str], None]) -> fx.GraphModule:
+            sharded: bool, progress: Callable[[str], None] | None) -> fx.GraphModule:
     """`model` captured at `example_inputs`, its outputs marked as the caller takes them
     (`leave_outputs_sharded` where `sharded`), and annotated."""
+    say = progress or (lambda message: None)
     say(f"{STAGE} capture")
     gm = capture(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                  training=training)
@@ -135,10 +138,12 @@ def graph_digest(gm: fx.GraphModule) -> str:
 def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh: Mesh, *,
                microbatches: int | str, pipeline: Pipeline | str | bool = "auto",
                time_limit: float = TIME_LIMIT, deadline: Deadline | None = None,
-               **options) -> Plan:
+               prefill: int | None = None, **options) -> Plan:
     """`layout.plan_layout`'s plan within `deadline` (by default `time_limit` seconds from
     now), recording the example inputs it is for, the time it took, and the warnings
-    raised while planning once each (`_warned_once`)."""
+    raised while planning once each (`_warned_once`); with `prefill`, a decode program's
+    plan with that prefill's (`autopar.planning.prefill`), planned next with a limit of its
+    own."""
     if deadline is None:
         deadline = Deadline(check_time_limit(time_limit))
     training = is_training(gm)
@@ -157,9 +162,15 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
         made.solver, planning_s=deadline.spent(), time_limit_s=deadline.seconds,
         cut_short=deadline.passed() and made.solver.status != "optimal"
         and made.solver.gap > PLANNER_GAP)
-    return dataclasses.replace(made, inputs=input_signature(example_inputs),
+    made = dataclasses.replace(made, inputs=input_signature(example_inputs),
                                graph=graph_digest(gm), solver=solver,
                                warnings=_merge_warnings(made.warnings, raised))
+    if prefill is None:
+        return made
+    # Planned as compile_prefill compiles it, after the decode plan (its `planning_s`).
+    return with_prefill(made, prefill, example_inputs, lambda inputs, pins: plan(
+        model, mesh, inputs, training=False, constraints=pins, time_limit=deadline.seconds,
+        **{k: v for k, v in options.items() if k in ("memory_budget", "seed", "progress")}))
 
 
 def _kv_cache(gm: fx.GraphModule, made: Plan) -> dict:

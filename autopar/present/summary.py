@@ -157,6 +157,9 @@ def _totals_table(plan: Plan) -> Table:
         *((("KV cache", f"{_size(plan.kv_cache_bytes)} per device, "
                         f"{plan.kv_cache_tokens:,} tokens in all"),)
           if plan.kv_cache_bytes else ()),
+        *((("predicted time to first token", f"{_ms_text(plan.prefill_s)} for "
+            f"{plan.prefill_tokens:,}-token prompts, peak {_size(plan.prefill_peak_bytes)}"),)
+          if plan.prefill_tokens else ()),
         *((("outputs", "whole on every device" if plan.outputs == "whole" else
             "left split as placed (DTensors)"),) if not training else ()),
         ("context parallel", describe_context_parallel(plan)),

@@ -25,7 +25,8 @@ from autopar.values.mesh import Mesh
 # 5: pipelines (stage per node, the pipeline's stages and schedule); 6: optimizer_s per
 # node (older plans read as 0: their step times left the optimizer out); 7: training
 # (False: a forward-only plan; older plans read as training ones) and its KV cache; 8:
-# outputs ("sharded": a forward-only plan's outputs as its placements leave them).
+# outputs ("sharded": a forward-only plan's outputs as its placements leave them) and a
+# decode plan's prefill (prompt tokens, predicted time and peak).
 FORMAT_VERSION = 8
 # The hand strategy record of the same step on one device: the scaling reference.
 SINGLE_DEVICE = "single device"
@@ -194,7 +195,10 @@ class Plan:
     memory the weights and one forward's live tensors, and its FLOPs the forward's; with a
     KV cache (buffers the forward writes in place), `kv_cache_bytes` per device and the
     `kv_cache_tokens` it holds (sequences x positions). Its `outputs` are "whole" on every
-    rank, or "sharded": left as the output node's input placements say.
+    rank, or "sharded": left as the output node's input placements say. A decode plan
+    planned with its prefill (`plan(..., prefill=P)`) records the prefill of `prefill_tokens`
+    tokens per sequence, with the weights and cache where this plan stores them: its
+    latency `prefill_s` (the time to first token) and its peak `prefill_peak_bytes`.
 
     A pipelined plan (`pipeline` set) holds every stage's nodes, each with its `stage`, and
     their placements on the whole mesh: replicated on the pipeline axis, which places
@@ -220,6 +224,9 @@ class Plan:
     kv_cache_bytes: float = 0.0
     kv_cache_tokens: int = 0
     outputs: str = "whole"
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    prefill_peak_bytes: float = 0.0
     version: int = FORMAT_VERSION
 
     @property
@@ -362,7 +369,8 @@ class Plan:
                        **{key: data[key] for key in ("optimizer", "model_flops",
                                                      "microbatches", "training",
                                                      "kv_cache_bytes", "kv_cache_tokens",
-                                                     "outputs")
+                                                     "outputs", "prefill_tokens", "prefill_s",
+                                                     "prefill_peak_bytes")
                           if key in data},
                        version=version)
         except (KeyError, TypeError, ValueError) as exc:

@@ -164,6 +164,46 @@ def test_outputs_left_sharded_are_planned_split_and_stated():
                      training=False, outputs="sharded", pipeline=autopar.Pipeline())
 
 
+def _decoder() -> tuple[autopar.CachedLM, tuple[torch.Tensor, torch.Tensor]]:
+    """A tiny Llama with a 16-position cache for 2 sequences, and its decode inputs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa"))
+    return (autopar.CachedLM(lm, batch=2, max_len=16),
+            (torch.zeros(2, 1, dtype=torch.long), torch.tensor([0])))
+
+
+def test_a_decode_plan_predicts_its_prefill_with_the_weights_where_it_stores_them():
+    served, inputs = _decoder()
+    plan = autopar.plan(served, MESH, inputs, training=False, prefill=8, time_limit=5.0)
+    assert plan.prefill_tokens == 8 and plan.prefill_s > plan.step_time_s > 0
+    assert plan.prefill_peak_bytes > 0
+    pinned = {n.name: n.output for n in plan.nodes if n.role in ("parameter", "buffer")}
+    prefill = autopar.plan(served, MESH, (torch.zeros(2, 8, dtype=torch.long),
+                                          torch.arange(8)),
+                           training=False, constraints=pinned, time_limit=5.0)
+    assert prefill.step_time_s == pytest.approx(plan.prefill_s)
+    assert prefill.peak_memory_bytes == pytest.approx(plan.prefill_peak_bytes)
+    assert "predicted time to first token" in autopar.summary(plan)
+    assert autopar.Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+
+
+@pytest.mark.parametrize(("model", "options", "match"), [
+    ("decoder", {"prefill": 8}, "training=False"),  # a training step
+    ("decoder", {"training": False, "prefill": 0}, "positive int"),
+    ("classifier", {"training": False, "prefill": 8}, "decode program"),
+    ("decoder", {"training": False, "prefill": 17}, "fit the KV cache"),
+])
+def test_a_prefill_that_can_t_be_planned_is_refused(model, options, match):
+    served, inputs = _decoder() if model == "decoder" else (Classifier(), _inputs())
+    with pytest.raises(PlanningError, match=match) as raised:
+        autopar.plan(served, MESH, inputs, time_limit=5.0, **options)
+    assert "fix" in str(raised.value)
+
+
 def test_a_model_without_a_loss_is_pointed_to_inference():
     with pytest.raises(LossError, match="training=False"):
         autopar.plan(Classifier(), MESH, _inputs())
@@ -198,6 +238,31 @@ def test_the_command_plans_for_inference(tmp_path):
         "--inference", "--sharded-outputs", "--no-hand-strategies", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["outputs"] == "sharded"
+
+
+DECODER_FILE = """
+import torch
+import autopar
+from examples.causal_lm import build as build_lm
+
+
+def build():
+    lm, _ = build_lm(batch=2)
+    return (autopar.CachedLM(lm, batch=2, max_len=32),
+            (torch.zeros(2, 1, dtype=torch.long), torch.tensor([0])))
+"""
+
+
+def test_the_command_plans_a_decode_program_with_its_prefill(tmp_path):
+    model_file = tmp_path / "decoder.py"
+    model_file.write_text(DECODER_FILE)
+    result = CliRunner().invoke(main, [
+        "plan", str(model_file), "--mesh", "2", "--hardware", "a100-sxm", "--inference",
+        "--prefill", "16", "--no-hand-strategies", "--time-limit", "5"])
+    assert result.exit_code == 0, result.output
+    assert "per output token" in result.output and "KV cache" in result.output
+    assert "predicted time to first token" in result.output
+    assert "16-token prompts" in result.output
 
 
 def test_the_report_draws_a_forward_only_plan_without_backward(tmp_path):

@@ -1,0 +1,76 @@
+"""A decode plan's prefill: the program that runs whole prompts into the KV cache, planned
+with every weight and cache buffer pinned where the decode plan stores them (as
+`autopar.compile_prefill` compiles it), so that the two programs hold one copy of both.
+Its latency is the predicted time to first token, and its peak is held to the same budget
+as the decode program's: a decode plan whose prefill does not fit is refused
+(`InfeasiblePlanError`, from the prefill's own planning)."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Mapping
+
+import torch
+
+from autopar.errors import PlanningError
+from autopar.values.plan import Plan
+
+
+def check_prefill(prefill: object, example_inputs: tuple, training: bool) -> int | None:
+    """The prompt length to plan a prefill for (None: none); `PlanningError`, before any
+    planning, unless `prefill` is None or a positive int and the plan is a forward-only
+    one of a decode program (`decode_shape`)."""
+    if prefill is None:
+        return None
+    if isinstance(prefill, bool) or not isinstance(prefill, int) or prefill < 1 or training:
+        raise PlanningError("prefill is the prompt length of a forward-only decode plan",
+                            expected="a positive int, with training=False",
+                            got=f"prefill={prefill!r}, training={training!r}",
+                            fix="plan the decode program with training=False, prefill=<prompt "
+                                "tokens per sequence>")
+    decode_shape(example_inputs)
+    return prefill
+
+
+def decode_shape(example_inputs: tuple) -> int:
+    """The batch of a decode program's inputs `(ids (B, 1), position (1,))`, a
+    `CachedLM`'s; `PlanningError` for other inputs."""
+    ids, position = (tuple(example_inputs) + (None, None))[:2]
+    if len(example_inputs) != 2 or not all(isinstance(t, torch.Tensor) for t in (ids, position)) \
+            or ids.ndim != 2 or ids.shape[1] != 1 or tuple(position.shape) != (1,):
+        raise PlanningError("a prefill is planned for a decode program",
+                            expected="example inputs (ids of shape (B, 1), position of shape "
+                                     "(1,)) of an autopar.CachedLM",
+                            got=f"{len(example_inputs)} inputs",
+                            fix="wrap the model in autopar.CachedLM and plan one token per "
+                                "sequence, or leave prefill out")
+    return int(ids.shape[0])
+
+
+def with_prefill(decode: Plan, prompt_length: int, example_inputs: tuple,
+                 plan_forward: Callable[[tuple, Mapping[str, str]], Plan]) -> Plan:
+    """`decode` with its prefill of `prompt_length` tokens per sequence (module
+    docstring): `plan_forward(inputs, constraints)` plans the same model forward-only at
+    `inputs` with `constraints` pinned. A pipelined decode plan's prefill would need its
+    stage cuts too: it is left out, with a warning."""
+    if decode.pipeline is not None:
+        warnings.warn("a pipelined decode plan has no prefill plan yet: its time to first "
+                      "token is not predicted", stacklevel=3)
+        return decode
+    ids, _ = example_inputs
+    positions = decode.kv_cache_tokens // ids.shape[0]
+    if not 1 <= prompt_length <= positions:
+        raise PlanningError("the prompt must fit the KV cache",
+                            expected=f"a prefill of at most the cache's {positions} positions",
+                            got=f"prefill={prompt_length}",
+                            fix="a shorter prompt, or a CachedLM with a larger max_len")
+    inputs = (torch.zeros(ids.shape[0], prompt_length, dtype=ids.dtype, device=ids.device),
+              torch.arange(prompt_length, device=ids.device))
+    # By graph node: both captures name a weight's or buffer's placeholder alike.
+    pinned = {node.name: node.output for node in decode.nodes
+              if node.role in ("parameter", "buffer")}
+    prefill = plan_forward(inputs, pinned)
+    return dataclasses.replace(decode, prefill_tokens=prompt_length,
+                               prefill_s=prefill.step_time_s,
+                               prefill_peak_bytes=prefill.peak_memory_bytes)
