@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from case_options import case_parser, parse_cases  # noqa: E402
+from large_models import Case  # noqa: E402
 
 import autopar  # noqa: E402
 
@@ -40,62 +40,48 @@ RULES_OF_THUMB = ("Megatron tensor parallel", "Megatron 3D")
 OTHERS = ("data parallel", "fully sharded (ZeRO-3)", "data x tensor parallel")
 
 
-@dataclass(frozen=True)
-class Case:
-    name: str
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    vocab: int
-    batch: int
-    context: int
-    mesh: tuple[int, ...]
-    axes: tuple[str, ...]
-    prompt: int = 1024
-
-
+# The model shapes, batch and context (`seq`) and mesh of each case, as large_models.py
+# describes a training case, and the prompt length its prefill is planned for.
 CASES = {
     "70b-8": Case("Llama-3-70B shape", 80, 8192, 64, 8, 28672, 128256, 32, 8192,
                   (8,), ("tp",)),
     "405b-2x8": Case("Llama-3-405B shape", 126, 16384, 128, 8, 53248, 128256, 16, 8192,
                      (2, 8), ("pp", "tp")),
-    "tiny": Case("tiny Llama shape", 2, 256, 4, 2, 512, 1024, 4, 256, (2, 2), ("pp", "tp"),
-                 prompt=64),
+    "tiny": Case("tiny Llama shape", 2, 256, 4, 2, 512, 1024, 4, 256, (2, 2), ("pp", "tp")),
 }
+PROMPTS = {"70b-8": 1024, "405b-2x8": 1024, "tiny": 64}
 QUICK_CASES, QUICK_TIME_LIMIT = ("tiny",), 5.0
 
 
 def build(case: Case) -> nn.Module:
-    """The case's causal LM with a static cache of `batch` x `context` tokens, on meta."""
+    """The case's causal LM with a static cache of `batch` x `seq` tokens, on meta."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=case.vocab, hidden_size=case.hidden,
                          intermediate_size=case.ffn, num_hidden_layers=case.layers,
                          num_attention_heads=case.heads, num_key_value_heads=case.kv_heads,
-                         max_position_embeddings=case.context, attn_implementation="sdpa",
+                         max_position_embeddings=case.seq, attn_implementation="sdpa",
                          torch_dtype=torch.bfloat16)
     with torch.device("meta"):
         lm = LlamaForCausalLM(config).to(torch.bfloat16).eval()
-        return autopar.CachedLM(lm, batch=case.batch, max_len=case.context)
+        return autopar.CachedLM(lm, batch=case.batch, max_len=case.seq)
 
 
-def report(case: Case, time_limit: float) -> None:
+def report(case: Case, prompt: int, time_limit: float) -> None:
     served = build(case)
     params = sum(p.numel() for p in served.parameters())
     mesh = autopar.Mesh(case.mesh, case.axes, hardware="h100-sxm")
     ids = torch.zeros(case.batch, 1, dtype=torch.long, device="meta")
     start = time.monotonic()
     plan = autopar.plan(served, mesh, (ids, torch.zeros(1, dtype=torch.long, device="meta")),
-                        training=False, prefill=case.prompt, time_limit=time_limit)
+                        training=False, prefill=prompt, time_limit=time_limit)
     took = time.monotonic() - start
     hand = autopar.plan(served, mesh, (ids, torch.zeros(1, dtype=torch.long, device="meta")),
                         training=False, hand_strategies=RULES_OF_THUMB + OTHERS,
                         time_limit=time_limit).hand_strategies
     gib = 2 ** 30
     print(f"## {case.name}: {params / 1e9:.1f} B parameters, batch {case.batch}, context "
-          f"{case.context}, mesh {mesh.describe()}")
+          f"{case.seq}, mesh {mesh.describe()}")
     print(f"planned in {took:.1f} s (the decode plan {plan.solver.planning_s:.1f} s, then its "
           f"prefill); solver {plan.solver.status}, gap {plan.solver.gap:.2%}")
     layout = "no pipeline" if plan.pipeline is None else (
@@ -125,7 +111,7 @@ def main() -> None:
     args = parse_cases(case_parser(__doc__.splitlines()[0], CASES, 30.0,
                                    (QUICK_CASES, QUICK_TIME_LIMIT)))
     for name in args.case or ("70b-8", "405b-2x8"):
-        report(CASES[name], args.time_limit)
+        report(CASES[name], PROMPTS[name], args.time_limit)
 
 
 if __name__ == "__main__":
