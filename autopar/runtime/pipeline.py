@@ -19,9 +19,15 @@ whole. The gradients of a weight two stages hold (a tied embedding) are summed o
 pipeline axis after the schedule; replicated parameters' all-reduces wait for the stage's
 last micro-batch, as in a step of micro-batches (`GradientReducer.deferring`).
 
+A forward-only plan's schedule has no loss and runs no backward: the batch goes through
+the stages whole (one micro-batch), the last stage returns the model's tensor outputs and
+`pm(*inputs)` broadcasts them from the last pipeline rank, so every rank returns them
+whole, without autograd.
+
 Counted on the rank's `CommCounter` besides the stages' own collectives: each boundary
 tensor sent forward and each gradient sent back ("send" on the pipeline axis), the shared
-weights' gradient all-reduces and the loss's broadcast, matching `Plan.comm_bytes(rank)`.
+weights' gradient all-reduces and the loss's (or the outputs') broadcast, matching
+`Plan.comm_bytes(rank)`.
 """
 
 from __future__ import annotations

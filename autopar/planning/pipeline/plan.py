@@ -56,7 +56,7 @@ import torch.fx as fx
 
 from autopar.costs.schedule import in_flight, rank_of, step_time
 from autopar.errors import InfeasiblePlanError, PipelineError, ShardingError
-from autopar.passes.capturing.capture import is_training, outputs_sharded
+from autopar.passes.capturing.capture import MUTATED, is_training, outputs_sharded
 from autopar.passes.layout.split_microbatches import batch_size
 from autopar.passes.layout.split_stages import (
     Stage,
@@ -142,7 +142,7 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
     ranks, inner = mesh.shape[axis], sub_mesh(mesh, axis)
     batch = batch_size(gm)
     if not is_training(gm):
-        _check_forward_only(pipeline, ranks, outputs_sharded(gm))
+        _check_forward_only(pipeline, ranks, outputs_sharded(gm), gm.meta.get(MUTATED, ()))
     check_request(pipeline, ranks, find_units(gm).count, batch)
     stager = _Stager(mesh, axis, inner, memory_budget, plan_stage, cache={}, splits={},
                      pins=_stage_pins(gm, mesh, axis, constraints or {}))
@@ -156,10 +156,17 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
     return _with_accumulation_warning(_refined(best, stager), mixes)
 
 
-def _check_forward_only(pipeline: Pipeline, ranks: int, sharded: bool) -> None:
+def _check_forward_only(pipeline: Pipeline, ranks: int, sharded: bool,
+                        mutated: tuple[str, ...]) -> None:
     """`PipelineError` unless `pipeline` can run a forward-only plan's batch whole, as one
     micro-batch (a KV cache is the whole batch's; `_search`), and returns the outputs
-    whole (not `sharded`: the last stage broadcasts them whole)."""
+    whole (not `sharded`: the last stage broadcasts them whole), of a graph that writes
+    every buffer it updates in place (`write_back`; none left `mutated`, returned new)."""
+    if mutated:
+        raise PipelineError("a pipelined forward writes its buffers in place",
+                            expected="no buffer the forward only writes",
+                            got=f"buffers returned new: {', '.join(mutated)}",
+                            fix="pipeline=False")
     if sharded:
         raise PipelineError("a pipelined forward returns its outputs whole",
                             expected="outputs='whole' with a pipeline",
