@@ -168,8 +168,9 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     if prefill is None:
         return made
     # Planned as compile_prefill compiles it, after the decode plan (its `planning_s`).
-    return with_prefill(made, prefill, example_inputs, lambda inputs, pins: plan(
-        model, mesh, inputs, training=False, constraints=pins, time_limit=deadline.seconds,
+    return with_prefill(made, prefill, example_inputs, lambda inputs, pins, layout: plan(
+        model, mesh, inputs, training=False, constraints=pins, pipeline=layout,
+        time_limit=deadline.seconds,
         **{k: v for k, v in options.items() if k in ("memory_budget", "seed", "progress")}))
 
 

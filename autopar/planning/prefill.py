@@ -1,6 +1,7 @@
 """A decode plan's prefill: the program that runs whole prompts into the KV cache, planned
-with every weight and cache buffer pinned where the decode plan stores them (as
-`autopar.compile_prefill` compiles it), so that the two programs hold one copy of both.
+with every weight and cache buffer pinned where the decode plan stores them, and cut into
+the same pipeline stages where it is pipelined (`prefill_layout`), as
+`autopar.compile_prefill` compiles it, so that the two programs hold one copy of both.
 Its latency is the predicted time to first token, and its peak is held to the same budget
 as the decode program's: a decode plan whose prefill does not fit is refused
 (`InfeasiblePlanError`, from the prefill's own planning)."""
@@ -8,12 +9,12 @@ as the decode program's: a decode plan whose prefill does not fit is refused
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable, Mapping
 
 import torch
 
 from autopar.errors import PlanningError
+from autopar.values.pipeline import Pipeline
 from autopar.values.plan import Plan
 
 
@@ -48,16 +49,33 @@ def decode_shape(example_inputs: tuple) -> int:
     return int(ids.shape[0])
 
 
+def prefill_layout(decode: Plan) -> Pipeline | bool:
+    """How the prefill of `decode` runs: without a pipeline (False), or cut where the
+    decode plan's stages are cut, under its schedule (each stage's weights and cache stay
+    on the pipeline ranks that hold them)."""
+    record = decode.pipeline
+    if record is None:
+        return False
+    return Pipeline(axis=record.axis, schedule=record.schedule,
+                    cuts=tuple(stage.units[0] for stage in record.stages[1:]))
+
+
+def pinned_state(decode: Plan) -> dict[str, str]:
+    """Where `decode` stores each weight and buffer, by graph node (both captures name a
+    weight's or buffer's placeholder alike), one placement per mesh axis: the prefill's
+    constraints. (A pipeline over a mesh of one axis plans its stages on a sub-mesh of one
+    device of its own, whose placement its nodes carry after the pipeline axis'.)"""
+    axes = decode.mesh.ndim
+    return {node.name: ",".join(node.output.split(",")[:axes]) for node in decode.nodes
+            if node.role in ("parameter", "buffer")}
+
+
 def with_prefill(decode: Plan, prompt_length: int, example_inputs: tuple,
-                 plan_forward: Callable[[tuple, Mapping[str, str]], Plan]) -> Plan:
+                 plan_forward: Callable[[tuple, Mapping[str, str], Pipeline | bool], Plan]
+                 ) -> Plan:
     """`decode` with its prefill of `prompt_length` tokens per sequence (module
-    docstring): `plan_forward(inputs, constraints)` plans the same model forward-only at
-    `inputs` with `constraints` pinned. A pipelined decode plan's prefill would need its
-    stage cuts too: it is left out, with a warning."""
-    if decode.pipeline is not None:
-        warnings.warn("a pipelined decode plan has no prefill plan yet: its time to first "
-                      "token is not predicted", stacklevel=3)
-        return decode
+    docstring): `plan_forward(inputs, constraints, pipeline)` plans the same model
+    forward-only at `inputs` with `constraints` pinned, pipelined as `pipeline` says."""
     ids, _ = example_inputs
     positions = decode.kv_cache_tokens // ids.shape[0]
     if not 1 <= prompt_length <= positions:
@@ -67,10 +85,7 @@ def with_prefill(decode: Plan, prompt_length: int, example_inputs: tuple,
                             fix="a shorter prompt, or a CachedLM with a larger max_len")
     inputs = (torch.zeros(ids.shape[0], prompt_length, dtype=ids.dtype, device=ids.device),
               torch.arange(prompt_length, device=ids.device))
-    # By graph node: both captures name a weight's or buffer's placeholder alike.
-    pinned = {node.name: node.output for node in decode.nodes
-              if node.role in ("parameter", "buffer")}
-    prefill = plan_forward(inputs, pinned)
+    prefill = plan_forward(inputs, pinned_state(decode), prefill_layout(decode))
     return dataclasses.replace(decode, prefill_tokens=prompt_length,
                                prefill_s=prefill.step_time_s,
                                prefill_peak_bytes=prefill.peak_memory_bytes)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from autopar.errors import GenerationError
+from autopar.planning.prefill import pinned_state, prefill_layout
 from autopar.runtime.parallel_module import ParallelModule
 from autopar.runtime.pipeline import PipelinedModule
 from autopar.tools.kv_cache import KEYS, CachedLM
@@ -34,7 +35,7 @@ from autopar.values.specs import TensorSpec
 def generate(pm: ParallelModule | PipelinedModule, input_ids: torch.Tensor, max_new_tokens: int, *,
              do_sample: bool = False, temperature: float = 1.0,
              generator: torch.Generator | None = None,
-             prefill: ParallelModule | None = None) -> torch.Tensor:
+             prefill: ParallelModule | PipelinedModule | None = None) -> torch.Tensor:
     """The prompt `input_ids` (B, P) and `max_new_tokens` tokens after it (module
     docstring), the prompt run by `prefill` when given. Raises `GenerationError`, before
     anything runs, for a program that is not a forward-only `CachedLM` decoding one token,
@@ -62,39 +63,33 @@ def generate(pm: ParallelModule | PipelinedModule, input_ids: torch.Tensor, max_
     return torch.cat(tokens, dim=1)
 
 
-def compile_prefill(pm: ParallelModule, served: CachedLM, prompt_length: int, *,
-                    time_limit: float = 30.0) -> ParallelModule:
+def compile_prefill(pm: ParallelModule | PipelinedModule, served: CachedLM,
+                    prompt_length: int, *, time_limit: float = 30.0
+                    ) -> ParallelModule | PipelinedModule:
     """The prefill program of `served` (the `CachedLM` `pm` was compiled from) at
     `prompt_length` tokens per sequence: planned with every weight and cache buffer pinned
-    where `pm` placed it, then holding `pm`'s own tensors, so that both programs share one
-    copy of the weights and the cache. Collective, like `autopar.compile`."""
+    where `pm` placed it, cut into `pm`'s pipeline stages if it has them
+    (`autopar.planning.prefill`), then holding `pm`'s own tensors, so that both programs
+    share one copy of the weights and the cache. Collective, like `autopar.compile`."""
     from autopar.compiler import compile as compile_model
 
     batch, _, positions, _ = cache_shape(pm)
-    if isinstance(pm, PipelinedModule):
-        raise GenerationError("a pipelined decode program has no prefill program yet",
-                              expected="a decode program planned without a pipeline",
-                              got=f"one pipelined over {pm.axis_name!r}",
-                              fix="leave prefill out: generate feeds the prompt through "
-                                  "the decode program, or compile with pipeline=False")
     if isinstance(prompt_length, bool) or not isinstance(prompt_length, int) \
             or not 1 <= prompt_length <= positions:
         raise GenerationError("a prefill program runs a prompt the cache can hold",
                               expected=f"a prompt length from 1 to {positions}",
                               got=repr(prompt_length), fix="pass the prompts' length")
-    # By graph node: both programs name a weight's or buffer's placeholder alike.
-    pinned = {node.name: node.output for node in pm.plan.nodes
-              if node.role in ("parameter", "buffer")}
     example = (torch.zeros(batch, prompt_length, dtype=torch.long),
                torch.arange(prompt_length))
     program = compile_model(served, pm.plan.mesh, example, training=False,
-                            constraints=pinned, time_limit=time_limit)
+                            constraints=pinned_state(pm.plan), pipeline=prefill_layout(pm.plan),
+                            time_limit=time_limit)
     program.adopt(dict(pm.named_parameters()) | dict(pm.named_buffers()))
     return program
 
 
-def _check_prefill(pm: ParallelModule, prefill: object, length: int) -> None:
-    ids = prefill.inputs[0] if isinstance(prefill, ParallelModule) else None
+def _check_prefill(pm: ParallelModule | PipelinedModule, prefill: object, length: int) -> None:
+    ids = prefill.inputs[0] if isinstance(prefill, (ParallelModule, PipelinedModule)) else None
     if not isinstance(ids, TensorSpec) or ids.shape[1] != length:
         raise GenerationError("the prefill program runs prompts of another length",
                               expected=f"one compiled at {length} tokens per sequence",

@@ -74,16 +74,22 @@ def schedule_named(name: str) -> Schedule:
 class Pipeline:
     """A pipeline to plan for: over mesh axis `axis`, in `stages` stages (default one per
     rank, two per rank for the interleaved schedules), with `microbatches` micro-batches and
-    `schedule` (None: the planner chooses each among what fits and runs fastest)."""
+    `schedule` (None: the planner chooses each among what fits and runs fastest). `cuts`,
+    the first block of each stage after the first (None: the planner balances them),
+    fixes the stages' blocks and their count (a prefill program cut as its decode program
+    was)."""
 
     axis: str = "pp"
     stages: int | None = None
     microbatches: int | None = None
     schedule: str | None = None
+    cuts: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.schedule is not None:
             object.__setattr__(self, "schedule", schedule_named(self.schedule).name)
+        if self.cuts is not None:
+            self._check_cuts()
         for field, value in (("stages", self.stages), ("microbatches", self.microbatches)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value < 1):
@@ -91,6 +97,19 @@ class Pipeline:
                                     expected="a positive int, or None for the planner to "
                                              "choose", got=repr(value),
                                     fix=f"Pipeline({field}=4)")
+
+    def _check_cuts(self) -> None:
+        cuts = self.cuts
+        increasing = isinstance(cuts, tuple) and all(
+            isinstance(c, int) and not isinstance(c, bool) for c in cuts) and all(
+            a < b for a, b in zip((0, *cuts), cuts))
+        if not increasing or not cuts or self.stages not in (None, len(cuts) + 1):
+            raise PipelineError("Pipeline.cuts must be the first block of each stage after "
+                                "the first, increasing", expected="e.g. cuts=(40,) for two "
+                                "stages of a model of 80 blocks, one fewer than stages",
+                                got=f"cuts={cuts!r}, stages={self.stages!r}",
+                                fix="Pipeline(cuts=(40,)), or leave cuts out")
+        object.__setattr__(self, "stages", len(cuts) + 1)
 
     def schedules(self) -> tuple[Schedule, ...]:
         """The schedules to consider: the one asked for, else every one the runtime runs."""

@@ -24,6 +24,7 @@ from autopar.errors import (
     PlanningError,
 )
 from autopar.passes.capturing.capture import capture, is_training
+from autopar.planning.prefill import pinned_state
 from autopar.present.report import render_html
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,6 +190,20 @@ def test_a_decode_plan_predicts_its_prefill_with_the_weights_where_it_stores_the
     assert prefill.peak_memory_bytes == pytest.approx(plan.prefill_peak_bytes)
     assert "predicted time to first token" in autopar.summary(plan)
     assert autopar.Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+
+
+def test_a_pipelined_decode_plan_s_prefill_is_cut_into_its_stages():
+    served, inputs = _decoder()
+    mesh = autopar.Mesh((2,), ("pp",), hardware="cpu")
+    plan = autopar.plan(served, mesh, inputs, training=False, pipeline=autopar.Pipeline(),
+                        prefill=8, time_limit=5.0)
+    assert plan.pipeline is not None and plan.prefill_s > plan.step_time_s > 0
+    cuts = tuple(stage.units[0] for stage in plan.pipeline.stages[1:])
+    prefill = autopar.plan(served, mesh, (torch.zeros(2, 8, dtype=torch.long), torch.arange(8)),
+                           training=False, pipeline=autopar.Pipeline(cuts=cuts),
+                           constraints=pinned_state(plan), time_limit=5.0)
+    assert prefill.step_time_s == pytest.approx(plan.prefill_s)
+    assert [s.units for s in prefill.pipeline.stages] == [s.units for s in plan.pipeline.stages]
 
 
 @pytest.mark.parametrize(("model", "options", "match"), [

@@ -140,6 +140,10 @@ def test_interleaved_stages_hold_what_torchs_own_order_holds(m, p, v):
     ({"schedule": "DualPipeV"}, "not run by autopar yet"),
     ({"stages": 0}, "positive count"),
     ({"microbatches": 2.5}, "positive count"),
+    ({"cuts": (0,)}, "first block of each stage"),
+    ({"cuts": (3, 2)}, "increasing"),
+    ({"cuts": [2]}, "increasing"),
+    ({"cuts": (2,), "stages": 3}, "one fewer than stages"),
 ])
 def test_bad_pipeline_options_are_refused_with_the_fix(kwargs, message):
     with pytest.raises(autopar.PipelineError, match=message) as error:
@@ -157,6 +161,7 @@ def test_schedule_names_are_torchs_in_any_case():
     (Pipeline(microbatches=3), 4, 8, "don't divide the batch of 8"),
     (Pipeline(schedule="1F1B", microbatches=2), 8, 8, "at least as many micro-batches"),
     (Pipeline(stages=3), 8, 8, "can't run on 2 pipeline ranks"),
+    (Pipeline(cuts=(8,)), 8, 8, "a cut at block 8 of a model of 8 blocks"),
 ])
 def test_requests_that_cant_run_are_refused_before_any_solve(pipeline, blocks, batch,
                                                              message):
@@ -164,6 +169,14 @@ def test_requests_that_cant_run_are_refused_before_any_solve(pipeline, blocks, b
     with pytest.raises(autopar.PipelineError, match=message) as error:
         check_request(pipeline, ranks, blocks, batch)
     assert "fix:" in str(error.value)
+
+
+def test_given_cuts_fix_the_stages_blocks():
+    model, inputs = build(batch=8, hidden=64, layers=4)
+    mesh = autopar.Mesh((2,), ("pp",), hardware="cpu")
+    plan = autopar.plan(model, mesh, inputs, pipeline=Pipeline(cuts=(1,)), time_limit=5.0)
+    assert Pipeline(cuts=(1,)).stages == 2
+    assert [stage.units for stage in plan.pipeline.stages] == [(0, 0), (1, 3)]
 
 
 def test_a_missing_pipeline_axis_is_named():

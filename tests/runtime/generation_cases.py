@@ -45,12 +45,8 @@ class Generated:
 
     ids: list
     expected: list
-    # The ids generated with the prompt run by a prefill program, and whether it holds the
-    # decode program's own tensors; None for a pipelined decode program, which has none
-    # (`compile_prefill` raised GenerationError: `prefill_refused`).
-    prefilled: list | None
-    shares_state: bool | None
-    prefill_refused: bool
+    prefilled: list   # the ids generated with the prompt run by a prefill program
+    shares_state: bool  # the prefill program holds the decode program's own tensors
     stages: int       # the decode plan's pipeline stages (1 without a pipeline)
     sampled_alike: bool
     pieces: dict      # cache buffer -> this rank's piece's element count
@@ -74,8 +70,7 @@ def _generate(name: str, mesh: autopar.Mesh, budget: float) -> Generated:
                          memory_budget=budget, time_limit=5.0,
                          pipeline=autopar.Pipeline() if pipelined else "auto")
     ours = autopar.generate(pm, ids, max_new_tokens=NEW)
-    prefilled, shares, refused = _prefilled(pm, served, ids) if not pipelined else (
-        None, None, _prefill_refused(pm, served))
+    prefilled, shares = _prefilled(pm, served, ids)
     with torch.no_grad():
         expected = reference.generate(ids, max_new_tokens=NEW, do_sample=False,
                                       cache_implementation="static", pad_token_id=0)
@@ -88,14 +83,14 @@ def _generate(name: str, mesh: autopar.Mesh, budget: float) -> Generated:
                if name.endswith((".kv_cache_keys", ".kv_cache_values"))}
     cache = {name: names["b_" + name.replace(".", "_")] for name in buffers}
     return Generated(
-        ours.tolist(), expected.tolist(), prefilled, shares, refused,
+        ours.tolist(), expected.tolist(), prefilled, shares,
         len(pm.plan.pipeline.stages) if pm.plan.pipeline else 1,
         torch.equal(sampled, single),
         {b: buffers[b].numel() for b in cache}, {b: _whole(served, b) for b in cache},
         {b: _pieces(n.output, mesh) for b, n in cache.items()})
 
 
-def _prefilled(pm, served: autopar.CachedLM, ids: torch.Tensor) -> tuple[list, bool, bool]:
+def _prefilled(pm, served: autopar.CachedLM, ids: torch.Tensor) -> tuple[list, bool]:
     """The ids generated with the prompt run by `compile_prefill`'s program, and whether
     that program holds the decode program's own tensors."""
     prefill = autopar.compile_prefill(pm, served, PROMPT, time_limit=5.0)
@@ -103,15 +98,7 @@ def _prefilled(pm, served: autopar.CachedLM, ids: torch.Tensor) -> tuple[list, b
     decode_state = dict(pm.named_parameters()) | dict(pm.named_buffers())
     shares = all(t is decode_state.get(name) for name, t in
                  (*prefill.named_parameters(), *prefill.named_buffers()) if name in decode_state)
-    return prefilled.tolist(), shares, False
-
-
-def _prefill_refused(pm, served: autopar.CachedLM) -> bool:
-    try:
-        autopar.compile_prefill(pm, served, PROMPT, time_limit=5.0)
-    except autopar.GenerationError:
-        return True
-    return False
+    return prefilled.tolist(), shares
 
 
 def _sampled_in_one_process(served: autopar.CachedLM, ids: torch.Tensor) -> torch.Tensor:

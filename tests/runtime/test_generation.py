@@ -7,9 +7,9 @@ ranks), under a budget of 0.6 of the one-device plan's peak (so the plan must sp
 something), and `autopar.generate` appends 32 greedy tokens to a 16-token prompt: on
 every rank the ids equal `lm.generate(..., do_sample=False,
 cache_implementation="static")`'s, and so do those generated with the prompt run by a
-prefill program (`compile_prefill`), which holds the decode program's own weights and
-cache (a pipelined decode program has no prefill program yet: `compile_prefill` refuses
-it). Sampling with a seeded generator draws on every rank what the plain module draws.
+prefill program (`compile_prefill`, cut into the decode program's stages where it has
+them), which holds the decode program's own weights and cache. Sampling with a seeded
+generator draws on every rank what the plain module draws.
 Each rank holds its piece of every cache buffer of its stages: the whole's elements over
 the pieces the plan cuts it into, and the plan cuts the cache.
 """
@@ -47,9 +47,6 @@ def test_greedy_tokens_equal_transformers_generate(generated):
 def test_a_prefill_program_shares_the_decoder_s_tensors_and_its_tokens(generated):
     for rank, results in enumerate(generated):
         for name, one in zip(NAMES, results):
-            if one.prefilled is None:  # a pipelined decode program
-                assert one.prefill_refused, (rank, name)
-                continue
             assert one.prefilled == one.expected, (rank, name)
             assert one.shares_state, (rank, name)
 

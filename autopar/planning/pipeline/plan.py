@@ -145,7 +145,7 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
         _check_forward_only(pipeline, ranks, outputs_sharded(gm), gm.meta.get(MUTATED, ()))
     check_request(pipeline, ranks, find_units(gm).count, batch)
     stager = _Stager(mesh, axis, inner, memory_budget, plan_stage, cache={}, splits={},
-                     pins=_stage_pins(gm, mesh, axis, constraints or {}))
+                     pins=_stage_pins(gm, mesh, axis, constraints or {}), cuts=pipeline.cuts)
     best, failure, mixes = _search(gm, pipeline, micro, mixing, stager, batch, say, deadline)
     if best is None:
         if failure is not None:
@@ -189,7 +189,7 @@ class _Stager:
     sub-mesh `inner` of the other axes, the budget, the caller's `plan_stage`, the stage
     plans' `cache` (filled as candidates are planned), the cuts and stages of each
     micro-batch and stage count (`splits`: the schedules of as many stages cut them alike)
-    and the `pins` on the sub-mesh."""
+    and the `pins` on the sub-mesh; `cuts` the request's, else None (balanced)."""
 
     mesh: Mesh
     axis: int
@@ -199,6 +199,11 @@ class _Stager:
     cache: dict[tuple, Plan]
     splits: dict[tuple[int, int], tuple[tuple[int, ...], tuple[Stage, ...]]]
     pins: dict[str, str]
+    cuts: tuple[int, ...] | None = None
+
+    def cut(self, times: list[float], count: int) -> tuple[int, ...]:
+        """The cuts of `count` stages: the request's, else balancing the units' `times`."""
+        return self.cuts if self.cuts is not None else balanced_cuts(times, count)
 
     @property
     def ranks(self) -> int:
@@ -258,7 +263,7 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
     # stages hold as many or more samples' activations does not fit either.
     overflowing: list[tuple[int, tuple[float, ...]]] = []
     step_times = unit_times(gm, find_units(gm), stager.mesh.hardware)
-    cuts_of = functools.cache(lambda count: balanced_cuts(step_times, count))  # any m's
+    cuts_of = functools.cache(lambda count: stager.cut(step_times, count))  # any m's
     descending = False  # from the most allowed, which fit where the first round did not
     while counts and not settled(best and best.plan, stager.memory_budget, deadline,
                                  descending=descending):
@@ -343,7 +348,7 @@ def _started(candidate: tuple, held: tuple[float, ...], stager: _Stager,
     graph, units, times = measured()
     say(f"[stage] pipeline: {schedule.name}, {count} stages, {m} micro-batches")
     if (m, count) not in stager.splits:
-        cuts = balanced_cuts(times, count)
+        cuts = stager.cut(times, count)
         stager.splits[m, count] = cuts, split_stages(graph, units, cuts)
     cuts, stages = stager.splits[m, count]
     chosen = _Chosen(stages, units.names, schedule, m)
@@ -460,5 +465,6 @@ def _stage_pins(gm: fx.GraphModule, mesh: Mesh, axis: int,
             raise ShardingError(f"cannot pin {name!r}: no such tensor in the graph",
                                 expected="a parameter or buffer name, or a graph node name",
                                 got=repr(name), fix="use a name of the model's state or graph")
-        pins[name] = drop_axis(text, axis)
+        # A mesh of the pipeline axis alone leaves a sub-mesh of one device (`sub_mesh`).
+        pins[name] = drop_axis(text, axis) or "R"
     return pins

@@ -40,6 +40,10 @@ def check_request(pipeline: Pipeline, ranks: int, blocks: int, batch: int | None
                             got=f"stages={pipeline.stages}, schedule={pipeline.schedule}",
                             fix=f"Pipeline(stages={ranks}) or leave stages=None")
     least = min(min(pipeline.stage_counts(s, ranks)) for s in runnable)
+    if pipeline.cuts and pipeline.cuts[-1] >= blocks:
+        raise PipelineError(f"a cut at block {pipeline.cuts[-1]} of a model of {blocks} blocks",
+                            expected=f"cuts below {blocks}", got=repr(pipeline.cuts),
+                            fix="cut at blocks the model has, or leave cuts out")
     if least > blocks:
         raise PipelineError(f"{least} stages need at least {least} blocks to cut between",
                             expected=f"at most {blocks} stages (the model's blocks: layers "
