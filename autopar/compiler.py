@@ -311,11 +311,13 @@ def assemble_pipeline(model: nn.Module, gm: fx.GraphModule, plan: Plan,
 def _micro_step(model: nn.Module, gm: fx.GraphModule, plan: Plan, example_inputs: tuple
                 ) -> tuple[BatchSplit, fx.GraphModule, Callable[[list[list]], list[float]]]:
     """How a pipelined plan's step is cut: the split, the graph of one micro-batch and the
-    micro-batches' loss weights. A forward-only plan runs the batch whole, as one."""
+    micro-batches' loss weights (a forward-only plan has no loss: ones)."""
+    count = plan.pipeline.microbatches
     if not plan.training:
-        whole = BatchSplit(1, batch_size(gm) or 1, tuple(False for _ in _batch_inputs(gm)),
-                           SUMMED)
-        return whole, gm, lambda inputs: [1.0]
+        split = split_microbatches(gm, count) if count > 1 else BatchSplit(
+            1, batch_size(gm) or 1, tuple(False for _ in _batch_inputs(gm)), SUMMED)
+        micro = gm if count == 1 else micro_graph(model, example_inputs, split, training=False)
+        return split, micro, lambda inputs: [1.0] * count
     # A pipelined plan of a step that mixes samples was asked for (auto pipelines only steps
     # that split exactly), so it accumulates as planned; an exact step splits as before.
     split = split_microbatches(gm, plan.pipeline.microbatches, mixing=ACCUMULATE)

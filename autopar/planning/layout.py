@@ -52,8 +52,9 @@ def plan_layout(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mes
                                  memory_budget=memory_budget, **options)
         return _with_megatron_3d(plain, model, gm, example_inputs, mesh, budget, options,
                                  adopt=pipeline is not False)
+    # A forward's plan runs its batch whole (1); its pipeline chooses its micro-batches.
     if request.microbatches is None and isinstance(microbatches, int) \
-            and not isinstance(microbatches, bool):
+            and not isinstance(microbatches, bool) and is_training(gm):
         request = dataclasses.replace(request, microbatches=microbatches)
     if is_training(gm):
         loss_output(gm)

@@ -25,18 +25,20 @@ from torch.utils import _pytree as pytree
 
 from autopar.errors import MicrobatchError
 from autopar.passes.capturing.annotate import annotate
-from autopar.passes.capturing.capture import capture
+from autopar.passes.capturing.capture import capture, is_training
 from autopar.passes.layout.split_microbatches import batch_size, split_microbatches
 from autopar.values.microbatch import REFUSE, BatchSplit
 
 
-def micro_graph(model: nn.Module, example_inputs: tuple, split: BatchSplit) -> fx.GraphModule:
-    """`model` captured and annotated at the shapes of one micro-batch of `split`."""
+def micro_graph(model: nn.Module, example_inputs: tuple, split: BatchSplit, *,
+                training: bool = True) -> fx.GraphModule:
+    """`model` captured (for `training`, or its forward alone) and annotated at the shapes
+    of one micro-batch of `split`."""
     flat, spec = pytree.tree_flatten((tuple(example_inputs), {}))
     size = split.batch // split.microbatches
     flat = [value[:size] if cut else value for value, cut in zip(flat, split.split)]
     args, _ = pytree.tree_unflatten(flat, spec)
-    return annotate(capture(model, tuple(args)))
+    return annotate(capture(model, tuple(args), training=training))
 
 
 def _split(gm: fx.GraphModule, count: int, mixing: str) -> BatchSplit | MicrobatchError:
@@ -80,5 +82,6 @@ class MicroBatches:
 
     def graph(self, split: BatchSplit) -> fx.GraphModule:
         if split not in self._graphs:
-            self._graphs[split] = micro_graph(self.model, self.example_inputs, split)
+            self._graphs[split] = micro_graph(self.model, self.example_inputs, split,
+                                              training=is_training(self.gm))
         return self._graphs[split]

@@ -32,6 +32,10 @@ loss over the batch's means takes the micro-batch's), and the step's loss and gr
 the mean of the micro-batches' (ACCUMULATED, w_i = 1/M), not the whole batch's. Mutated
 buffers are refused even then.
 
+A forward-only graph (`is_training` False) has no loss: it splits where it writes no buffer
+(a KV cache is the whole batch's) and every output is made sample by sample, along dim 0,
+each micro-batch's rows concatenated back (`_forward_split`), and never accumulates.
+
 Reads `autopar_role`, `autopar_tensor`, `autopar_module`; writes nothing.
 `split_microbatches(gm, M)` returns the `BatchSplit` or raises `MicrobatchError` saying which op
 or output prevents it.
@@ -47,8 +51,9 @@ import torch.fx as fx
 
 from autopar.costs import formulas
 from autopar.errors import MicrobatchError
-from autopar.passes.capturing.capture import MUTATED
+from autopar.passes.capturing.capture import MUTATED, is_training
 from autopar.passes.capturing.gradient_path import gradient_path
+from autopar.passes.capturing.write_back import written_buffers
 from autopar.passes.problem.build_problem import edge_ref
 from autopar.passes.strategies.find_strategies import find_strategies, is_decision
 from autopar.values.graph_module import graph_module
@@ -185,6 +190,8 @@ def split_microbatches(gm: fx.GraphModule, microbatches: int, *, mixing: str = R
             expected="a count of micro-batches that divides dim 0 of the inputs",
             got=f"{microbatches} for a batch of {batch}",
             fix="pick a divisor of the batch size")
+    if not is_training(gm):
+        return _forward_split(gm, microbatches, batch)
     loss = _loss(gm)  # buffers mutated or no scalar loss: refused in both modes
     try:
         return _exact_split(gm, microbatches, batch, loss)
@@ -227,6 +234,37 @@ def _exact_split(gm: fx.GraphModule, microbatches: int, batch: int,
                   for n in _user_inputs(gm))
     constant = float(count) if weighting == SCALED else 1.0
     return BatchSplit(microbatches, batch, split, weighting, constant)
+
+
+def _forward_split(gm: fx.GraphModule, microbatches: int, batch: int) -> BatchSplit:
+    """The split of a forward-only graph: exact where it writes no buffer (a KV cache
+    holds the whole batch's sequences) and each output comes out split along dim 0 on a
+    batch split (the micro-batches' rows of it, concatenated back); `MicrobatchError`
+    otherwise, whatever `mixing` says (a forward has no loss to accumulate)."""
+    written = [n.name for n in written_buffers(gm)] + list(gm.meta.get(MUTATED, ()))
+    if written:
+        raise MicrobatchError("a forward that writes buffers (a KV cache) runs its batch whole",
+                              expected="a forward that writes no buffer",
+                              got=f"writes {', '.join(written)}", fix="microbatches=1")
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    outputs = [v for v in output.args[0] if isinstance(v, fx.Node)]
+    try:
+        placed = _propagate(gm, outputs, microbatches, batch)
+    except _Mixing as error:
+        raise MicrobatchError(f"{error.mixes} mixes the samples of the batch: the forward "
+                              "cannot run as micro-batches whose outputs are the batch's",
+                              expected="ops that compute each sample's outputs on their own",
+                              got=error.mixes, fix="microbatches=1") from None
+    for value in outputs:
+        if placed[value.name] != (Shard(0),):
+            raise MicrobatchError(
+                f"the output {value.name} is not made sample by sample",
+                expected="outputs whose dim 0 is the batch's, each row of its own sample",
+                got=f"{value.name} is {format_placements(placed[value.name])} on a batch split",
+                fix="microbatches=1")
+    split = tuple(placed.get(n.name) == (Shard(0),) or (not n.users and _has_batch_dim(n, batch))
+                  for n in _user_inputs(gm))
+    return BatchSplit(microbatches, batch, split, SUMMED)
 
 
 class _Mixing(MicrobatchError):

@@ -135,12 +135,17 @@ def test_a_forward_only_pipeline_sends_forward_and_broadcasts_the_outputs():
     assert page.count('data-kind="F"') == 2 and 'data-kind="B"' not in page
 
 
-@pytest.mark.parametrize("pipeline", [autopar.Pipeline(schedule="1F1B"),
-                                      autopar.Pipeline(microbatches=2)])
-def test_a_forward_only_pipeline_of_several_micro_batches_is_refused(pipeline):
+def test_a_forward_only_pipeline_runs_micro_batches_where_the_forward_splits():
     mesh = autopar.Mesh((2,), ("pp",), hardware="cpu")
-    with pytest.raises(PipelineError, match="one micro-batch") as raised:
-        autopar.plan(Stack(), mesh, _inputs(), training=False, pipeline=pipeline)
+    plan = autopar.plan(Stack(), mesh, _inputs(), training=False,
+                        pipeline=autopar.Pipeline(schedule="1F1B"), time_limit=5.0)
+    assert plan.pipeline.microbatches >= 2  # 1F1B runs at least one per rank
+    # The logits of all the micro-batches (8 x 10 float32), once, whole.
+    assert plan.comm_bytes(0)[("broadcast", "pp", "forward")] == 8 * 10 * 4
+    served, inputs = _decoder()  # its KV cache holds the whole batch's sequences
+    with pytest.raises(MicrobatchError, match="runs its batch whole") as raised:
+        autopar.plan(served, mesh, inputs, training=False,
+                     pipeline=autopar.Pipeline(microbatches=2))
     assert "fix" in str(raised.value)
 
 

@@ -168,3 +168,25 @@ def test_outputs_left_sharded_come_back_as_dtensors_of_the_same_values():
         # Nothing gathers the logits whole: fewer bytes than the plan that returns them so.
         assert sum(one.predicted.values()) < one.whole_plan_bytes, rank
 
+
+def serve_in_micro_batches(rank: int) -> tuple[float, dict, dict, int]:
+    """ViT pipelined over pp in 2 micro-batches: this rank's largest difference from the
+    plain model, bytes measured and predicted, and the plan's micro-batches."""
+    mesh = autopar.Mesh((2, 2), ("pp", "tp"), hardware="cpu")
+    model, inputs = inference_models.build("vit")
+    pm = autopar.compile(model, mesh, inputs, training=False,
+                         pipeline=autopar.Pipeline(microbatches=2), time_limit=3.0)
+    out = pm(*inputs)
+    model.eval()
+    with torch.no_grad():
+        expected = model(*inputs)
+    return (float((out - expected).abs().max()), dict(pm.counter.totals()),
+            pm.plan.rank_comm_bytes(tuple(pm.coordinate)), pm.plan.pipeline.microbatches)
+
+
+def test_a_forward_pipelined_in_micro_batches_returns_the_whole_batch_s_outputs():
+    for rank, (error, measured, predicted, count) in enumerate(
+            launch(serve_in_micro_batches, 4, timeout=600.0)):
+        assert count == 2 and error <= TOLERANCE, (rank, error)
+        assert measured == predicted, rank
+

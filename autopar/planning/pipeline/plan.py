@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping
 import torch.fx as fx
 
 from autopar.costs.schedule import in_flight, rank_of, step_time
-from autopar.errors import InfeasiblePlanError, PipelineError, ShardingError
+from autopar.errors import InfeasiblePlanError, MicrobatchError, PipelineError, ShardingError
 from autopar.passes.capturing.capture import MUTATED, is_training, outputs_sharded
 from autopar.passes.layout.split_microbatches import batch_size
 from autopar.passes.layout.split_stages import (
@@ -142,7 +142,7 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
     ranks, inner = mesh.shape[axis], sub_mesh(mesh, axis)
     batch = batch_size(gm)
     if not is_training(gm):
-        _check_forward_only(pipeline, ranks, outputs_sharded(gm), gm.meta.get(MUTATED, ()))
+        _check_forward_only(outputs_sharded(gm), gm.meta.get(MUTATED, ()))
     check_request(pipeline, ranks, find_units(gm).count, batch)
     stager = _Stager(mesh, axis, inner, memory_budget, plan_stage, cache={}, splits={},
                      pins=_stage_pins(gm, mesh, axis, constraints or {}), cuts=pipeline.cuts)
@@ -156,12 +156,10 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
     return _with_accumulation_warning(_refined(best, stager), mixes)
 
 
-def _check_forward_only(pipeline: Pipeline, ranks: int, sharded: bool,
-                        mutated: tuple[str, ...]) -> None:
-    """`PipelineError` unless `pipeline` can run a forward-only plan's batch whole, as one
-    micro-batch (a KV cache is the whole batch's; `_search`), and returns the outputs
-    whole (not `sharded`: the last stage broadcasts them whole), of a graph that writes
-    every buffer it updates in place (`write_back`; none left `mutated`, returned new)."""
+def _check_forward_only(sharded: bool, mutated: tuple[str, ...]) -> None:
+    """`PipelineError` unless a forward-only pipeline returns the outputs whole (not
+    `sharded`: the last stage broadcasts them whole) of a graph that writes every buffer
+    it updates in place (`write_back`; none left `mutated`, returned new)."""
     if mutated:
         raise PipelineError("a pipelined forward writes its buffers in place",
                             expected="no buffer the forward only writes",
@@ -173,14 +171,6 @@ def _check_forward_only(pipeline: Pipeline, ranks: int, sharded: bool,
                             got="outputs='sharded'",
                             fix="pipeline=False to take the outputs sharded, or "
                                 "outputs='whole'")
-    runs_one = [s.name for s in pipeline.schedules() if s.check_microbatches(1, ranks) is None]
-    if pipeline.microbatches not in (None, 1) or not runs_one:
-        raise PipelineError("a forward-only pipeline runs its batch whole, as one micro-batch",
-                            expected="microbatches=None or 1, and a schedule that runs one "
-                                     "(GPipe)",
-                            got=f"microbatches={pipeline.microbatches}, "
-                                f"schedule={pipeline.schedule}",
-                            fix="Pipeline(axis=...) with the other options left out")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,11 +238,11 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
     none fits), the last `InfeasiblePlanError` (None if none), and what mixes samples per
     accumulated count."""
     ranks = stager.ranks
-    # Fewer micro-batches than ranks leave most of every rank idle: not worth a solve. A
-    # forward-only plan runs its batch whole (its cache, if any, is the whole batch's).
-    allowed = [1] if not is_training(gm) else [pipeline.microbatches] \
-        if pipeline.microbatches else [m for m in divisors(batch or 1)
-                                       if ranks <= m <= MAX_MICROBATCHES]
+    # Fewer micro-batches than ranks leave most of every rank idle: not worth a solve.
+    allowed = [pipeline.microbatches] if pipeline.microbatches else [
+        m for m in divisors(batch or 1) if ranks <= m <= MAX_MICROBATCHES]
+    if not is_training(gm) and not pipeline.microbatches:
+        allowed = _forward_counts(micro, allowed)
     counts = [m for m in allowed if m <= MAX_MICROBATCHES_PER_RANK * ranks] or allowed[:1]
     first, tried = tuple(counts), []
     best: _Chosen | None = None
@@ -284,6 +274,18 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
         counts = next_counts(allowed, first, tried, best and best.plan, stager.memory_budget,
                              improved=best is not before, descending=descending)
     return best, failure, mixes
+
+
+def _forward_counts(micro: MicroBatches, allowed: list[int]) -> list[int]:
+    """A forward-only pipeline's micro-batch counts: the batch whole (one: a forward that
+    holds a KV cache runs no other), then `allowed` where the forward splits (each
+    output made sample by sample)."""
+    try:
+        if allowed:
+            micro.split(allowed[0])
+    except MicrobatchError:
+        return [1]
+    return [1, *allowed]
 
 
 def _micro_graph(gm: fx.GraphModule, micro: MicroBatches, m: int, mixing: str,

@@ -269,7 +269,7 @@ def costed(stages: tuple[Stage, ...], blocks: tuple[str, ...], stage_plans: list
         "all_reduce", axis_name, float(nbytes), True, name,
         float(formulas.collective_time("all_reduce", nbytes, ranks, link)))
         for name, nbytes in sorted(shared_bytes.items()))
-    name, nbytes = _returned(stages[-1].module)
+    name, nbytes = _returned(stages[-1].module, microbatches)
     transfers += (TransferRecord("broadcast", axis_name, float(nbytes), False, name,
                                  float(formulas.collective_time("broadcast", nbytes, ranks,
                                                                 link))),)
@@ -283,14 +283,15 @@ def costed(stages: tuple[Stage, ...], blocks: tuple[str, ...], stage_plans: list
     return _combined(plans, record, mesh, axis, max(per_rank), memory_budget)
 
 
-def _returned(last: fx.GraphModule) -> tuple[str, int]:
+def _returned(last: fx.GraphModule, microbatches: int) -> tuple[str, int]:
     """What the last stage broadcasts to the other pipeline ranks, and its bytes: the loss
-    (one float32 scalar) of a training step; a forward-only graph's outputs, whole."""
+    (one float32 scalar) of a training step; a forward-only graph's outputs, whole (its
+    `microbatches` micro-batches' rows of them, which `last` is one of)."""
     if is_training(last):
         return "loss", LOSS_BYTES
     output = next(n for n in last.graph.nodes if n.op == "output")
-    return "outputs", sum(spec.nbytes for value in output.all_input_nodes
-                          for spec in tensor_outputs(value))
+    return "outputs", microbatches * sum(spec.nbytes for value in output.all_input_nodes
+                                         for spec in tensor_outputs(value))
 
 
 def holds(module: fx.GraphModule, name: str) -> bool:
