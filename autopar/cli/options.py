@@ -87,7 +87,8 @@ def model_options(*, mesh: str, hardware: str, time_limit: float):
         click.option("--axis-names", default=None,
                      help="comma-separated axis names (default dp,tp,..)"),
         click.option("--hardware", default=hardware, show_default=True,
-                     help="profile name or path"),
+                     help="profile name or path; comma-separated for a mesh of several kinds "
+                          "(one per index of the outermost axis, or one per device)"),
         click.option("--memory-budget", type=float, default=None, help="bytes per device"),
         click.option("--time-limit", type=float, default=time_limit, show_default=True,
                      help="solver s"),
@@ -100,6 +101,11 @@ def model_options(*, mesh: str, hardware: str, time_limit: float):
         return command
 
     return decorate
+
+
+def hardware_kinds(text: str) -> str | list[str]:
+    """`--hardware`: one profile, or the comma-separated kinds of a mixed mesh."""
+    return text.split(",") if "," in text else text
 
 
 def process_count(nproc: int | None, shape: tuple[int, ...], mesh_text: str) -> int:

@@ -19,7 +19,14 @@ import click
 from rich.console import Console
 
 from autopar.cli.options import axis_names as parse_axis_names
-from autopar.cli.options import config, mesh_shape, microbatches, model_options, pipeline
+from autopar.cli.options import (
+    config,
+    hardware_kinds,
+    mesh_shape,
+    microbatches,
+    model_options,
+    pipeline,
+)
 from autopar.errors import AutoparError
 
 
@@ -77,7 +84,7 @@ def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, tim
     layout = pipeline(pipeline_text)
     caught: list[warnings.WarningMessage] = []
     try:
-        mesh = Mesh(shape, parse_axis_names(axis_names, len(shape)), hardware)
+        mesh = Mesh(shape, parse_axis_names(axis_names, len(shape)), hardware_kinds(hardware))
         model, inputs = load_model_file(model_file, **config(settings))
         with progress_lines() as progress, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -25,7 +25,7 @@ from autopar.passes.capturing.capture import (
 )
 from autopar.passes.capturing.write_back import written_buffers
 from autopar.planning.deadline import Deadline
-from autopar.planning.graph import NO_RULE, STAGE
+from autopar.planning.graph import NO_RULE, STAGE, device_budget
 from autopar.planning.layout import plan_layout
 from autopar.planning.prefill import check_prefill, with_prefill
 from autopar.planning.strategy_names import check_hand_strategy_names
@@ -141,12 +141,15 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
                prefill: int | None = None, **options) -> Plan:
     """`layout.plan_layout`'s plan within `deadline` (by default `time_limit` seconds from
     now), recording the example inputs it is for, the time it took, and the warnings
-    raised while planning once each (`_warned_once`); with `prefill`, a decode program's
+    raised while planning once each (`_warned_once`); a list of `memory_budget`s, one per
+    device, binds at its least (`graph.device_budget`); with `prefill`, a decode program's
     plan with that prefill's (`autopar.planning.prefill`), planned next with a limit of its
     own."""
     if deadline is None:
         deadline = Deadline(check_time_limit(time_limit))
     training = is_training(gm)
+    if "memory_budget" in options:  # one number: a list's least (one budget per device)
+        options["memory_budget"] = device_budget(options["memory_budget"], mesh)
     if not training:
         microbatches, pipeline = _forward_only_layout(microbatches, pipeline)
     raised: list[str] = []

@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from autopar.costs.optimizer_state import ADAMW, OptimizerState, optimizer_state
-from autopar.errors import InfeasiblePlanError
+from autopar.errors import InfeasiblePlanError, PlanningError
 from autopar.passes.capturing.annotate import DATA_MOVEMENT, FORMULA, flop_source, size_hints
 from autopar.passes.capturing.find_saved import Saved, find_saved
 from autopar.passes.capturing.trace_kernels import ensure_traced
@@ -181,6 +181,24 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                       edge_cache=edge_caches.of(mesh) if edge_caches else None,
                       progress=progress, deadline=deadline, screening=screening,
                       saved=tables.saved)
+
+
+def device_budget(memory_budget: object, mesh: Mesh) -> float | None:
+    """The budget a plan holds every device to: `memory_budget` itself (None: the
+    default), or of a list of one budget per device (row-major) the least, since an even
+    split puts as much on every device; `PlanningError` for a list of another length or
+    a budget that is not a positive number."""
+    if not isinstance(memory_budget, (list, tuple)):
+        return memory_budget
+    if len(memory_budget) != mesh.size or not all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0
+            for b in memory_budget):
+        raise PlanningError("a list of memory budgets gives one per device",
+                            expected=f"{mesh.size} positive byte counts (mesh "
+                                     f"{mesh.describe()})",
+                            got=f"{len(memory_budget)} values: {list(memory_budget)[:8]}",
+                            fix="one budget per device in row-major order, or one number")
+    return float(min(memory_budget))
 
 
 def default_budget(mesh: Mesh, memory_budget: float | None) -> float:

@@ -1,6 +1,8 @@
 """`Mesh`: the logical device grid a model is parallelized over.
 
-A mesh is a shape (`(2, 8)`), one name per axis (`("dp", "tp")`) and a hardware profile.
+A mesh is a shape (`(2, 8)`), one name per axis (`("dp", "tp")`) and a hardware profile,
+or a list of them: one kind of device per index of the outermost axis, or per device
+(`autopar.values.device_kinds`: the plan is costed with the slowest of every figure).
 Each axis is carried by one link level of the profile. By default the innermost axes are
 intra-node: walking from the last axis outwards, an axis stays on the innermost level while
 the devices it and the axes inside it span fit in one group of that level; `links=` names the
@@ -21,21 +23,26 @@ as measured: its figures are already the axis's.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from autopar.errors import MeshError
+from autopar.values.device_kinds import device_kinds, slowest
 from autopar.values.hardware import HardwareProfile, LinkLevel, available_hardware, load_hardware
 
 
 @dataclass(frozen=True)
 class Mesh:
-    """A validated device mesh. `hardware` may be given as a profile name or path."""
+    """A validated device mesh. `hardware` may be given as a profile name or path, or a
+    list of them (module docstring); it then holds the profile the plan is costed with,
+    and `kinds` each device's, in row-major order (None for a mesh of one kind)."""
 
     shape: tuple[int, ...]
     axis_names: tuple[str, ...]
-    hardware: HardwareProfile | str = "cpu"
+    hardware: HardwareProfile | str | list | tuple = "cpu"
     links: tuple[str, ...] | None = None
     axis_links: tuple[LinkLevel, ...] = field(init=False, repr=False, compare=False)
+    kinds: tuple[HardwareProfile, ...] | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         shape = (self.shape,) if isinstance(self.shape, int) else tuple(self.shape)
@@ -51,7 +58,12 @@ class Mesh:
             raise MeshError("mesh axis names must be distinct non-empty strings",
                             expected="e.g. ('dp', 'tp')", got=repr(names),
                             fix="rename the repeated axis")
-        hardware = load_hardware(self.hardware)
+        if isinstance(self.hardware, (list, tuple)):
+            kinds = device_kinds(self.hardware, shape)
+            object.__setattr__(self, "kinds", kinds if len(set(kinds)) > 1 else None)
+            hardware = slowest(kinds)
+        else:
+            hardware = load_hardware(self.hardware)
         if hardware.mesh_shape is not None and not _part_of(shape, hardware.mesh_shape):
             measured = "x".join(map(str, hardware.mesh_shape))
             raise MeshError(f"hardware profile {hardware.name!r} was measured on a mesh of "
@@ -115,24 +127,37 @@ class Mesh:
         """`"2x8 (dp:infiniband, tp:nvlink) on h100-sxm"`."""
         axes = ", ".join(f"{n}={s}:{link.name}"
                          for n, s, link in zip(self.axis_names, self.shape, self.axis_links))
-        return f"{'x'.join(map(str, self.shape))} ({axes}) on {self.hardware.name}"
+        if self.kinds is None:
+            return f"{'x'.join(map(str, self.shape))} ({axes}) on {self.hardware.name}"
+        counts = Counter(kind.name for kind in self.kinds)
+        mixed = " + ".join(f"{count} {name}" for name, count in counts.items())
+        return f"{'x'.join(map(str, self.shape))} ({axes}) on {mixed}, costed at the slowest"
 
     def to_dict(self) -> dict:
         """The mesh as JSON data: a bundled profile by its name, any other (measured, or
         read from a file) whole, so that the mesh reads back wherever the plan goes."""
-        hardware = self.hardware
-        bundled = hardware.name in available_hardware() and load_hardware(hardware.name) == hardware
+        kinds = [self.hardware] if self.kinds is None else self.kinds
+        named = [_named(kind) for kind in kinds]
         return {"shape": list(self.shape), "axis_names": list(self.axis_names),
-                "hardware": hardware.name if bundled else hardware.to_dict(),
+                "hardware": named[0] if self.kinds is None else named,
                 "links": [link.name for link in self.axis_links]}
 
     @classmethod
     def from_dict(cls, data: dict) -> Mesh:
         hardware = data["hardware"]
-        if isinstance(hardware, dict):
+        if isinstance(hardware, list):
+            hardware = [HardwareProfile.from_dict(kind, source="the plan's mesh")
+                        if isinstance(kind, dict) else kind for kind in hardware]
+        elif isinstance(hardware, dict):
             hardware = HardwareProfile.from_dict(hardware, source="the plan's mesh")
         return cls(tuple(data["shape"]), tuple(data["axis_names"]), hardware,
                    tuple(data["links"]))
+
+
+def _named(hardware: HardwareProfile) -> str | dict:
+    """A bundled profile by its name, any other (measured, or read from a file) whole."""
+    bundled = hardware.name in available_hardware() and load_hardware(hardware.name) == hardware
+    return hardware.name if bundled else hardware.to_dict()
 
 
 def _through_channels(hardware: HardwareProfile, link: LinkLevel, stride: int,
