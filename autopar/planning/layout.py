@@ -171,10 +171,10 @@ def _faster_forward(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple,
                     pipelined: Callable[[], Plan], *, memory_budget: float | None,
                     **options) -> Plan:
     """`_faster_of` for a forward-only graph: the plan without a pipeline first, then the
-    pipelined one with what the call's time has left; the faster that fits. A pipeline
-    runs a forward's batch whole, its stages in turn: it gains latency only where it saves
-    the collectives a plan without it runs over the pipeline axis (across nodes), so the
-    plan without it is the one to plan in full."""
+    pipelined one with what the call's time has left; the faster that fits. A forward's
+    pipeline gains latency only where it saves the collectives a plan without it runs
+    over the pipeline axis (across nodes) or overlaps its stages over micro-batches, so
+    the plan without it is the one to plan in full."""
     plain: Plan | None = None
     try:
         plain = plan_unpipelined(model, gm, example_inputs, mesh, microbatches=1,

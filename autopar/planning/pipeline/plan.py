@@ -42,6 +42,11 @@ slowest first, until the slowest is one so planned and the others weigh little i
 |schedules|) candidates of s screening solves each, and at most 2s full solves; the
 sub-mesh is the same for every stage (the other axes), not searched over as in Alpa, whose
 stage DP also chooses a sub-mesh shape per stage.
+
+A forward-only graph (a model as it serves) is pipelined the same way with nothing
+backward: its counts are one (the batch whole) and, where its forward splits, those above
+(`_forward_counts`); the last stage broadcasts its outputs. `Pipeline.cuts` fixes the
+stages' blocks in place of the balanced cuts (a prefill cut as its decode program was).
 """
 
 from __future__ import annotations
