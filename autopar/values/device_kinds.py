@@ -15,8 +15,11 @@ are therefore those of one profile made of the slowest of every figure:
 
 (rates per dtype or kernel family over the keys every kind has)
 exact where one kind is slower in every figure (an A100 beside an H100), an upper bound of
-the slowest device's time otherwise. Work sized to each device (uneven splits) is not
-planned yet.
+the slowest device's time otherwise. A pipeline over an axis whose indices hold different
+kinds costs each stage on its own rank's kind instead (`pipeline.plan.sub_mesh`), and cuts
+the layers in proportion (`split_stages.balanced_cuts` with each stage's unit times): the
+faster devices take more layers. Work sized to each device within an axis (uneven batch
+or tensor pieces) is not planned yet.
 """
 
 from __future__ import annotations

@@ -154,13 +154,20 @@ def unit_times(gm: fx.GraphModule, units: Units, hardware: HardwareProfile) -> l
     return times
 
 
-def balanced_cuts(times: list[float], stages: int) -> tuple[int, ...]:
+def balanced_cuts(times: list[float] | list[list[float]], stages: int) -> tuple[int, ...]:
     """The first unit of each stage after the first, minimising the slowest stage's sum of
-    `times` (module docstring; ties go to the earliest cut)."""
-    count = len(times)
-    prefix = [0.0]
-    for t in times:
-        prefix.append(prefix[-1] + t)
+    `times` (module docstring; ties go to the earliest cut): one time per unit, or one list
+    per stage (stage k's devices run unit u in `times[k][u]`: stages on devices of
+    different speeds, each of which takes the units it runs fastest in its share)."""
+    per_stage = [list(t) for t in times] if times and isinstance(times[0], (list, tuple)) \
+        else [list(times)] * stages
+    count = len(per_stage[0])
+    prefixes = []
+    for own in per_stage:
+        prefix = [0.0]
+        for t in own:
+            prefix.append(prefix[-1] + t)
+        prefixes.append(prefix)
     inf = float("inf")
     best = [[inf] * (stages + 1) for _ in range(count + 1)]
     back = [[0] * (stages + 1) for _ in range(count + 1)]
@@ -168,7 +175,7 @@ def balanced_cuts(times: list[float], stages: int) -> tuple[int, ...]:
     for k in range(1, stages + 1):
         for j in range(k, count - (stages - k) + 1):
             for i in range(k - 1, j):
-                value = max(best[i][k - 1], prefix[j] - prefix[i])
+                value = max(best[i][k - 1], prefixes[k - 1][j] - prefixes[k - 1][i])
                 if value < best[j][k]:
                     best[j][k], back[j][k] = value, i
     cuts, j = [], count

@@ -7,6 +7,7 @@ import dataclasses
 from types import SimpleNamespace
 
 import pytest
+import torch
 from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
 
 import autopar
@@ -179,6 +180,21 @@ def test_given_cuts_fix_the_stages_blocks():
     assert [stage.units for stage in plan.pipeline.stages] == [(0, 0), (1, 3)]
 
 
+def test_a_pipeline_over_an_h100_and_an_a100_node_gives_the_h100_more_layers():
+    model, inputs = llama.build(vocab=4096, seq=512, hidden=512, heads=8, kv_heads=4, ffn=1408,
+                                layers=6, batch=8, device="meta", dtype=torch.bfloat16)
+    mesh = autopar.Mesh((2, 2), ("pp", "tp"), hardware=["h100-sxm", "a100-sxm"])
+    steps, layers = {}, {}
+    for name, cuts in (("sized", None), ("even", (3,))):
+        plan = autopar.plan(model, mesh, inputs, time_limit=2.0,
+                            pipeline=Pipeline(schedule="1F1B", cuts=cuts))
+        steps[name] = plan.step_time_s
+        layers[name] = [last - first + 1 for first, last in
+                        (stage.units for stage in plan.pipeline.stages)]
+    assert layers["even"] == [3, 3] and layers["sized"][0] > layers["sized"][1]
+    assert steps["sized"] < steps["even"]
+
+
 def test_a_missing_pipeline_axis_is_named():
     model, inputs = build(batch=8, hidden=64, layers=2)
     with pytest.raises(autopar.PipelineError, match="no axis 'pp'"):
@@ -224,9 +240,9 @@ def _four_stage_candidate(planned: list, schedule: str = "1F1B", ranks: int = 4)
         planned.append(graph)
         return plan_graph(graph, stage_mesh, model_name="gpt", time_limit=1.0, **options)
 
-    stager = _Stager(mesh, 0, sub_mesh(mesh, 0), None, plan_stage, {}, {}, {})
-    times = unit_times(gm, units, mesh.hardware)
-    bound = _least_step(times, balanced_cuts(times, 4), 2, 4, ranks, SCHEDULES[schedule])
+    stager = _Stager(mesh, 0, (sub_mesh(mesh, 0),) * ranks, None, plan_stage, {}, {}, {})
+    times = (unit_times(gm, units, mesh.hardware),) * ranks
+    bound = _least_step(times, balanced_cuts(times[0], 4), 2, 4, ranks, SCHEDULES[schedule])
     return (bound, 4, SCHEDULES[schedule], 4, lambda: (gm, units, times)), stager
 
 
@@ -322,6 +338,8 @@ def test_balanced_cuts_minimise_the_slowest_stage():
     assert balanced_cuts([1, 1, 1, 1], 2) == (2,)
     assert balanced_cuts([3, 1, 1, 1], 2) == (1,)
     assert balanced_cuts([1, 1, 1, 1, 1, 1], 3) == (2, 4)
+    # A stage on devices twice as fast takes twice the units.
+    assert balanced_cuts([[0.5] * 6, [1.0] * 6], 2) == (4,)
 
 
 def test_a_pipelined_plan_records_its_stages_and_survives_json(tmp_path):

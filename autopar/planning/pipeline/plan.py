@@ -57,6 +57,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping
 
+import torch
 import torch.fx as fx
 
 from autopar.costs.schedule import in_flight, rank_of, step_time
@@ -89,7 +90,7 @@ from autopar.planning.pipeline.stages import (
     screened_stage,
     screened_stages,
 )
-from autopar.values.hardware import HardwareProfile
+from autopar.values.device_kinds import slowest
 from autopar.values.mesh import Mesh
 from autopar.values.microbatch import ACCUMULATED, REFUSE
 from autopar.values.pipeline import Pipeline, Schedule
@@ -100,14 +101,20 @@ from autopar.values.plan import (
 )
 
 
-def sub_mesh(mesh: Mesh, axis: int) -> Mesh:
+def sub_mesh(mesh: Mesh, axis: int, rank: int | None = None) -> Mesh:
     """`mesh` without axis `axis`, its other axes on the same links (one device, named
-    "stage", when nothing is left)."""
+    "stage", when nothing is left), costed with the mesh's profile, or with `rank`, that of
+    the devices at that index of the axis (of a mesh of several kinds, the slowest of
+    theirs: `autopar.values.device_kinds`)."""
+    hardware = mesh.hardware
+    if rank is not None and mesh.kinds is not None:
+        devices = torch.arange(mesh.size).reshape(mesh.shape).select(axis, rank).flatten()
+        hardware = slowest([mesh.kinds[i] for i in devices.tolist()])
     keep = [i for i in range(mesh.ndim) if i != axis]
     if not keep:
-        return Mesh((1,), ("stage",), hardware=mesh.hardware)
+        return Mesh((1,), ("stage",), hardware=hardware)
     return Mesh(tuple(mesh.shape[i] for i in keep), tuple(mesh.axis_names[i] for i in keep),
-                hardware=mesh.hardware, links=tuple(mesh.links[i] for i in keep))
+                hardware=hardware, links=tuple(mesh.links[i] for i in keep))
 
 
 def pipeline_axis(mesh: Mesh, pipeline: Pipeline) -> int:
@@ -144,7 +151,8 @@ def plan_pipeline(gm: fx.GraphModule, mesh: Mesh, pipeline: Pipeline, *,
     cut into micro-batches, `InfeasiblePlanError` when no candidate fits."""
     say = progress or (lambda message: None)
     axis = pipeline_axis(mesh, pipeline)
-    ranks, inner = mesh.shape[axis], sub_mesh(mesh, axis)
+    ranks = mesh.shape[axis]
+    inner = tuple(sub_mesh(mesh, axis, rank) for rank in range(ranks))
     batch = batch_size(gm)
     if not is_training(gm):
         _check_forward_only(outputs_sharded(gm), gm.meta.get(MUTATED, ()))
@@ -181,14 +189,15 @@ def _check_forward_only(sharded: bool, mutated: tuple[str, ...]) -> None:
 @dataclasses.dataclass(frozen=True)
 class _Stager:
     """What planning any candidate's stages shares: the mesh and its pipeline `axis`, the
-    sub-mesh `inner` of the other axes, the budget, the caller's `plan_stage`, the stage
+    sub-mesh `inner` of the other axes of each pipeline rank (alike but for the devices'
+    kind, on a mesh of several), the budget, the caller's `plan_stage`, the stage
     plans' `cache` (filled as candidates are planned), the cuts and stages of each
     micro-batch and stage count (`splits`: the schedules of as many stages cut them alike)
     and the `pins` on the sub-mesh; `cuts` the request's, else None (balanced)."""
 
     mesh: Mesh
     axis: int
-    inner: Mesh
+    inner: tuple[Mesh, ...]
     memory_budget: float | None
     plan_stage: Callable[..., Plan]
     cache: dict[tuple, Plan]
@@ -196,9 +205,12 @@ class _Stager:
     pins: dict[str, str]
     cuts: tuple[int, ...] | None = None
 
-    def cut(self, times: list[float], count: int) -> tuple[int, ...]:
-        """The cuts of `count` stages: the request's, else balancing the units' `times`."""
-        return self.cuts if self.cuts is not None else balanced_cuts(times, count)
+    def cut(self, times: tuple[list[float], ...], count: int) -> tuple[int, ...]:
+        """The cuts of `count` stages: the request's, else balancing the units' `times` on
+        each pipeline rank (`_measured`), each stage on its rank's."""
+        if self.cuts is not None:
+            return self.cuts
+        return balanced_cuts([times[rank_of(k, self.ranks)] for k in range(count)], count)
 
     @property
     def ranks(self) -> int:
@@ -253,11 +265,11 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
     best: _Chosen | None = None
     failure: Exception | None = None
     mixes: dict[int, str] = {}  # micro-batch count -> what mixes samples, when accumulated
-    devices = math.prod(stager.inner.shape)
+    devices = math.prod(stager.inner[0].shape)
     # (stage count, samples each stage holds) of the candidates that did not fit: one whose
     # stages hold as many or more samples' activations does not fit either.
     overflowing: list[tuple[int, tuple[float, ...]]] = []
-    step_times = unit_times(gm, find_units(gm), stager.mesh.hardware)
+    step_times = _measured(gm, stager.inner)[2]
     cuts_of = functools.cache(lambda count: stager.cut(step_times, count))  # any m's
     descending = False  # from the most allowed, which fit where the first round did not
     while counts and not settled(best and best.plan, stager.memory_budget, deadline,
@@ -265,7 +277,7 @@ def _search(gm: fx.GraphModule, pipeline: Pipeline, micro: MicroBatches, mixing:
         before, candidates = best, []
         for m in counts:
             measured = functools.cache(lambda m=m: _measured(
-                _micro_graph(gm, micro, m, mixing, mixes), stager.mesh.hardware))
+                _micro_graph(gm, micro, m, mixing, mixes), stager.inner))
             candidates += _candidates(pipeline, m, ranks, devices, step_times, cuts_of,
                                       measured)
         # The most micro-batches, tried when the first round fit none, may not fit for
@@ -360,7 +372,8 @@ def _started(candidate: tuple, held: tuple[float, ...], stager: _Stager,
     cuts, stages = stager.splits[m, count]
     chosen = _Chosen(stages, units.names, schedule, m)
     return chosen, stager.screening(chosen, _least_times(times, cuts,
-                                                         math.prod(stager.inner.shape)))
+                                                         math.prod(stager.inner[0].shape),
+                                                         stager.ranks))
 
 
 def _refined(best: _Chosen, stager: _Stager) -> Plan:
@@ -391,15 +404,21 @@ def _with_accumulation_warning(best: Plan, mixes: dict[int, str]) -> Plan:
     return best
 
 
-def _measured(graph: fx.GraphModule, hardware: HardwareProfile
-              ) -> tuple[fx.GraphModule, Units, list[float]]:
-    """`graph` with its units and their times on `hardware` (`unit_times`)."""
+def _measured(graph: fx.GraphModule, inner: tuple[Mesh, ...]
+              ) -> tuple[fx.GraphModule, Units, tuple[list[float], ...]]:
+    """`graph` with its units and their times on each pipeline rank's devices (`inner`'s
+    profiles; `unit_times`), measured once per kind."""
     units = find_units(graph)
-    return graph, units, unit_times(graph, units, hardware)
+    timed = {}
+    for sub in inner:
+        if sub.hardware not in timed:
+            timed[sub.hardware] = unit_times(graph, units, sub.hardware)
+    return graph, units, tuple(timed[sub.hardware] for sub in inner)
 
 
 def _candidates(pipeline: Pipeline, microbatches: int, ranks: int, devices: int,
-                step_times: list[float], cuts_of: Callable[[int], tuple[int, ...]],
+                step_times: tuple[list[float], ...],
+                cuts_of: Callable[[int], tuple[int, ...]],
                 measured: Callable[[], tuple]) -> list[tuple]:
     """The candidates of `microbatches` micro-batches, each `(lower bound of its step
     (`_least_step`), m, schedule, stage count, measured)`: `measured()` captures the
@@ -417,31 +436,34 @@ def _candidates(pipeline: Pipeline, microbatches: int, ranks: int, devices: int,
         # Same step for the same stage times, but each stage holds all m micro-batches,
         # not p - r: GPipe's best plan is never faster than 1F1B's.
         runnable = [s for s in runnable if s.name != "GPipe"]
-    times = [t / microbatches for t in step_times]
+    times = tuple([t / microbatches for t in own] for own in step_times)
     found = []
     for schedule in runnable:
         for count in pipeline.stage_counts(schedule, ranks):
-            if count <= len(times):
+            if count <= len(times[0]):
                 bound = _least_step(times, cuts_of(count), devices, microbatches, ranks,
                                     schedule)
                 found.append((bound, microbatches, schedule, count, measured))
     return found
 
 
-def _least_step(times: list[float], cuts: tuple[int, ...], devices: int, microbatches: int,
-                ranks: int, schedule: Schedule) -> float:
+def _least_step(times: tuple[list[float], ...], cuts: tuple[int, ...], devices: int,
+                microbatches: int, ranks: int, schedule: Schedule) -> float:
     """A lower bound of a candidate's step: the schedule's step time (monotone in each
     stage's time) of stages at their `_least_times`."""
-    return step_time(list(_least_times(times, cuts, devices)), microbatches, ranks, schedule)
+    return step_time(list(_least_times(times, cuts, devices, ranks)), microbatches, ranks,
+                     schedule)
 
 
-def _least_times(times: list[float], cuts: tuple[int, ...], devices: int
-                 ) -> tuple[float, ...]:
+def _least_times(times: tuple[list[float], ...], cuts: tuple[int, ...], devices: int,
+                 ranks: int) -> tuple[float, ...]:
     """Each stage's least time per micro-batch: its ops' training compute on one device
-    (`times` per unit) over the `devices` of the sub-mesh, the least any plan of it can
-    take (perfect splits, no communication, no recomputation)."""
-    bounds = [0, *cuts, len(times)]
-    return tuple(sum(times[a:b]) / devices for a, b in zip(bounds, bounds[1:]))
+    of its pipeline rank (`times` per rank per unit) over the `devices` of the sub-mesh,
+    the least any plan of it can take (perfect splits, no communication, no
+    recomputation)."""
+    bounds = [0, *cuts, len(times[0])]
+    return tuple(sum(times[rank_of(k, ranks)][a:b]) / devices
+                 for k, (a, b) in enumerate(zip(bounds, bounds[1:])))
 
 
 def _held_samples(schedule: Schedule, microbatches: int, ranks: int, count: int,

@@ -107,7 +107,7 @@ class Screening:
 
 
 def screened_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches: int,
-                    ranks: int, inner: Mesh, memory_budget: float | None,
+                    ranks: int, inner: tuple[Mesh, ...], memory_budget: float | None,
                     plan_stage: Callable[..., Plan], cache: dict[tuple, Plan],
                     pins: Mapping[str, str], chosen: Mapping[tuple, Plan] | None = None
                     ) -> Iterator[tuple[Plan, tuple]]:
@@ -147,7 +147,7 @@ def _place(stage: Stage, plan: Plan, sent: dict[str, str], pinned: dict[str, str
 
 
 def screened_stage(stages: tuple[Stage, ...], k: int, schedule: Schedule, microbatches: int,
-                   ranks: int, inner: Mesh, memory_budget: float | None,
+                   ranks: int, inner: tuple[Mesh, ...], memory_budget: float | None,
                    plan_stage: Callable[..., Plan], cache: dict[tuple, Plan],
                    pins: Mapping[str, str], pinned: Mapping[str, str],
                    received: Mapping[str, str]) -> tuple[Plan, tuple]:
@@ -163,7 +163,8 @@ def screened_stage(stages: tuple[Stage, ...], k: int, schedule: Schedule, microb
     wanted.update(received)
     key = (microbatches, len(stages), stage.index, held, tuple(sorted(wanted.items())))
     if key not in cache:
-        cache[key] = plan_stage(stage.module, inner, memory_budget=share,
+        cache[key] = plan_stage(stage.module, inner[rank_of(stage.index, ranks)],
+                                memory_budget=share,
                                 microbatches=microbatches, in_flight=held,
                                 constraints=wanted or None)
     return cache[key], key
@@ -179,7 +180,7 @@ def _stage_budget(stage: Stage, schedule: Schedule, microbatches: int, ranks: in
 
 
 def refined_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches: int,
-                   ranks: int, inner: Mesh, axis_name: str, link, memory_budget: float | None,
+                   ranks: int, inner: tuple[Mesh, ...], axis_name: str, link, memory_budget: float | None,
                    plan_stage: Callable[..., Plan], cache: dict[tuple, Plan],
                    pins: Mapping[str, str]) -> list[Plan]:
     """The stages' plans after planning some in full: the slowest stage (time per
@@ -220,7 +221,8 @@ def refined_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches: 
                                     memory_budget)
         wanted = dict(key[-1])
         try:
-            full = plan_stage(stage.module, inner, memory_budget=share,
+            full = plan_stage(stage.module, inner[rank_of(stage.index, ranks)],
+                              memory_budget=share,
                               microbatches=microbatches, in_flight=held,
                               constraints=wanted or None, refining=plan)
         except InfeasiblePlanError:
