@@ -180,9 +180,9 @@ def _stage_budget(stage: Stage, schedule: Schedule, microbatches: int, ranks: in
 
 
 def refined_stages(stages: tuple[Stage, ...], schedule: Schedule, microbatches: int,
-                   ranks: int, inner: tuple[Mesh, ...], axis_name: str, link, memory_budget: float | None,
-                   plan_stage: Callable[..., Plan], cache: dict[tuple, Plan],
-                   pins: Mapping[str, str]) -> list[Plan]:
+                   ranks: int, inner: tuple[Mesh, ...], axis_name: str, link,
+                   memory_budget: float | None, plan_stage: Callable[..., Plan],
+                   cache: dict[tuple, Plan], pins: Mapping[str, str]) -> list[Plan]:
     """The stages' plans after planning some in full: the slowest stage (time per
     micro-batch, its sends included) while it is one only screened, then the slowest
     screened one while the screened stages' times add up to more than `SCREENED_SHARE` of
