@@ -13,9 +13,9 @@ are therefore those of one profile made of the slowest of every figure:
     times (launch and kernel overheads, optimizer, overlap slowdown)   max over the kinds
     each link level (by name, innermost first)                         min bandwidth, max latency
 
-(rates per dtype or kernel family over the keys every kind has)
-exact where one kind is slower in every figure (an A100 beside an H100), an upper bound of
-the slowest device's time otherwise. A pipeline over an axis whose indices hold different
+(rates per dtype or kernel family over the keys every kind has). This is exact where one
+kind is slower in every figure (an A100 beside an H100), an upper bound of the slowest
+device's time otherwise. A pipeline over an axis whose indices hold different
 kinds costs each stage on its own rank's kind instead (`pipeline.plan.sub_mesh`), and cuts
 the layers in proportion (`split_stages.balanced_cuts` with each stage's unit times): the
 faster devices take more layers. Work sized to each device within an axis (uneven batch
@@ -94,8 +94,7 @@ def _slowest_link(links: list[LinkLevel]) -> LinkLevel:
     collectives of the slowest kind's."""
     slow = min(links, key=lambda link: link.bandwidth)
     bounded = [link.devices for link in links if link.devices is not None]
-    return dataclasses.replace(slow, bandwidth=slow.bandwidth,
-                               latency=max(link.latency for link in links),
+    return dataclasses.replace(slow, latency=max(link.latency for link in links),
                                devices=min(bounded) if bounded else None)
 
 
