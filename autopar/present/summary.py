@@ -250,13 +250,16 @@ def _pipeline_table(plan: Plan) -> Table:
                         f"{record.microbatches} micro-batches, {len(record.stages)} stages "
                         f"({record.virtual} per rank), bubble {record.bubble:.1%}",
                   title_justify="left")
-    for name in ("stage", "rank", "blocks", "ms per micro-batch", "in flight", "memory"):
-        table.add_column(name, justify="left" if name == "blocks" else "right")
+    axis, mixed = plan.mesh.axis_index(record.axis), plan.mesh.kinds is not None
+    for name in ("stage", "rank", *(("devices",) if mixed else ()), "blocks",
+                 "ms per micro-batch", "in flight", "memory"):
+        table.add_column(name, justify="left" if name in ("blocks", "devices") else "right")
     for stage in record.stages:
         blocks = stage.blocks[0] if stage.blocks[0] == stage.blocks[1] else \
             f"{stage.blocks[0]} .. {stage.blocks[1]}"
-        table.add_row(str(stage.index), str(stage.rank), blocks, _ms(stage.time_s),
-                      str(stage.in_flight), _size(stage.memory_bytes))
+        kinds = "+".join(kind.name for kind in plan.mesh.kinds_at(axis, stage.rank))
+        table.add_row(str(stage.index), str(stage.rank), *((kinds,) if mixed else ()), blocks,
+                      _ms(stage.time_s), str(stage.in_flight), _size(stage.memory_bytes))
     work = "forward and backward" if plan.training else "forward"
     table.caption = (f"ms: {work} of one micro-batch with the stage's sends; "
                      "in flight: micro-batches whose activations the stage holds at its peak; "

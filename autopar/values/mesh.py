@@ -26,6 +26,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from autopar.errors import MeshError
 from autopar.values.device_kinds import device_kinds, slowest
 from autopar.values.hardware import HardwareProfile, LinkLevel, available_hardware, load_hardware
@@ -115,6 +117,14 @@ class Mesh:
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    def kinds_at(self, axis: int, index: int) -> tuple[HardwareProfile, ...]:
+        """The kinds of the devices at `index` of axis `axis`, each once (the mesh's one
+        profile, for a mesh of one kind)."""
+        if self.kinds is None:
+            return (self.hardware,)
+        devices = torch.arange(self.size).reshape(self.shape).select(axis, index).flatten()
+        return tuple(dict.fromkeys(self.kinds[i] for i in devices.tolist()))
 
     def axis_index(self, name: str) -> int:
         """Position of the axis called `name`."""

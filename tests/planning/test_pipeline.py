@@ -193,6 +193,8 @@ def test_a_pipeline_over_an_h100_and_an_a100_node_gives_the_h100_more_layers():
                         (stage.units for stage in plan.pipeline.stages)]
     assert layers["even"] == [3, 3] and layers["sized"][0] > layers["sized"][1]
     assert steps["sized"] < steps["even"]
+    table = autopar.summary(plan).split("Pipeline over pp")[1]
+    assert "devices" in table and "h100-sxm" in table and "a100-sxm" in table
 
 
 def test_a_missing_pipeline_axis_is_named():

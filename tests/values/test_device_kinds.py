@@ -23,6 +23,8 @@ def test_one_kind_per_outer_index_covers_its_block_of_the_mesh():
     per_device = autopar.Mesh((2, 4), ("node", "gpu"),
                               hardware=["h100-sxm"] * 4 + ["a100-sxm"] * 4)
     assert per_device == mesh
+    assert [k.name for k in mesh.kinds_at(0, 1)] == ["a100-sxm"]
+    assert [k.name for k in mesh.kinds_at(1, 0)] == ["h100-sxm", "a100-sxm"]
     assert "4 h100-sxm + 4 a100-sxm" in mesh.describe()
     assert autopar.Mesh.from_dict(mesh.to_dict()) == mesh
     # One kind however given is a mesh of that kind.

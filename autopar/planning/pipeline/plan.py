@@ -57,7 +57,6 @@ import heapq
 import math
 from collections.abc import Callable, Mapping
 
-import torch
 import torch.fx as fx
 
 from autopar.costs.schedule import in_flight, rank_of, step_time
@@ -106,10 +105,7 @@ def sub_mesh(mesh: Mesh, axis: int, rank: int | None = None) -> Mesh:
     "stage", when nothing is left), costed with the mesh's profile, or with `rank`, that of
     the devices at that index of the axis (of a mesh of several kinds, the slowest of
     theirs: `autopar.values.device_kinds`)."""
-    hardware = mesh.hardware
-    if rank is not None and mesh.kinds is not None:
-        devices = torch.arange(mesh.size).reshape(mesh.shape).select(axis, rank).flatten()
-        hardware = slowest([mesh.kinds[i] for i in devices.tolist()])
+    hardware = mesh.hardware if rank is None else slowest(mesh.kinds_at(axis, rank))
     keep = [i for i in range(mesh.ndim) if i != axis]
     if not keep:
         return Mesh((1,), ("stage",), hardware=hardware)
