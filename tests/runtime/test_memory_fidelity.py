@@ -33,14 +33,17 @@ from autopar.runtime.launch import launch
 REPLICATED_PEAK = {"mlp": 168448.0, "gpt": 2181888.0, "resnet": 1152832.0}
 CASES = (
     MemoryCase("examples.mlp", memory_budget=0.3 * REPLICATED_PEAK["mlp"]),
-    MemoryCase("examples.gpt", memory_budget=0.315 * REPLICATED_PEAK["gpt"], time_limit=10.0),
+    MemoryCase("examples.gpt", memory_budget=0.315 * REPLICATED_PEAK["gpt"], time_limit=20.0),
     MemoryCase("examples.resnet", build=(("size", 32),),
                memory_budget=0.6 * REPLICATED_PEAK["resnet"]),
 )
 # Budgets that bind, each about as low as the plan still does what the case is for.
 # GPT's budget leaves out a plan predicted at 695,936 B that holds 785,400 B (12.9% over,
 # not yet explained), and its limit leaves the solves room (at 4 s the planner recomputes
-# eight ops, whose kept activations are 23% over the prediction: also a known gap).
+# eight ops, whose kept activations are 23% over the prediction: also a known gap; at 10 s
+# on a loaded machine it sometimes stops at a plan predicted at 682,880 B that holds
+# 771,064 B, 12.9% over like the first, where it usually finds one of 684,424 B that holds
+# about 718,000 B).
 # ResNet's images are 32x32: at 16x16, the plans that keep a parameter gathered split its
 # convolutions of 4x4 images over tp, whose oneDNN backward holds a scratchpad of 48 to
 # 64 KiB, several times the `costs/workspace.py` formula at that size: their peaks are
