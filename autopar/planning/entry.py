@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import warnings
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
@@ -15,6 +16,7 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 
 from autopar.costs.optimizer_state import optimizer_state
+from autopar.costs.schedule import rank_of
 from autopar.errors import MicrobatchError, PlanningError, ProblemFormatError
 from autopar.passes.capturing.annotate import annotate
 from autopar.passes.capturing.capture import (
@@ -185,12 +187,11 @@ def _kv_cache(gm: fx.GraphModule, made: Plan) -> dict:
     specs = {n.name: n.meta[TENSOR] for n in written_buffers(gm)}
     if not specs:
         return {}
-    rank = {s.index: s.rank for s in made.pipeline.stages} if made.pipeline else {}
-    held_by: dict[int, float] = {}  # pipeline rank -> its stages' cache bytes
+    ranks = made.pipeline.ranks if made.pipeline else 1
+    held_by: dict[int, float] = defaultdict(float)  # pipeline rank -> its stages' cache bytes
     for node in made.nodes:
         if node.name in specs:
-            where = rank.get(node.stage, 0)
-            held_by[where] = held_by.get(where, 0.0) + node.memory_bytes
+            held_by[rank_of(node.stage, ranks)] += node.memory_bytes
     held = max(held_by.values(), default=0.0)
     # (sequences, positions) of each 4-d buffer: one pair when all agree.
     shapes = {(spec.shape[0], spec.shape[2]) for spec in specs.values() if len(spec.shape) == 4}

@@ -25,6 +25,7 @@ or tensor pieces) is not planned yet.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from autopar.errors import MeshError
@@ -35,9 +36,7 @@ def device_kinds(hardware: Sequence, shape: tuple[int, ...]) -> tuple[HardwarePr
     """Each device's profile, in row-major order, from `hardware`: one name, path or profile
     per index of the outermost axis of `shape`, or one per device; `MeshError` for
     another length (`HardwareError` for a kind without a profile)."""
-    size = 1
-    for extent in shape:
-        size *= extent
+    size = math.prod(shape)
     given = [load_hardware(kind) for kind in hardware]
     if len(given) == size:
         return tuple(given)
