@@ -30,17 +30,20 @@ the table of docs/DESIGN.md (all-reduce <-> nothing, all-gather <-> reduce-scatt
 slice <-> all-gather, all-to-all <-> all-to-all, replicated use by a split op <-> all-reduce).
 
 Every function accepts plain numbers or sympy expressions for sizes, so the same formulas
-are evaluated for the solve and kept symbolic in the plan.
+are evaluated for the solve and kept symbolic in the plan. A tensor that a split cuts
+unevenly is sized by an `uneven.TensorBytes`, and its per-rank figures are the largest
+piece's (`autopar.costs.uneven`).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sympy
 import torch
 
+from autopar.costs import uneven
 from autopar.values.hardware import BACKWARD, HardwareProfile, LinkLevel
 from autopar.values.mesh import Mesh
 from autopar.values.placement import Partial, Placement, Placements, Replicate, Shard
@@ -246,6 +249,8 @@ class Transfer:
 
 
 def _local_bytes(nbytes, placements: Placements, mesh_shape: tuple[int, ...]):
+    if isinstance(nbytes, uneven.TensorBytes):
+        return uneven.piece_bytes(nbytes, placements, mesh_shape)
     return _divide(nbytes, _pieces(placements, mesh_shape))
 
 
@@ -312,16 +317,22 @@ def _conversion_steps(src: Placements, dst: Placements) -> tuple[Step, ...] | No
 class CollectiveStep:
     """One collective of a redistribution, whatever the tensor's size: `kind` over mesh
     `axis`, run while the tensor is cut into `pieces` (the product of its Shard axes'
-    sizes), so that a rank holds 1/pieces of it."""
+    sizes), so that a rank holds 1/pieces of it, turning placements `before` into `after`
+    (which only uneven pieces read: steps equal otherwise are the same step)."""
 
     kind: str
     axis: int
     pieces: int
+    before: Placements = field(default=(), compare=False)
+    after: Placements = field(default=(), compare=False)
 
     def buffer_bytes(self, nbytes, mesh_shape: tuple[int, ...]):
         """B of the formulas for a tensor of `nbytes` (global): the rank's piece,
         nbytes / pieces (an exact integer where it divides), times n for an all-gather,
-        whose output is the larger side."""
+        whose output is the larger side; rank 0's padded buffer for uneven pieces."""
+        if isinstance(nbytes, uneven.TensorBytes):
+            return uneven.buffer_bytes(nbytes, self.kind, self.axis, self.before, self.after,
+                                       mesh_shape)
         before = _divide(nbytes, self.pieces)
         return before * mesh_shape[self.axis] if self.kind == "all_gather" else before
 
@@ -342,9 +353,11 @@ def collective_plan(src: Placements, dst: Placements, mesh_shape: tuple[int, ...
     plan = []
     for axis, s, d in steps:
         kind = axis_collective(s, d)
-        if kind is not None:
-            plan.append(CollectiveStep(kind, axis, _pieces(current, mesh_shape)))
+        before = tuple(current)
         current[axis] = d
+        if kind is not None:
+            plan.append(CollectiveStep(kind, axis, _pieces(before, mesh_shape), before,
+                                       tuple(current)))
     return tuple(plan)
 
 

@@ -11,8 +11,9 @@ What the lowering must do beyond placing tensors as a strategy says (its obligat
 
 1. Local size arguments: ops that carry global sizes (view/reshape/_unsafe_view shape,
    expand size, unflatten sizes, repeat_interleave output_size) must be called with the
-   rank's local sizes: `local_args(op, pieces)`, with `pieces[d]` the number of chunks the
-   output's dim d is cut into over the whole mesh.
+   rank's local sizes: `local_args(op, shape)`, with `shape` the rank's piece of the output
+   (`autopar.values.placement.local_shape`: pieces follow DTensor's chunking, so ranks
+   may differ).
 2. Vocab-parallel embedding: `embedding` with its weight `Shard(0)` on an axis runs
    `embedding.masked_embedding` with the rank's first row, not a plain lookup (with dim 0
    split over several axes, the row offset of the rank's chunk in their combined order).
@@ -120,12 +121,12 @@ def admissible(op: OpSpec, inputs: tuple[Placements, ...], output: Placements) -
     return check is None or check(op, inputs, output)
 
 
-def local_args(op: OpSpec, pieces: Sequence[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The (args, kwargs) a rank calls `op.target` with, given that the op's (first) output
-    dim d is cut into `pieces[d]` chunks. Tensor arguments stay as `TensorSpec`s for the
-    caller to substitute; for ops without size arguments the args come back unchanged."""
-    assert not op.outputs or len(pieces) == op.outputs[0].ndim, (op.name, pieces)
+def local_args(op: OpSpec, shape: Sequence[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The (args, kwargs) a rank calls `op.target` with, given that its piece of the op's
+    (first) output has `shape`. Tensor arguments stay as `TensorSpec`s for the caller to
+    substitute; for ops without size arguments the args come back unchanged."""
+    assert not op.outputs or len(shape) == op.outputs[0].ndim, (op.name, shape)
     rewrite = _LOCAL_ARGS.get(op.target)
-    if rewrite is None or all(p == 1 for p in pieces):
+    if rewrite is None or tuple(shape) == tuple(op.outputs[0].shape):
         return tuple(op.args), dict(op.kwargs)
-    return rewrite(op, pieces)
+    return rewrite(op, shape)

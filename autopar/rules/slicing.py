@@ -88,7 +88,7 @@ def _repeat_interleave(op: OpSpec) -> list[AxisStrategy]:
     return unary_moves([(d, d) for d in range(src.ndim)], src, dst, partial=True)
 
 
-def _repeat_interleave_args(op: OpSpec, pieces: Sequence[int]) -> tuple[tuple, dict[str, Any]]:
+def _repeat_interleave_args(op: OpSpec, shape: Sequence[int]) -> tuple[tuple, dict[str, Any]]:
     """A given `output_size` is the global length of the repeated dim: use the local one."""
     size = argument(op, "output_size")
     args, kwargs = tuple(op.args), dict(op.kwargs)
@@ -98,7 +98,7 @@ def _repeat_interleave_args(op: OpSpec, pieces: Sequence[int]) -> tuple[tuple, d
     dim = 0 if dim is None else norm_dim(dim, op.outputs[0].ndim)
     names = [a.name for a in op.target._schema.arguments]
     index = names.index("output_size")
-    local = size // pieces[dim]
+    local = shape[dim]
     if index < len(args):
         args = (*args[:index], local, *args[index + 1:])
     else:

@@ -27,7 +27,7 @@ from autopar.values.placement import Placement
 aten = torch.ops.aten
 
 LocalArgs = Callable[[OpSpec, Sequence[int]], tuple[tuple[Any, ...], dict[str, Any]]]
-"""(op, pieces per output dim) -> (args, kwargs) a rank runs the op with."""
+"""(op, the rank's local output shape) -> (args, kwargs) a rank runs the op with."""
 
 
 def view_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, int]]:
@@ -138,12 +138,6 @@ def _repeat(op: OpSpec) -> list[AxisStrategy]:
     return unary_moves(pairs, src, dst, partial=True)
 
 
-def _local_shape(op: OpSpec, pieces: Sequence[int]) -> list[int]:
-    shape = op.outputs[0].shape
-    assert all(n % k == 0 for n, k in zip(shape, pieces)), (op.name, shape, pieces)
-    return [n // k for n, k in zip(shape, pieces)]
-
-
 def _replace(op: OpSpec, name: str, value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """`op`'s args/kwargs with argument `name` set to `value`, where it was given."""
     names = [a.name for a in op.target._schema.arguments]
@@ -158,13 +152,13 @@ def _replace(op: OpSpec, name: str, value: Any) -> tuple[tuple[Any, ...], dict[s
 
 def _shape_arg(name: str) -> LocalArgs:
     """The argument `name` is the output shape: a rank passes its local output shape."""
-    return lambda op, pieces: _replace(op, name, _local_shape(op, pieces))
+    return lambda op, shape: _replace(op, name, list(shape))
 
 
-def _unflatten_args(op: OpSpec, pieces: Sequence[int]) -> tuple[tuple[Any, ...], dict]:
+def _unflatten_args(op: OpSpec, shape: Sequence[int]) -> tuple[tuple[Any, ...], dict]:
     dim = norm_dim(argument(op, "dim"), op.inputs[0].ndim)
     count = len(argument(op, "sizes"))
-    return _replace(op, "sizes", _local_shape(op, pieces)[dim:dim + count])
+    return _replace(op, "sizes", list(shape)[dim:dim + count])
 
 
 _RESHAPES = (

@@ -32,7 +32,8 @@ from autopar.runtime.pending import PendingSum
 from autopar.runtime.recompute import Recompute
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.regather import Regather
-from autopar.runtime.steps import Step, local_shape, redistribution_steps
+from autopar.runtime.steps import Step, redistribution_steps
+from autopar.values.placement import local_shape
 
 __all__ = [
     "CommCounter", "LaunchArgumentError", "LaunchError", "PendingSum", "ProcessGroupError",

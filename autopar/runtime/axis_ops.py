@@ -3,9 +3,10 @@
 Collectives are torch.distributed's collectives over the axis's process group
 (`DeviceMesh.get_group(axis)`, whose group rank is the rank's coordinate on the axis), each
 writing into a new tensor so that the input is left as it was; the local steps are chunking
-and zero-filling. Every collective is recorded in the caller's `CommCounter` with the cost
-model's byte convention. Nothing here is differentiable: the autograd-aware wrapper lives in
-`collectives.py`.
+and zero-filling. Pieces follow DTensor's chunking; uneven ones travel padded to the largest
+piece, the padding counted as moved. Every collective is recorded in the caller's
+`CommCounter` with the cost model's byte convention. Nothing here is differentiable: the
+autograd-aware wrapper lives in `collectives.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from autopar.runtime.counter import CommCounter, tensor_bytes
 from autopar.runtime.steps import Step
-from autopar.values.placement import Partial, Replicate, Shard
+from autopar.values.placement import Partial, Replicate, Shard, chunk_extent
 
 
 def axis_name(mesh: DeviceMesh, axis: int) -> str:
@@ -42,63 +43,89 @@ def _all_reduce(t: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
-def _all_gather(t: torch.Tensor, dim: int, n: int, group) -> torch.Tensor:
-    out, _ = start_all_gather(t, dim, n, group, async_op=False)
-    return out
+def _padded(t: torch.Tensor, dim: int, length: int) -> torch.Tensor:
+    """`t` with zeros after its end along `dim` up to `length` (itself when as long)."""
+    extra = length - t.shape[dim]
+    if not extra:
+        return t
+    shape = list(t.shape)
+    shape[dim] = extra
+    return torch.cat([t, t.new_zeros(shape)], dim)
 
 
-def start_all_gather(t: torch.Tensor, dim: int, n: int, group, *, async_op: bool = True
-                     ) -> tuple[torch.Tensor, object]:
-    """Concatenate `t` over `group` (`n` ranks) along `dim`, the all_gather step, without
-    waiting (unless not `async_op`): (the result, valid once the work is waited on, possibly
-    a non-contiguous view; the torch.distributed work, None when not `async_op`)."""
+def start_all_gather(t: torch.Tensor, step: Step, mesh: DeviceMesh, *, async_op: bool = True
+                     ) -> tuple[torch.Tensor, object, int]:
+    """Concatenate `t` along the dim `step` gathers over its axis, without waiting (unless
+    not `async_op`): (the result, valid once the work is waited on, possibly a view; the
+    torch.distributed work, None when not `async_op`; the bytes gathered).
+
+    Uneven pieces travel padded to the largest (DTensor's chunking puts the padding only
+    after the last real rows, so the whole dim is the first rows of what arrives)."""
+    dim, n = step.src.dim, mesh.size(step.axis)
+    whole = step.whole(dim, tuple(mesh.shape), _coordinate(mesh))
+    largest = -(-whole // n)
     # Gather along dim 0, where the pieces are contiguous blocks in group-rank order.
-    front = t.movedim(dim, 0).contiguous()
-    out = front.new_empty((n * front.shape[0], *front.shape[1:]))
-    work = all_gather_single(out, front, group=group, async_op=async_op)
-    return out.movedim(0, dim), work
+    front = _padded(t.movedim(dim, 0), 0, largest).contiguous()
+    out = front.new_empty((n * largest, *front.shape[1:]))
+    work = all_gather_single(out, front, group=mesh.get_group(step.axis), async_op=async_op)
+    return out[:whole].movedim(0, dim), work, tensor_bytes(out)
 
 
-def _reduce_scatter(t: torch.Tensor, dim: int, n: int, group) -> torch.Tensor:
-    out, _, _ = start_reduce_scatter(t, dim, n, group, async_op=False)
-    return out
-
-
-def start_reduce_scatter(t: torch.Tensor, dim: int, n: int, group, *, async_op: bool = True
-                         ) -> tuple[torch.Tensor, object, torch.Tensor]:
-    """Sum `t` over `group` (`n` ranks) and keep this rank's chunk along `dim`, the
-    reduce_scatter step, without waiting (unless not `async_op`): (the chunk, valid once
-    the work is waited on, possibly a non-contiguous view; the torch.distributed work, None
-    when not `async_op`; the buffer sent, which must stay alive until then)."""
+def start_reduce_scatter(t: torch.Tensor, step: Step, mesh: DeviceMesh, *,
+                         async_op: bool = True) -> tuple[torch.Tensor, object, torch.Tensor]:
+    """Sum `t` over the axis of `step` and keep this rank's piece along the dim it
+    scatters, without waiting (unless not `async_op`): (the piece, valid once the work is
+    waited on, possibly a view; the torch.distributed work, None when not `async_op`; the
+    buffer sent, which must stay alive until then, and whose bytes are the step's)."""
+    dim, n = step.dst.dim, mesh.size(step.axis)
+    whole = t.shape[dim]
+    largest = -(-whole // n)
     # Scatter along dim 0, where the pieces are contiguous blocks in group-rank order.
-    front = t.movedim(dim, 0).contiguous()
-    out = front.new_empty((front.shape[0] // n, *front.shape[1:]))
-    work = reduce_scatter_single(out, front, group=group, async_op=async_op)
-    return out.movedim(0, dim), work, front
+    front = _padded(t.movedim(dim, 0), 0, n * largest).contiguous()
+    out = front.new_empty((largest, *front.shape[1:]))
+    work = reduce_scatter_single(out, front, group=mesh.get_group(step.axis), async_op=async_op)
+    length = chunk_extent(whole, n, mesh.get_local_rank(step.axis))[1]
+    return out[:length].movedim(0, dim), work, front
 
 
-def _all_to_all(t: torch.Tensor, src_dim: int, dst_dim: int, n: int, group) -> torch.Tensor:
+def _all_to_all(t: torch.Tensor, step: Step, mesh: DeviceMesh) -> tuple[torch.Tensor, int]:
     # Piece j (chunk j along dst_dim) goes to coordinate j; what comes back from j is its
     # src_dim shard j restricted to our dst_dim chunk, so concatenating along src_dim in
-    # coordinate order rebuilds that dim.
+    # coordinate order rebuilds that dim. Uneven pieces travel padded to the largest.
+    src_dim, dst_dim, n = step.src.dim, step.dst.dim, mesh.size(step.axis)
+    whole = step.whole(src_dim, tuple(mesh.shape), _coordinate(mesh))
+    cut = t.shape[dst_dim]
+    t = _padded(_padded(t, src_dim, -(-whole // n)), dst_dim, n * -(-cut // n))
     # Contiguous, whatever the memory format of t (stack and empty_like keep channels-last,
     # which a collective refuses).
     send = torch.stack(t.chunk(n, dst_dim)).contiguous()
     recv = torch.empty_like(send, memory_format=torch.contiguous_format)
-    dist.all_to_all_single(recv, send, group=group)
+    dist.all_to_all_single(recv, send, group=mesh.get_group(step.axis))
+    nbytes = tensor_bytes(send)
     del send  # not held while the result is laid out (`autopar.costs.staging`)
-    if src_dim == 0:
-        return recv.flatten(0, 1)  # the pieces are already in place
-    return torch.cat(recv.unbind(0), dim=src_dim)
+    out = recv.flatten(0, 1) if src_dim == 0 else torch.cat(recv.unbind(0), dim=src_dim)
+    length = chunk_extent(cut, n, mesh.get_local_rank(step.axis))[1]
+    return out.narrow(src_dim, 0, whole).narrow(dst_dim, 0, length), nbytes
 
 
-def _scatter_into_zeros(t: torch.Tensor, dim: int, n: int, coordinate: int) -> torch.Tensor:
+def _scatter_into_zeros(t: torch.Tensor, step: Step, mesh: DeviceMesh) -> torch.Tensor:
     # A Partial value whose summands are the shards, each at its place in zeros.
+    dim, n = step.src.dim, mesh.size(step.axis)
     shape = list(t.shape)
-    shape[dim] *= n
+    shape[dim] = step.whole(dim, tuple(mesh.shape), _coordinate(mesh))
     out = t.new_zeros(shape)
-    out.narrow(dim, coordinate * t.shape[dim], t.shape[dim]).copy_(t)
+    start, length = chunk_extent(shape[dim], n, mesh.get_local_rank(step.axis))
+    out.narrow(dim, start, length).copy_(t)
     return out
+
+
+def _coordinate(mesh: DeviceMesh) -> tuple[int, ...]:
+    return tuple(mesh.get_local_rank(axis) for axis in range(mesh.ndim))
+
+
+def piece_of(t: torch.Tensor, dim: int, n: int, index: int) -> torch.Tensor:
+    """Piece `index` of `t` cut in `n` along `dim` (DTensor's chunking; a view)."""
+    return t.narrow(dim, *chunk_extent(t.shape[dim], n, index))
 
 
 def apply_step(t: torch.Tensor, step: Step, mesh: DeviceMesh, counter: CommCounter,
@@ -111,19 +138,18 @@ def apply_step(t: torch.Tensor, step: Step, mesh: DeviceMesh, counter: CommCount
         if isinstance(dst, Partial) and isinstance(src, Replicate):
             return t if coordinate == 0 else torch.zeros_like(t)
         if isinstance(dst, Partial):
-            return _scatter_into_zeros(t, src.dim, n, coordinate)
-        return t.chunk(n, dst.dim)[coordinate].contiguous()  # R -> S(d)
-    group = mesh.get_group(step.axis)
+            return _scatter_into_zeros(t, step, mesh)
+        return piece_of(t, dst.dim, n, coordinate).contiguous()  # R -> S(d)
     if kind == "all_reduce":
-        out, nbytes = _all_reduce(t, group), tensor_bytes(t)
+        out, nbytes = _all_reduce(t, mesh.get_group(step.axis)), tensor_bytes(t)
     elif kind == "reduce_scatter":
-        out, nbytes = _reduce_scatter(t, dst.dim, n, group), tensor_bytes(t)
+        out, _, sent = start_reduce_scatter(t, step, mesh, async_op=False)
+        nbytes = tensor_bytes(sent)
     elif kind == "all_gather":
-        out = _all_gather(t, src.dim, n, group)
-        nbytes = tensor_bytes(out)
+        out, _, nbytes = start_all_gather(t, step, mesh, async_op=False)
     else:
         assert kind == "all_to_all" and isinstance(src, Shard) and isinstance(dst, Shard)
-        out, nbytes = _all_to_all(t, src.dim, dst.dim, n, group), tensor_bytes(t)
+        out, nbytes = _all_to_all(t, step, mesh)
     counter.record(kind, axis_name(mesh, step.axis), direction, nbytes)
     return out
 

@@ -19,7 +19,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.runtime.axis_ops import apply_steps
+from autopar.runtime.axis_ops import apply_steps, piece_of
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.errors import RedistributionError
 from autopar.runtime.grad_reduce import (
@@ -33,8 +33,7 @@ from autopar.runtime.pending import pending_reducible, reduce_output
 from autopar.runtime.prefetch import Prefetch, prefetchable
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.regather import Regather
-from autopar.runtime.steps import local_shape
-from autopar.values.placement import Replicate, Shard, format_placements
+from autopar.values.placement import Replicate, Shard, format_placements, local_shape
 
 
 class _Redistribute(torch.autograd.Function):
@@ -62,7 +61,8 @@ def _check(x: torch.Tensor, r: Redistribution, mesh: DeviceMesh,
         raise RedistributionError("the device mesh differs from the edge's mesh",
                                   expected=f"mesh shape {r.mesh_shape}",
                                   got=f"{tuple(mesh.shape)}", fix="use the plan's mesh")
-    expected = local_shape(r.shape, r.src, r.mesh_shape)
+    coordinate = tuple(mesh.get_local_rank(axis) for axis in range(mesh.ndim))
+    expected = local_shape(r.shape, r.src, r.mesh_shape, coordinate)
     if tuple(x.shape) != expected or x.dtype != r.dtype:
         raise RedistributionError(
             f"local tensor does not fit {format_placements(r.src)} of global shape {r.shape}",
@@ -201,7 +201,7 @@ class Collective(nn.Module):
                                 self.context.reducer, owned=self.owned_gradient)
         if self._slice is not None and not (x.requires_grad and torch.is_grad_enabled()):
             dim, pieces, index = self._slice  # an input's piece: no autograd, no collective
-            return x.chunk(pieces, dim)[index].contiguous()
+            return piece_of(x, dim, pieces, index).contiguous()
         if not self.redistribution.requires_grad:
             # The consumer passes no gradient back (an integer tensor, or `zeros_like(x)`).
             x = x.detach()

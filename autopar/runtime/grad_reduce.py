@@ -220,12 +220,11 @@ class GradientReducer:
         for step in steps[:at]:  # local: nothing to record
             grad = apply_step(grad, step, mesh, counter, "backward")
         step = steps[at]
-        counter.record("reduce_scatter", axis_name(mesh, step.axis), "backward",
-                       grad.numel() * grad.element_size())
         while len(self._scatters) >= SCATTERS_IN_FLIGHT:
             self._complete(self._scatters.pop(0))
-        chunk, work, sent = start_reduce_scatter(grad, step.dst.dim, mesh.size(step.axis),
-                                                 mesh.get_group(step.axis))
+        chunk, work, sent = start_reduce_scatter(grad, step, mesh)
+        counter.record("reduce_scatter", axis_name(mesh, step.axis), "backward",
+                       sent.numel() * sent.element_size())
         self._scatters.append((parameter, chunk, work, sent, steps[at + 1:], mesh, counter))
 
     @staticmethod

@@ -39,7 +39,7 @@ from autopar.runtime.program import RankProgram, StateSlot
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.shards import gather_full, local_piece
 from autopar.values.microbatch import BatchSplit, micro_inputs
-from autopar.values.placement import format_placements, parse_placements, shard_count
+from autopar.values.placement import format_placements, parse_placements
 from autopar.values.plan import Plan
 from autopar.values.specs import TensorSpec
 
@@ -170,6 +170,7 @@ class ParallelModule(nn.Module):
         self._positional_arity = arity if self._in_spec == positional else None
         self._program: fx.GraphModule = program.module
         self._collectives = program.collectives
+        self._output_specs = program.outputs
         self._slots = slots
         self._constants = register_pieces(self, slots, pieces, persistent)
         self._arguments = slots[:len(program.state)]
@@ -299,16 +300,16 @@ class ParallelModule(nn.Module):
 
     def _as_dtensors(self, outputs: list) -> list:
         """Each tensor output as the DTensor its piece is of, placed as the plan's output
-        node reads it (the plan splits evenly: the whole shape is the piece's times its
-        pieces)."""
+        node reads it, of the shape the captured graph gives it."""
         output = next(n for n in self.plan.nodes if n.role == "output")
         placed = iter(output.inputs[len(self._mutated):])
+        specs = iter(self._output_specs[len(self._mutated):])
         wrapped = []
         for value in outputs:
+            spec = next(specs)
             if isinstance(value, torch.Tensor):
                 placements = parse_placements(next(placed))
-                shape = tuple(size * shard_count(placements, self.plan.mesh.shape, dim)
-                              for dim, size in enumerate(value.shape))
+                shape = tuple(spec.shape)
                 value = DTensor.from_local(value, self.device_mesh, placements, run_check=False,
                                            shape=torch.Size(shape),
                                            stride=torch.empty(shape, device="meta").stride())

@@ -57,10 +57,8 @@ class Prefetch:
         step = redistribution.forward_steps[at]
         local = apply_steps(shard.detach(), redistribution.forward_steps[:at], mesh, counter,
                             "forward")
-        out, work = start_all_gather(local, step.src.dim, mesh.size(step.axis),
-                                     mesh.get_group(step.axis))
-        counter.record("all_gather", axis_name(mesh, step.axis), "forward",
-                       out.numel() * out.element_size())
+        out, work, nbytes = start_all_gather(local, step, mesh)
+        counter.record("all_gather", axis_name(mesh, step.axis), "forward", nbytes)
         self._started[key] = (out, work, redistribution, mesh, counter)
 
     def take(self, key: int) -> torch.Tensor | None:

@@ -32,7 +32,8 @@ class RankProgram:
     """A rank's program: `module(*local_state, *flat_user_inputs)` -> flat outputs.
 
     `inputs` holds the global `TensorSpec` of every flat user input (for a non-tensor leaf,
-    the example value the graph was specialised to); `collectives` names each inserted
+    the example value the graph was specialised to), `outputs` that of every flat output
+    (None for a non-tensor one); `collectives` names each inserted
     `Collective` submodule with its edge. `recompute` is the saved-tensor scope of the
     recomputed ops (None without any): run the module inside it; it also does the work of
     the `Regather` scope.
@@ -43,3 +44,4 @@ class RankProgram:
     inputs: tuple[object, ...]
     collectives: tuple[tuple[str, Redistribution], ...]
     recompute: Recompute | None = None
+    outputs: tuple[object, ...] = ()

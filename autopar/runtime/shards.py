@@ -2,7 +2,8 @@
 
 Pieces follow the placements' chunk order: a dim sharded over axes a < b is cut outer axis
 first, so the rank at coordinates (i_a, i_b) holds chunk i_a * n_b + i_b (DTensor's order,
-the one `autopar.runtime.steps` gathers in). Stored tensors are never `Partial`.
+the one `autopar.runtime.steps` gathers in), with DTensor's chunking where a dim does not
+divide. Stored tensors are never `Partial`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.runtime.axis_ops import apply_steps
+from autopar.runtime.axis_ops import apply_steps, piece_of
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.steps import redistribution_steps
 from autopar.values.placement import Partial, Placements, Replicate, Shard
@@ -23,7 +24,7 @@ def chunk_of(full: torch.Tensor, placements: Placements, mesh_shape: tuple[int, 
     piece = full
     for axis, placement in enumerate(placements):
         if isinstance(placement, Shard):
-            piece = piece.chunk(mesh_shape[axis], placement.dim)[coordinate[axis]]
+            piece = piece_of(piece, placement.dim, mesh_shape[axis], coordinate[axis])
     return piece
 
 

@@ -13,7 +13,9 @@ one of
 A dim sharded over several axes is cut outer axis first: on axes (a, b), a < b, a rank holds
 chunk i_a * n_b + i_b (DTensor's order). A step is one collective only when its axis is the
 innermost one sharding the dims it touches; otherwise `UnsupportedRedistributionError`.
-Splits must be even (the strategy pass guarantees it): otherwise `ShardingError`.
+Pieces follow DTensor's chunking (`autopar.values.placement`), so a dim need not divide: a
+step knows the tensor's global shape and its placements before the step, from which a rank
+works out the pieces' sizes (`Step.whole`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from autopar.values.placement import (
     Shard,
     format_placement,
     format_placements,
-    shard_count,
+    local_shape,
 )
 
 
@@ -43,6 +45,9 @@ class Step:
     axis: int
     src: Placement
     dst: Placement
+    # The tensor's global shape and its placements before the step: what sizes its pieces.
+    shape: tuple[int, ...] = field(default=(), compare=False)
+    before: Placements = field(default=(), compare=False)
     # The collective this step performs; None for the local ones. Derived once: the runtime
     # reads it on every call.
     kind: str | None = field(init=False, compare=False)
@@ -50,20 +55,21 @@ class Step:
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", axis_collective(self.src, self.dst))
 
+    def whole(self, dim: int, mesh_shape: tuple[int, ...], coordinate: tuple[int, ...]) -> int:
+        """The size of `dim` over the step's axis group at `coordinate`: what the group's
+        pieces of it add up to (the dim's size with this axis replicated)."""
+        placements = list(self.before)
+        placements[self.axis] = Replicate()
+        return local_shape(self.shape, tuple(placements), mesh_shape, coordinate)[dim]
+
     def __str__(self) -> str:
         return f"axis {self.axis}: {format_placement(self.src)} -> {format_placement(self.dst)}"
 
 
-def local_shape(shape: tuple[int, ...], placements: Placements,
-                mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Shape of one rank's piece of a tensor of global `shape` (even splits)."""
-    return tuple(size // shard_count(placements, mesh_shape, dim)
-                 for dim, size in enumerate(shape))
-
-
 def check_placements(placements: Placements, shape: tuple[int, ...],
                      mesh_shape: tuple[int, ...]) -> None:
-    """Raise unless `placements` is one supported placement per axis that splits evenly."""
+    """Raise unless `placements` is one supported placement per axis, each Shard of a dim
+    of the tensor."""
     text = format_placements(placements) if placements else "()"
     if len(placements) != len(mesh_shape):
         raise ShardingError("placements do not match the mesh",
@@ -81,12 +87,6 @@ def check_placements(placements: Placements, shape: tuple[int, ...],
         if not isinstance(placement, Shard | Replicate | Partial):
             raise ShardingError("unknown placement", expected="Shard, Replicate or Partial",
                                 got=repr(placement), fix="use autopar.values.placement's types")
-    for dim, size in enumerate(shape):
-        pieces = shard_count(placements, mesh_shape, dim)
-        if size % pieces:
-            raise ShardingError(f"dim {dim} of size {size} does not split evenly",
-                                expected=f"a size divisible by {pieces}", got=text,
-                                fix="pick placements that divide the dim evenly")
 
 
 def redistribution_steps(src: Placements, dst: Placements, shape: tuple[int, ...],
@@ -103,11 +103,11 @@ def redistribution_steps(src: Placements, dst: Placements, shape: tuple[int, ...
             expected="steps on the innermost axis sharding each dim they touch",
             got=f"{format_placements(src)} -> {format_placements(dst)}",
             fix="plan the edge through a placement that unshards the inner axes first")
-    current = list(src)
-    for axis, _, placement in steps:
-        current[axis] = placement
-        check_placements(tuple(current), shape, mesh_shape)
-    return tuple(Step(axis, before, after) for axis, before, after in steps)
+    current, out = list(src), []
+    for axis, before, after in steps:
+        out.append(Step(axis, before, after, tuple(shape), tuple(current)))
+        current[axis] = after
+    return tuple(out)
 
 
 def nbytes_of(shape: tuple[int, ...], itemsize: int) -> int:

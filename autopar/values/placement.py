@@ -4,11 +4,17 @@ The vocabulary is torch.distributed.tensor's own (`Shard(dim)`, `Replicate()`,
 `Partial("sum")`), reused rather than re-declared so that plans map one to one onto DTensor
 layouts. A tensor's sharding over a mesh is a tuple of placements, one per mesh axis
 (`Placements`). This module adds the short text form used in plans and tables:
-`S(0)`, `R`, `P`, and a whole sharding as `"S(0),R"`.
+`S(0)`, `R`, `P`, and a whole sharding as `"S(0),R"`, and the sizes of the pieces.
+
+Pieces follow DTensor's chunking (`torch.chunk`): a dim of `size` cut in `n` holds chunks of
+`ceil(size / n)`, the last non-empty one shorter and any after it empty (6 in 4: 2, 2, 2, 0).
+A dim cut over several axes is cut outer axis first. Rank 0 (every coordinate 0) holds the
+largest piece of every dim.
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -19,7 +25,9 @@ from autopar.errors import ShardingError
 __all__ = [
     "Partial", "Placement", "Placements", "Replicate", "Shard", "format_placement",
     "format_placements", "parse_placement", "parse_placements", "shard_count",
-    "is_split",
+    "is_split", "chunk_sizes", "chunk_extent", "local_shape", "is_even", "uneven_dims",
+    "smallest_piece",
+    "piece_bytes",
 ]
 
 Placements = tuple[Placement, ...]
@@ -82,3 +90,57 @@ def shard_count(placements: Placements, mesh_shape: tuple[int, ...], dim: int) -
 def is_split(placement: Placement) -> bool:
     """True for placements under which each rank holds less than the full value."""
     return not isinstance(placement, Replicate)
+
+
+def chunk_sizes(size: int, n: int) -> tuple[int, ...]:
+    """The sizes of the `n` pieces of a dim of `size` (DTensor's chunking)."""
+    return tuple(chunk_extent(size, n, i)[1] for i in range(n))
+
+
+def chunk_extent(size: int, n: int, index: int) -> tuple[int, int]:
+    """(offset, length) of piece `index` of a dim of `size` cut in `n` (DTensor's chunking:
+    pieces of ceil(size / n), the last ones shorter or empty)."""
+    full = -(-size // n)
+    start = min(size, full * index)
+    return start, min(size, start + full) - start
+
+
+def local_shape(shape: tuple[int, ...], placements: Placements, mesh_shape: tuple[int, ...],
+                coordinate: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The shape of the piece the rank at `coordinate` holds of a tensor of global `shape`
+    (None: rank 0's, the largest on every dim)."""
+    local = list(shape)
+    for axis, placement in enumerate(placements):
+        if isinstance(placement, Shard):
+            index = 0 if coordinate is None else coordinate[axis]
+            local[placement.dim] = chunk_extent(local[placement.dim], mesh_shape[axis], index)[1]
+    return tuple(local)
+
+
+def smallest_piece(size: int, placements: Placements, mesh_shape: tuple[int, ...],
+                   dim: int) -> int:
+    """The length of the shortest piece of `dim` (of `size`) under `placements`."""
+    lengths = [size]
+    for axis, placement in enumerate(placements):
+        if placement == Shard(dim):
+            lengths = [piece for length in lengths
+                       for piece in chunk_sizes(length, mesh_shape[axis])]
+    return min(lengths)
+
+
+def uneven_dims(shape: tuple[int, ...], placements: Placements,
+                mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The dims of `shape` that `placements` cut into pieces of different sizes."""
+    return tuple(d for d, size in enumerate(shape)
+                 if size % shard_count(placements, mesh_shape, d))
+
+
+def is_even(shape: tuple[int, ...], placements: Placements, mesh_shape: tuple[int, ...]) -> bool:
+    """Whether every piece of a tensor of `shape` under `placements` has the same shape."""
+    return not uneven_dims(shape, placements, mesh_shape)
+
+
+def piece_bytes(shape: tuple[int, ...], itemsize: int, placements: Placements,
+                mesh_shape: tuple[int, ...]) -> int:
+    """Bytes of rank 0's piece, the largest one."""
+    return math.prod(local_shape(shape, placements, mesh_shape)) * itemsize

@@ -49,7 +49,7 @@ from collections.abc import Callable
 import torch
 import torch.fx as fx
 
-from autopar.costs import formulas
+from autopar.costs import formulas, uneven
 from autopar.errors import MicrobatchError
 from autopar.passes.capturing.capture import MUTATED, is_training
 from autopar.passes.capturing.gradient_path import gradient_path
@@ -160,7 +160,8 @@ def _accumulates(refs, have: list[Placements], strategy, mesh_shape: tuple[int, 
     gradient all-reduces, which accumulation does: the replicated producer's backward is
     linear in the gradient, and computes the same in every micro-batch."""
     for k, ref in enumerate(refs):
-        transfers = formulas.edge_transfers(ref.tensor.nbytes, have[k], strategy.inputs[k],
+        transfers = formulas.edge_transfers(uneven.tensor_bytes(ref.tensor, mesh_shape),
+                                            have[k], strategy.inputs[k],
                                             strategy.output, mesh_shape,
                                             requires_grad=ref.requires_grad, regather=False,
                                             recompute=False)

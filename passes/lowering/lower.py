@@ -65,9 +65,10 @@ from autopar.runtime.ring_attention import RingAttention
 from autopar.values.placement import (
     Placements,
     Shard,
+    chunk_extent,
     format_placements,
+    local_shape,
     parse_placements,
-    shard_count,
 )
 from autopar.values.plan import Plan
 from autopar.values.specs import NAMES, ROLE, TENSOR, TensorSpec
@@ -113,12 +114,14 @@ def _identifier(placements: Placements) -> str:
 
 def _first_row(table: TensorSpec, placements: Placements, mesh_shape: tuple[int, ...],
                coordinate: tuple[int, ...]) -> int:
-    # Axes cutting dim 0, outer first: the rank holds chunk i_a * n_b + i_b (DTensor order).
-    chunk = 0
+    # Axes cutting dim 0, outer first (DTensor's order): each moves the start by the
+    # offset of the rank's piece within what the outer axes left it.
+    start, rows = 0, table.shape[0]
     for axis, placement in enumerate(placements):
         if placement == Shard(0):
-            chunk = chunk * mesh_shape[axis] + coordinate[axis]
-    return chunk * (table.shape[0] // shard_count(placements, mesh_shape, 0))
+            offset, rows = chunk_extent(rows, mesh_shape[axis], coordinate[axis])
+            start += offset
+    return start
 
 
 class _Lowering:
@@ -159,8 +162,10 @@ class _Lowering:
             else:
                 self.env[node] = self._op(node)
         module = fx.GraphModule(self.root, self.graph, class_name="RankProgram")
+        returned = pytree.tree_leaves(self.gm.graph.output_node().args[0])
+        outputs = tuple(v.meta.get(TENSOR) if isinstance(v, fx.Node) else None for v in returned)
         return RankProgram(module, tuple(self.state), tuple(self.inputs),
-                           tuple(self.collectives), self.recompute)
+                           tuple(self.collectives), self.recompute, outputs)
 
     def _record_placeholder(self, node: fx.Node) -> None:
         role, spec = node.meta.get(ROLE), node.meta.get(TENSOR)
@@ -235,9 +240,9 @@ class _Lowering:
         placed, before = self.placed[node.name], {}
         args, kwargs = self._arguments(node, before)
         op = op_spec(node)
-        pieces = [shard_count(placed.output, self.mesh_shape, d)
-                  for d in range(op.outputs[0].ndim)] if op.outputs else []
-        local, local_kwargs = rules.local_args(op, pieces)
+        shape = local_shape(op.outputs[0].shape, placed.output, self.mesh_shape,
+                            self.coordinate) if op.outputs else ()
+        local, local_kwargs = rules.local_args(op, shape)
         args, kwargs = _substitute((args, kwargs), (local, local_kwargs))
         target, kwargs = _RELAXED.get(node.target, node.target), self._on_device(kwargs)
         if placed.inputs and any(is_vocab_split(op, p) for p in placed.inputs[0]):

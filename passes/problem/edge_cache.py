@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.costs import formulas, staging
+from autopar.costs import formulas, staging, uneven
 from autopar.passes.problem.edge_costs import Background, EdgeRef, edge_seconds
 from autopar.passes.strategies.find_strategies import Strategy
 from autopar.values.mesh import Mesh
@@ -104,7 +104,7 @@ class EdgeCache:
                 microbatches: int) -> EdgeSecondsTable:
         """The `edge_seconds` of edge `ref` for every pair of its producer's strategies `src`
         and its consumer's `dst`, in a step of `microbatches` runs of the graph."""
-        nbytes = ref.tensor.nbytes
+        nbytes = uneven.tensor_bytes(ref.tensor, self.mesh.shape)
         context = (nbytes, ref.requires_grad, ref.saved, ref.same_block,
                    ref.producer_is_parameter, ref.consumer_is_view, ref.consumer_saves,
                    ref.bucket_bytes, ref.producer_recomputed, ref.consumer_writes,
@@ -116,6 +116,11 @@ class EdgeCache:
             return found[2]
         producers, consumers = self._producers_of(src), self._consumers_of(dst, ref.position)
         codes = self._signatures(ref, producers, consumers)
+        if isinstance(nbytes, uneven.TensorBytes):
+            # Uneven pieces differ from dim to dim, which signatures do not tell apart:
+            # every pair of groups is its own, valid for these strategies only.
+            codes = np.arange(codes.size, dtype=np.int64).reshape(codes.shape)
+            context = (*context, id(src), id(dst), ref.position)
         unique, first, inverse = np.unique(codes.ravel(), return_index=True,
                                            return_inverse=True)
         values = np.empty((len(unique), 3))
@@ -139,7 +144,7 @@ class EdgeCache:
         """`held_bytes` of edge `ref`, copy plus own, for every pair of its producer's
         strategies `src` and its consumer's `dst` (a Ks x Kd array, shared: do not write
         it); the producer keeps its output unless recomputed."""
-        nbytes = ref.tensor.nbytes
+        nbytes = uneven.tensor_bytes(ref.tensor, self.mesh.shape)
         key = (id(src), id(dst), ref.position, nbytes, ref.keeps, ref.owns,
                ref.producer_off_path, ref.recipe)
         found = self._held.get(key)
@@ -175,7 +180,7 @@ class EdgeCache:
         consumer must read the output as it is
         and keeps a handle. Their sum is `held` except for a recomputed consumer that
         reads through a conversion (its recipe keeps the output too)."""
-        nbytes = ref.tensor.nbytes
+        nbytes = uneven.tensor_bytes(ref.tensor, self.mesh.shape)
         key = (id(src), id(dst), ref.position, nbytes, "parts")
         found = self._held.get(key)
         if found is not None:
@@ -197,7 +202,7 @@ class EdgeCache:
         the gradient converted to the placement its producer needs, and a parameter's
         copy gathered again for the backward (not kept gathered: ZeRO-3); each conversion
         with its staging buffers (`autopar.costs.staging`), a kept one's too."""
-        nbytes = ref.tensor.nbytes
+        nbytes = uneven.tensor_bytes(ref.tensor, self.mesh.shape)
         key = (id(src), id(dst), ref.position, nbytes, "transients", ref.keeps,
                ref.requires_grad, ref.producer_is_parameter, ref.producer_off_path)
         found = self._held.get(key)
@@ -242,15 +247,18 @@ class EdgeCache:
         size, the tensor's bytes over its pieces), each distinct pair computed once."""
         sources, src_at = np.unique(src, return_inverse=True)
         targets, dst_at = np.unique(dst, return_inverse=True)
+        # Uneven pieces are not a tensor's bytes over its pieces: sized per tensor.
+        size = nbytes if isinstance(nbytes, uneven.TensorBytes) else 1.0
         per_byte = np.empty((len(sources), len(targets)))
         for row, i in enumerate(sources.tolist()):
             for column, j in enumerate(targets.tolist()):
-                found = self._staged.get((i, j))
+                found = self._staged.get((i, j, size))
                 if found is None:
-                    found = self._staged[(i, j)] = staging.staging_bytes(
-                        1.0, self._placements[i], self._placements[j], self.mesh.shape)
+                    found = self._staged[(i, j, size)] = staging.staging_bytes(
+                        size, self._placements[i], self._placements[j], self.mesh.shape)
                 per_byte[row, column] = found
-        return nbytes * per_byte[np.ix_(src_at.ravel(), dst_at.ravel())]
+        scale = 1.0 if isinstance(nbytes, uneven.TensorBytes) else nbytes
+        return scale * per_byte[np.ix_(src_at.ravel(), dst_at.ravel())]
 
     def _id(self, placements) -> int:
         found = self._ids.get(placements)

@@ -19,7 +19,7 @@ import dataclasses
 import sympy
 import torch.fx as fx
 
-from autopar.costs import formulas
+from autopar.costs import formulas, uneven
 from autopar.passes.capturing.gradient_path import tensor_outputs, trained
 from autopar.passes.problem.build_problem import ProblemBuild
 from autopar.passes.problem.edge_costs import (
@@ -58,7 +58,8 @@ def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound,
         total += parameter_step_time(tensor_outputs(node)[0], strategy.output, mesh,
                                      build.optimizer)
     for ref, src, dst in inbound:
-        transfers = strategy_edge_transfers(ref, src, dst, ref.tensor.sym_nbytes, mesh.shape)
+        nbytes = uneven.tensor_bytes(ref.tensor, mesh.shape, symbolic=True)
+        transfers = strategy_edge_transfers(ref, src, dst, nbytes, mesh.shape)
         total += sum(step_seconds(ref, src, transfers, count, mesh))
         total -= hidden_seconds(ref, src, transfers, count, mesh, hidden)
     return sympy.sympify(total)
@@ -103,7 +104,8 @@ def _edges(build: ProblemBuild, chosen) -> dict[str, list]:
     for ref in build.edges:
         src, dst = chosen[ref.producer], chosen[ref.consumer]
         edges[ref.consumer].append((ref, src, dst, strategy_edge_transfers(
-            ref, src, dst, ref.tensor.nbytes, build.mesh.shape)))
+            ref, src, dst, uneven.tensor_bytes(ref.tensor, build.mesh.shape),
+            build.mesh.shape)))
     return edges
 
 
@@ -117,7 +119,8 @@ def _held(build: ProblemBuild, chosen) -> dict[str, float]:
         if not (ref.keeps or ref.recipe):
             continue
         src = chosen[ref.producer]
-        copy, own = held_bytes(ref, src, chosen[ref.consumer], ref.tensor.nbytes,
+        copy, own = held_bytes(ref, src, chosen[ref.consumer],
+                               uneven.tensor_bytes(ref.tensor, build.mesh.shape),
                                build.mesh.shape)
         held[ref.consumer] += build.in_flight * float(copy)
         held[ref.producer] += build.in_flight * float(own)
@@ -250,8 +253,8 @@ def _memory_bytes(i: int, node: fx.Node, strategy, build: ProblemBuild,
     on_path, in_flight = build.requires_grad[node.name], build.in_flight
     usage *= held_copies(node, on_path, in_flight) / microbatch_copies(node, on_path, in_flight)
     if build.timed_gradients and trained(node):
-        usage += float(formulas.local_bytes(tensor_outputs(node)[0].nbytes, strategy.output,
-                                            build.mesh.shape))
+        gradient = uneven.tensor_bytes(tensor_outputs(node)[0], build.mesh.shape)
+        usage += float(formulas.local_bytes(gradient, strategy.output, build.mesh.shape))
     return usage
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from autopar.costs import formulas
+from autopar.costs import formulas, uneven
 from autopar.costs.optimizer_state import OptimizerState
 from autopar.costs.ring import Ring, ring_of
 from autopar.passes.capturing.gradient_path import tensor_outputs
 from autopar.passes.capturing.trace_kernels import priced_kernels
-from autopar.passes.strategies.find_strategies import Strategy, op_spec
+from autopar.passes.strategies.find_strategies import Strategy, op_spec, tensor_inputs
 from autopar.rules.attention import RING_TARGETS
 from autopar.values.mesh import Mesh
 from autopar.values.specs import FLOPS, TensorSpec
@@ -35,12 +35,24 @@ def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differenti
     if flops == 0 and nbytes == 0:
         return 0
     divisor = formulas.compute_divisor(strategy.inputs, strategy.output, mesh.shape)
+    imbalance = _imbalance(node, strategy, mesh.shape)
+    if imbalance != 1:
+        divisor /= imbalance
     return formulas.training_compute_time(flops / divisor, nbytes / divisor,
                                           tensor_outputs(node)[0].dtype, mesh.hardware,
                                           differentiable=differentiable,
                                           recompute=strategy.recompute,
                                           family=formulas.kernel_family(node.target),
                                           kernels=kernels)
+
+
+def _imbalance(node: fx.Node, strategy: Strategy, mesh_shape: tuple[int, ...]) -> float:
+    """How much more than an even share of the work rank 0 does: the most any of the op's
+    tensors puts on it (`uneven.imbalance`; 1 where every split is even)."""
+    specs = [spec for _, spec in tensor_inputs(node)] + [tensor_outputs(node)[0]]
+    placements = [*strategy.inputs, strategy.output]
+    return max(uneven.imbalance(uneven.tensor_bytes(spec, mesh_shape), p, mesh_shape)
+               for spec, p in zip(specs, placements))
 
 
 def op_ring(node: fx.Node, strategy: Strategy, mesh: Mesh, size=lambda value: value
@@ -72,15 +84,15 @@ def stored_parameter_bytes(spec: TensorSpec, placements, mesh_shape: tuple[int, 
                            optimizer: OptimizerState) -> tuple[float, float]:
     """(bytes of a parameter's stored piece, which its gradient has too; bytes of its
     master copy and optimizer states) on one rank, stored as `placements`."""
-    stored = formulas.local_bytes(spec.nbytes, placements, mesh_shape)
-    elements = formulas.local_bytes(spec.numel, placements, mesh_shape)
-    return stored, elements * optimizer.element_bytes(spec.dtype)
+    stored = formulas.local_bytes(uneven.tensor_bytes(spec, mesh_shape), placements, mesh_shape)
+    return stored, stored // spec.itemsize * optimizer.element_bytes(spec.dtype)
 
 
 def parameter_step_time(spec: TensorSpec, placements, mesh: Mesh, optimizer: OptimizerState):
     """Seconds of the optimizer's step for a parameter stored as `placements`: on one
     rank, its stored piece (`formulas.optimizer_time`)."""
-    elements = formulas.local_bytes(spec.numel, placements, mesh.shape)
+    elements = formulas.local_bytes(uneven.tensor_bytes(spec, mesh.shape), placements,
+                                    mesh.shape) / spec.itemsize
     return formulas.optimizer_time(elements, spec.dtype.itemsize,
                                    optimizer.element_bytes(spec.dtype), mesh.hardware)
 
@@ -97,5 +109,6 @@ def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer:
     total = (2 if gradient else 1) * stored + states if trained else stored
     if strategy.gathered is not None:
         copies = (2 if trained else 1) * uses if strategy.whole_gradient else saving_uses
-        total += copies * formulas.local_bytes(spec.nbytes, strategy.gathered, mesh.shape)
+        total += copies * formulas.local_bytes(uneven.tensor_bytes(spec, mesh.shape),
+                                               strategy.gathered, mesh.shape)
     return total

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch.fx as fx
 
-from autopar.costs import formulas, workspace
+from autopar.costs import formulas, uneven, workspace
 from autopar.passes.capturing.gradient_path import tensor_outputs
 from autopar.passes.problem.edge_costs import EdgeRef
 from autopar.passes.strategies.offer_recompute import recompute_region
@@ -155,7 +155,8 @@ class BackwardUsages:
             if not ref.requires_grad or ref.consumer_is_view or consumer.op != "call_function":
                 continue
             made = np.array([float(formulas.local_bytes(
-                ref.tensor.nbytes, st.inputs[ref.position], b.mesh.shape))
+                uneven.tensor_bytes(ref.tensor, b.mesh.shape), st.inputs[ref.position],
+                b.mesh.shape))
                 for st in b.table.strategies[ref.consumer]])
             step = self.timeline.backward_step(b.index[ref.consumer])
             yield self._one_end(ref.producer, ref.consumer, made, (step, step + 1))
@@ -250,13 +251,14 @@ class BackwardUsages:
         b = self.b
         operands: dict[str, dict[int, int]] = {}
         for ref in self.edges:
-            operands.setdefault(ref.consumer, {})[ref.position] = ref.tensor.nbytes
+            operands.setdefault(ref.consumer, {})[ref.position] = uneven.tensor_bytes(
+                ref.tensor, b.mesh.shape)
         for name, sizes in operands.items():
             node = b.by_name[name]
             family = formulas.kernel_family(node.target)
             if node.op != "call_function" or family not in workspace.FAMILIES:
                 continue
-            output = tensor_outputs(node)[0].nbytes
+            output = uneven.tensor_bytes(tensor_outputs(node)[0], b.mesh.shape)
             spaces = [workspace.kernel_workspace(family, tuple(
                 float(formulas.local_bytes(sizes[k], st.inputs[k], b.mesh.shape))
                 for k in sorted(sizes)), float(formulas.local_bytes(output, st.output,

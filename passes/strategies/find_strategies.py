@@ -5,12 +5,16 @@ not a graph: for each node that becomes a decision of the sharding problem (tens
 placeholders, ops, the output) a tuple of `Strategy`, the all-replicated one first.
 
 Ops get their strategies from the rule registry (`autopar.rules`): the rule's single-axis
-strategies, plus all-replicated, are multiplied over the mesh axes and combinations that
-cut some dim unevenly are dropped (every shard has the same shape, so local shapes are
-exact), and so are those the rules do not admit (`rules.admissible`). An op without a rule
-keeps only the replicated strategy, and one warning per op names it. Parameters, buffers
-and constants may be stored replicated or sharded along any dim on each axis
-(ZeRO-3/FSDP-style storage), and a sharded parameter may instead be kept gathered over
+strategies, plus all-replicated, are multiplied over the mesh axes, and combinations the
+rules do not admit (`rules.admissible`) are dropped. A dim that does not divide is cut as
+DTensor cuts it (`autopar.values.placement`: the first pieces one longer, the last ones
+shorter), where its pieces line up with the op's other pieces: a rule pairs dims split
+over the same axis, and pieces of dims of different sizes, or cut over different axes,
+line up only where every one of them divides. A cut that leaves a piece empty, and a
+context-parallel ring over uneven pieces, are dropped. An op
+without a rule keeps only the replicated strategy, and one warning per op names it.
+Parameters, buffers and constants may be stored replicated or sharded along any dim on
+each axis (ZeRO-3/FSDP-style storage), and a sharded parameter may instead be kept gathered over
 some of its split axes from its use to its backward (ZeRO-2); user inputs arrive whole on
 every rank, so they are replicated. A pipeline stage's boundary tensors
 (`autopar_boundary`: the inputs it receives, the outputs it sends), and the outputs of a
@@ -26,6 +30,7 @@ they carry their producer's placement.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 import warnings
 from dataclasses import dataclass
@@ -36,10 +41,19 @@ from torch.utils import _pytree as pytree
 
 from autopar import rules
 from autopar.passes.capturing.capture import is_training
+from autopar.rules.attention import context_axis
 from autopar.rules.base import AxisStrategy, OpSpec
 from autopar.values.graph_module import argument_nodes
 from autopar.values.mesh import Mesh
-from autopar.values.placement import Placements, Replicate, Shard, format_placements, shard_count
+from autopar.values.placement import (
+    Placements,
+    Replicate,
+    Shard,
+    format_placements,
+    shard_count,
+    smallest_piece,
+    uneven_dims,
+)
 from autopar.values.specs import BOUNDARY, ROLE, SHARDED_OUTPUTS, TENSOR, TensorSpec
 
 STORED_ROLES = ("parameter", "buffer", "constant")
@@ -132,10 +146,31 @@ def _fits(spec: TensorSpec, placements: Placements, mesh_shape: tuple[int, ...])
         if isinstance(placement, Shard) and not 0 <= placement.dim < spec.ndim:
             return False
     # A whole dim always fits, even an empty one (a zero-size cache or constant); a split
-    # one needs at least one element per chunk, and chunks of equal size.
-    counts = (shard_count(placements, mesh_shape, d) for d in range(spec.ndim))
-    return all(count == 1 or (size % count == 0 and size >= count)
-               for size, count in zip(spec.shape, counts))
+    # one needs no empty piece (kernels refuse empty weights and batches: 6 rows in 4
+    # would be 2, 2, 2, 0), and a dynamic one an even cut.
+    for d, size in enumerate(spec.shape):
+        count = shard_count(placements, mesh_shape, d)
+        if count > 1 and (size % count if spec.sym_shape is not None
+                          else smallest_piece(size, placements, mesh_shape, d) == 0):
+            return False
+    return True
+
+
+def lined_up(tensors: list[tuple[TensorSpec, Placements]], mesh_shape: tuple[int, ...]) -> bool:
+    """Whether the pieces of the split dims of an op's `tensors` line up (module docstring):
+    on each axis, the dims it splits have one size and one list of splitting axes, unless
+    each of them divides."""
+    split: dict[int, set[tuple[int, tuple[int, ...]]]] = {}
+    uneven_axes: set[int] = set()
+    for spec, placements in tensors:
+        for d, size in enumerate(spec.shape):
+            axes = tuple(a for a, p in enumerate(placements) if p == Shard(d))
+            cut = size % math.prod(mesh_shape[a] for a in axes) if axes else 0
+            for axis in axes:
+                split.setdefault(axis, set()).add((size, axes))
+                if cut:
+                    uneven_axes.add(axis)
+    return all(len(split[axis]) == 1 for axis in uneven_axes)
 
 
 def _combine(per_axis: list[list[AxisStrategy]], op: OpSpec, mesh: Mesh) -> tuple[Strategy, ...]:
@@ -146,9 +181,18 @@ def _combine(per_axis: list[list[AxisStrategy]], op: OpSpec, mesh: Mesh) -> tupl
             output=tuple(s.output for s in combo))
         tensors = [*zip(op.inputs, strategy.inputs), *((o, strategy.output) for o in op.outputs)]
         if all(_fits(spec, placements, mesh.shape) for spec, placements in tensors) \
-                and rules.admissible(op, strategy.inputs, strategy.output):
+                and lined_up(tensors, mesh.shape) \
+                and rules.admissible(op, strategy.inputs, strategy.output) \
+                and not _uneven_ring(op, strategy, tensors, mesh.shape):
             seen.setdefault(strategy)
     return tuple(seen)
+
+
+def _uneven_ring(op: OpSpec, strategy: Strategy, tensors: list[tuple[TensorSpec, Placements]],
+                 mesh_shape: tuple[int, ...]) -> bool:
+    # The ring's blocks are whole, equal chunks of the sequence.
+    return context_axis(op, strategy.inputs) is not None and any(
+        uneven_dims(spec.shape, placements, mesh_shape) for spec, placements in tensors)
 
 
 def _replicated(op: OpSpec) -> AxisStrategy:

@@ -3,8 +3,9 @@
 `simulate(target, args, kwargs, strategy, n)` checks, with real fp64 tensors, that running
 the op on each rank's local inputs yields the output placement the strategy claims:
 
-- inputs are cut per placement: `S(d)` -> `torch.chunk` along d, `R` -> the whole tensor,
-  `P` -> random summands that add up to the tensor;
+- inputs are cut per placement: `S(d)` -> DTensor's chunks along d (uneven where n does
+  not divide, when the strategy pass would keep the strategy: `find_strategies.lined_up`),
+  `R` -> the whole tensor, `P` -> random summands that add up to the tensor;
 - each rank calls the op with `autopar.rules.local_args` (local sizes for view/expand/...),
   and a vocab-split embedding calls `embedding.masked_embedding`: the lowering's obligations;
 - outputs are put back per output placement (`S`: cat, `P`: sum, `R`: every rank equal) and
@@ -24,15 +25,25 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from autopar.passes.strategies.find_strategies import lined_up
 from autopar.rules import AxisStrategy, OpSpec, local_args
 from autopar.rules.embedding import is_vocab_split, masked_embedding
 from autopar.rules.pointwise import is_inplace
-from autopar.values.placement import Partial, Placement, Replicate, Shard
+from autopar.runtime.axis_ops import piece_of
+from autopar.values.placement import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    chunk_extent,
+    chunk_sizes,
+    local_shape,
+)
 from autopar.values.specs import TensorSpec
 
 
 class Uneven(Exception):
-    """The strategy cuts a dim that n does not divide; the strategy pass would drop it."""
+    """The strategy cuts dims unevenly in a way the strategy pass drops."""
 
 
 def spec_of(t: torch.Tensor) -> TensorSpec:
@@ -74,9 +85,7 @@ def _call(target: Any, args: tuple, kwargs: dict) -> Any:
 def split(t: torch.Tensor, placement: Placement, n: int, gen: torch.Generator) -> list:
     """The n local values of `t` under `placement`."""
     if isinstance(placement, Shard):
-        if t.shape[placement.dim] % n:
-            raise Uneven(f"dim {placement.dim} of {tuple(t.shape)} over {n}")
-        return list(torch.chunk(t, n, placement.dim))
+        return [piece_of(t, placement.dim, n, r) for r in range(n)]
     if isinstance(placement, Partial):
         assert t.is_floating_point(), "Partial of a non-float tensor"
         parts = [torch.randn(t.shape, generator=gen, dtype=t.dtype) for _ in range(n - 1)]
@@ -97,16 +106,12 @@ def join(parts: list[torch.Tensor], placement: Placement) -> torch.Tensor:
 
 def _run_local(op: OpSpec, strategy: AxisStrategy, n: int, rank: int,
                local: list[torch.Tensor]) -> Any:
-    out0 = op.outputs[0] if op.outputs else None
-    pieces = [1] * (out0.ndim if out0 else 0)
-    if isinstance(strategy.output, Shard):
-        if out0.shape[strategy.output.dim] % n:
-            raise Uneven(f"output dim {strategy.output.dim} of {out0.shape} over {n}")
-        pieces[strategy.output.dim] = n
-    args, kwargs = _fill(*local_args(op, pieces), local)
+    shape = local_shape(op.outputs[0].shape, (strategy.output,), (n,), (rank,)) \
+        if op.outputs else ()
+    args, kwargs = _fill(*local_args(op, shape), local)
     if op.inputs and is_vocab_split(op, strategy.inputs[0]):
         weight, indices = local
-        start = rank * op.inputs[0].shape[0] // n
+        start = chunk_extent(op.inputs[0].shape[0], n, rank)[0]
         padding = args[2] if len(args) > 2 else kwargs.get("padding_idx", -1)
         return masked_embedding(weight, indices, start, padding)
     return _call(op.target, args, kwargs)
@@ -127,6 +132,7 @@ def simulate(target: Any, args: tuple, kwargs: dict, strategy: AxisStrategy, n: 
     gen = torch.Generator().manual_seed(seed)
     op, tensors = build(target, args, kwargs)
     assert len(strategy.inputs) == len(tensors), (strategy, len(tensors))
+    _check_kept(op, strategy, n)
     pieces = [split(t, p, n, gen) for t, p in zip(tensors, strategy.inputs)]
     locals_ = [[pieces[i][r] for i in range(len(tensors))] for r in range(n)]
     full = _outputs(_call(target, args, kwargs))
@@ -134,12 +140,23 @@ def simulate(target: Any, args: tuple, kwargs: dict, strategy: AxisStrategy, n: 
     for k, want in enumerate(full):
         if isinstance(strategy.output, Shard):
             for r in range(n):
-                expect = torch.chunk(want, n, strategy.output.dim)[r].shape
+                expect = piece_of(want, strategy.output.dim, n, r).shape
                 assert per_rank[r][k].shape == expect, (k, r, per_rank[r][k].shape, expect)
         got = join([per_rank[r][k] for r in range(n)], strategy.output)
         torch.testing.assert_close(got, want, **_tol(want))
     if backward and not isinstance(strategy.output, Replicate):
         _check_backward(op, strategy, n, tensors, locals_, full, gen, frozen)
+
+
+def _check_kept(op: OpSpec, strategy: AxisStrategy, n: int) -> None:
+    """Raise `Uneven` where the strategy pass drops the strategy on n ranks."""
+    tensors = [*((spec, (p,)) for spec, p in zip(op.inputs, strategy.inputs)),
+               *((spec, (strategy.output,)) for spec in op.outputs)]
+    for spec, (placement,) in tensors:
+        if isinstance(placement, Shard) and 0 in chunk_sizes(spec.shape[placement.dim], n):
+            raise Uneven(f"dim {placement.dim} of {spec.shape} in {n}: an empty piece")
+    if not lined_up(tensors, (n,)):
+        raise Uneven(f"pieces that do not line up in {n}")
 
 
 def _check_backward(op: OpSpec, strategy: AxisStrategy, n: int, tensors: list,
@@ -170,7 +187,7 @@ def _check_backward(op: OpSpec, strategy: AxisStrategy, n: int, tensors: list,
 
 
 def _local_grad(g: torch.Tensor, placement: Placement, n: int, rank: int) -> torch.Tensor:
-    return torch.chunk(g, n, placement.dim)[rank] if isinstance(placement, Shard) else g
+    return piece_of(g, placement.dim, n, rank) if isinstance(placement, Shard) else g
 
 
 def _grads(op: OpSpec, strategy: AxisStrategy, tensors: list, wanted: list[int],

@@ -93,14 +93,17 @@ def test_view_splits_only_the_first_dim_of_a_group() -> None:
 ])
 def test_local_shape_arguments(target, args, pieces, expect) -> None:
     op, _ = build(target, args, {})
-    new_args, _ = local_args(op, pieces)
+    shape = [n // k for n, k in zip(op.outputs[0].shape, pieces)]
+    new_args, _ = local_args(op, shape)
     assert list(new_args[-1]) == expect
 
 
 def test_local_args_of_repeat_interleave_and_untouched_ops() -> None:
     op, _ = build(aten.repeat_interleave.self_int, (f(2, 4, 8), 2, 1), {"output_size": 8})
-    assert local_args(op, [1, 4, 1])[1] == {"output_size": 2}
+    assert local_args(op, [2, 2, 8])[1] == {"output_size": 2}
     op, _ = build(aten.split.Tensor, (f(4, 8), 4, 1), {})
-    assert local_args(op, [2, 1]) == (op.args, dict(op.kwargs))
+    assert local_args(op, [2, 4]) == (op.args, dict(op.kwargs))
     op, _ = build(aten.view.default, (f(4, 8), [32]), {})
-    assert local_args(op, [1]) == (op.args, {})
+    assert local_args(op, [32]) == (op.args, {})
+    op, _ = build(aten.view.default, (f(7, 8), [7, 2, 4]), {})  # rank 3 of 7 rows in 4
+    assert list(local_args(op, [1, 2, 4])[0][-1]) == [1, 2, 4]

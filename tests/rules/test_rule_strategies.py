@@ -48,7 +48,7 @@ PARAMS = [pytest.param(case, s, id=f"{case.name}:{_label(s)}")
 @pytest.mark.parametrize("case,strategy", PARAMS)
 def test_strategy_is_exact(case: Case, strategy: AxisStrategy) -> None:
     ran = 0
-    for n in (2, 4):
+    for n in (2, 3, 4):  # 3 cuts most cases' dims unevenly
         try:
             simulate(case.target, case.args, case.kwargs, strategy, n, backward=case.backward,
                      frozen=case.frozen)

@@ -4,19 +4,19 @@ A case is one graph edge: source and destination placements, the consumer's outp
 placement (it decides the arriving gradient), whether the tensor is on the gradient path
 and whether it is a regathered parameter. `layout` cuts a global tensor into a rank's
 local piece for any placements (Partial: random summands that add up to the value), so
-the expected result of every edge is computed from global tensors alone.
+the expected result of every edge is computed from global tensors alone. Shapes the mesh
+does not divide (`UNEVEN`) cut as DTensor does, the first pieces the longest.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 import weakref
 from dataclasses import dataclass
 
 import torch
 
-from autopar.costs import formulas
+from autopar.costs import formulas, uneven
 from autopar.runtime import (
     CommCounter,
     Redistribution,
@@ -25,6 +25,7 @@ from autopar.runtime import (
     device_mesh,
     redistribute,
 )
+from autopar.runtime.axis_ops import piece_of
 from autopar.values.placement import (
     Partial,
     Placements,
@@ -33,8 +34,10 @@ from autopar.values.placement import (
     format_placements,
     parse_placements,
 )
+from autopar.values.specs import TensorSpec
 
 SHAPE = (4, 8)
+UNEVEN = (7, 10)  # 7 in 2: 4, 3; in 4: 2, 2, 2, 1; 10 in 4: 3, 3, 3, 1
 AXIS = ("R", "P", "S(0)", "S(1)")
 
 
@@ -61,7 +64,7 @@ class Case:
             regather=self.regather)
 
     def transfers(self, mesh_shape: tuple[int, ...]) -> tuple[formulas.Transfer, ...]:
-        nbytes = math.prod(self.shape) * 8
+        nbytes = uneven.tensor_bytes(TensorSpec(self.shape, torch.float64), mesh_shape)
         return formulas.edge_transfers(nbytes, parse_placements(self.src),
                                        parse_placements(self.dst), parse_placements(self.consumer),
                                        mesh_shape, requires_grad=self.requires_grad,
@@ -75,20 +78,22 @@ def _consumers(dst: Placements) -> list[Placements]:
     return [tuple(c) for c in itertools.product(*options)]
 
 
-def cases(ndim: int, *, regather_cases: bool = True, nograd_cases: bool = False) -> list[Case]:
+def cases(ndim: int, *, regather_cases: bool = True, nograd_cases: bool = False,
+          shape: tuple[int, ...] = SHAPE) -> list[Case]:
     """Every src/dst pair of R, P, S(0), S(1) per axis, with every distinct arriving grad;
-    regathered parameter edges for sources without P; optionally edges off the grad path."""
+    regathered parameter edges for sources without P; optionally edges off the grad path;
+    of a tensor of `shape`."""
     result = []
     for src in itertools.product(AXIS, repeat=ndim):
         for dst in itertools.product(AXIS, repeat=ndim):
             src_text, dst_text = ",".join(src), ",".join(dst)
             for consumer in _consumers(parse_placements(dst_text)):
                 c = format_placements(consumer)
-                result.append(Case(src_text, dst_text, c))
+                result.append(Case(src_text, dst_text, c, shape))
                 if regather_cases and "P" not in src:
-                    result.append(Case(src_text, dst_text, c, regather=True))
+                    result.append(Case(src_text, dst_text, c, shape, regather=True))
             if nograd_cases:
-                result.append(Case(src_text, dst_text, ",".join(["S(0)"] * ndim),
+                result.append(Case(src_text, dst_text, ",".join(["S(0)"] * ndim), shape,
                                    requires_grad=False))
     return result
 
@@ -108,7 +113,7 @@ def layout(value: torch.Tensor, placements: Placements, coord: tuple[int, ...],
     piece = value
     for axis, (placement, n) in enumerate(zip(placements, mesh_shape)):
         if isinstance(placement, Shard):
-            piece = piece.chunk(n, placement.dim)[coord[axis]]
+            piece = piece_of(piece, placement.dim, n, coord[axis])
         elif isinstance(placement, Partial):
             # Same noise on every member of the axis group: seeded by the outer coordinates.
             key = hash((seed, axis, coord[:axis])) % (2 ** 31)

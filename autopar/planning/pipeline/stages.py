@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import torch.fx as fx
 
-from autopar.costs import formulas
+from autopar.costs import formulas, uneven
 from autopar.costs.schedule import bubble, in_flight, rank_of, step_time
 from autopar.errors import InfeasiblePlanError
 from autopar.passes.capturing.capture import is_training
@@ -259,8 +259,8 @@ def costed(stages: tuple[Stage, ...], blocks: tuple[str, ...], stage_plans: list
         for name, placements in shares.items():
             pinned.setdefault(name, placements)
             spec = _state_node(stage.module, name).meta[TENSOR]
-            shared_bytes[name] = formulas.local_bytes(spec.nbytes, parse_placements(pinned[name]),
-                                                      inner.shape)
+            shared_bytes[name] = formulas.local_bytes(uneven.tensor_bytes(spec, inner.shape),
+                                                      parse_placements(pinned[name]), inner.shape)
         per_microbatch, once = _split_time(plan, microbatches)
         records.append(StageRecord(
             stage.index, rank_of(stage.index, ranks), (blocks[stage.first], blocks[stage.last]),
@@ -332,7 +332,8 @@ def _with_sends(plan: Plan, stage: Stage, microbatches: int, axis: str, link) ->
 
     def sends(specs: list[tuple[str, TensorSpec, str]],
               backward: bool) -> tuple[TransferRecord, ...]:
-        pieces = [(name, formulas.local_bytes(spec.nbytes, parse_placements(placed), shape))
+        pieces = [(name, formulas.local_bytes(uneven.tensor_bytes(spec, shape),
+                                              parse_placements(placed), shape))
                   for name, spec, placed in specs]
         return tuple(TransferRecord(
             "send", axis, float(nbytes * microbatches), backward, name,

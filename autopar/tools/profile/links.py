@@ -56,7 +56,10 @@ def _call(kind: str, nbytes: int, mesh, name: str, n: int, position: int):
         return _exchange(elements, group, position)
     local = {"all_gather": (elements // n,),
              "all_to_all": (n, max(n, elements // n // n * n))}.get(kind, (elements,))
-    step = Step(mesh.mesh_dim_names.index(name), *_STEPS[kind])
+    axis, (src, dst) = mesh.mesh_dim_names.index(name), _STEPS[kind]
+    shape = (local[0] * n, *local[1:]) if isinstance(src, Shard) else local
+    before = tuple(src if a == axis else Replicate() for a in range(mesh.ndim))
+    step = Step(axis, src, dst, shape, before)
     tensor, counter = torch.zeros(local), CommCounter()
     return lambda: apply_step(tensor, step, mesh, counter, "forward")
 
