@@ -164,6 +164,7 @@ def _totals_table(plan: Plan) -> Table:
             "left split as placed (DTensors)"),) if not training else ()),
         ("context parallel", describe_context_parallel(plan)),
         ("parameter storage", _storage(plan)),
+        *((("split unevenly", _uneven(plan)),) if any(n.pieces for n in plan.nodes) else ()),
         ("optimizer", plan.optimizer),
         ("solver", f"{solver.status}, gap {solver.gap:.2%}, {solver.wall_time_s:.2f} s, "
                    f"{solver.decisions} decisions ({solver.tied} tied)"),
@@ -239,6 +240,16 @@ def _storage(plan: Plan) -> str:
             else:
                 counts["replicated"] += 1
     return ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items())) or "none"
+
+
+def _uneven(plan: Plan) -> str:
+    """How many tensors are split into pieces of different lengths, and the pieces of the
+    largest stored one (else the first)."""
+    uneven = [n for n in plan.nodes if n.pieces]
+    stored = [n for n in uneven if n.role in ("parameter", "buffer")]
+    shown = max(stored, key=lambda n: n.memory_bytes) if stored else uneven[0]
+    name = shown.module if shown.role in ("parameter", "buffer") else shown.name
+    return f"{len(uneven)} tensors; {name} {shown.output}, {shown.pieces}"
 
 
 def _pipeline_table(plan: Plan) -> Table:

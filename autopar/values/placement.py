@@ -26,7 +26,7 @@ __all__ = [
     "Partial", "Placement", "Placements", "Replicate", "Shard", "format_placement",
     "format_placements", "parse_placement", "parse_placements", "shard_count",
     "is_split", "chunk_sizes", "chunk_extent", "local_shape", "is_even", "uneven_dims",
-    "smallest_piece",
+    "smallest_piece", "piece_lengths", "describe_pieces",
     "piece_bytes",
 ]
 
@@ -120,12 +120,37 @@ def local_shape(shape: tuple[int, ...], placements: Placements, mesh_shape: tupl
 def smallest_piece(size: int, placements: Placements, mesh_shape: tuple[int, ...],
                    dim: int) -> int:
     """The length of the shortest piece of `dim` (of `size`) under `placements`."""
+    return min(piece_lengths(size, placements, mesh_shape, dim))
+
+
+def piece_lengths(size: int, placements: Placements, mesh_shape: tuple[int, ...],
+                  dim: int) -> list[int]:
+    """The length of every piece of `dim` (of `size`) under `placements`, in rank order
+    (outer axis first)."""
     lengths = [size]
     for axis, placement in enumerate(placements):
         if placement == Shard(dim):
             lengths = [piece for length in lengths
                        for piece in chunk_sizes(length, mesh_shape[axis])]
-    return min(lengths)
+    return lengths
+
+
+def describe_pieces(shape: tuple[int, ...], placements: Placements,
+                    mesh_shape: tuple[int, ...]) -> str:
+    """The pieces of each dim `placements` cut unevenly, runs of a length counted:
+    `"dim 0: 12565 x3, 12562"`; empty where every cut is even."""
+    parts = []
+    for dim in uneven_dims(shape, placements, mesh_shape):
+        runs: list[list[int]] = []
+        for length in piece_lengths(shape[dim], placements, mesh_shape, dim):
+            if runs and runs[-1][0] == length:
+                runs[-1][1] += 1
+            else:
+                runs.append([length, 1])
+        text = ", ".join(f"{length} x{count}" if count > 1 else str(length)
+                         for length, count in runs)
+        parts.append(f"dim {dim}: {text}")
+    return "; ".join(parts)
 
 
 def uneven_dims(shape: tuple[int, ...], placements: Placements,

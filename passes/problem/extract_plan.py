@@ -41,7 +41,7 @@ from autopar.passes.problem.op_costs import (
 from autopar.passes.problem.rebuilt import never_rebuilt
 from autopar.passes.problem.step_memory import held_copies, microbatch_copies
 from autopar.solver import Solution
-from autopar.values.placement import format_placements
+from autopar.values.placement import describe_pieces, format_placements
 from autopar.values.plan import NodePlan, Plan, SolverReport, TransferRecord
 from autopar.values.specs import BYTES, FLOPS, FOLD, ROLE, Fold, module_of
 
@@ -241,7 +241,16 @@ def _node_plan(i: int, name: str, node: fx.Node, strategy, build: ProblemBuild,
         # A view's flag only mirrors its base's (build_problem): views run no op.
         recompute=strategy.recompute and node.meta.get(BYTES, 0) != 0,
         gathered=format_placements(strategy.gathered) if strategy.gathered else "",
-        whole_gradient=strategy.whole_gradient, hidden_s=overlapped)
+        whole_gradient=strategy.whole_gradient, hidden_s=overlapped,
+        pieces=_pieces(node, strategy, build.mesh.shape))
+
+
+def _pieces(node: fx.Node, strategy, mesh_shape: tuple[int, ...]) -> str:
+    """The pieces of the node's (first) output where it is split unevenly."""
+    outputs = tensor_outputs(node) if node.op != "output" else ()
+    if not outputs or outputs[0].sym_shape is not None:
+        return ""
+    return describe_pieces(outputs[0].shape, strategy.output, mesh_shape)
 
 
 def _memory_bytes(i: int, node: fx.Node, strategy, build: ProblemBuild,

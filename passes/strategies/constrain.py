@@ -23,6 +23,7 @@ from autopar.values.placement import (
     format_placements,
     parse_placements,
     shard_count,
+    smallest_piece,
 )
 from autopar.values.specs import NAMES, TENSOR
 
@@ -47,9 +48,10 @@ def _why_impossible(node: fx.Node, placements: Placements, mesh: Mesh) -> str:
             if not 0 <= placement.dim < spec.ndim:
                 return f"it has no dim {placement.dim} (shape {list(spec.shape)})"
             pieces = shard_count(placements, mesh.shape, placement.dim)
-            if spec.shape[placement.dim] % pieces:
-                return (f"dim {placement.dim} of size {spec.shape[placement.dim]} can't be split "
-                        f"evenly in {pieces} over axis {mesh.axis_names[axis]!r}")
+            size = spec.shape[placement.dim]
+            if not smallest_piece(size, placements, mesh.shape, placement.dim):
+                return (f"dim {placement.dim} of size {size} in {pieces} pieces over axis "
+                        f"{mesh.axis_names[axis]!r} leaves a piece empty")
     return "no strategy of its op produces it"
 
 
@@ -80,6 +82,6 @@ def constrain(gm: fx.GraphModule, table: StrategyTable, mesh: Mesh,
                 f"{_why_impossible(node, placements, mesh)}",
                 expected=f"one of {sorted({s.name for s in strategies[node.name]})}",
                 got=format_placements(placements),
-                fix="pin a dim whose size the mesh axes divide, or leave it to the solver")
+                fix="pin a dim with an element for every piece, or leave it to the solver")
         strategies[node.name] = kept
     return dataclasses.replace(table, strategies=strategies)

@@ -56,7 +56,7 @@ from autopar.passes.strategies.find_strategies import Strategy, StrategyTable, o
 from autopar.passes.strategies.offer_recompute import recompute_region
 from autopar.rules.attention import RING_TARGETS, context_axis
 from autopar.values.mesh import Mesh
-from autopar.values.placement import Placement, Replicate, Shard
+from autopar.values.placement import Placement, Replicate, Shard, smallest_piece
 from autopar.values.specs import BYTES, FLOPS, ROLE, TENSOR, TensorSpec
 
 ROLES = ("dp", "zero", "dopt", "tp", "cp")
@@ -117,20 +117,25 @@ def _gathering_ok(strategy: Strategy, roles: Sequence[str]) -> bool:
 
 
 def _input_wants(spec: TensorSpec, roles: Sequence[str], mesh: Mesh) -> tuple[Want, ...]:
-    # The batch is cut over the data-parallel axes in order, outer first, as long as the
-    # pieces divide it; an axis it no longer divides reads the input whole.
+    # The batch is cut over the data-parallel axes in order, outer first, as long as no
+    # piece is left empty (DTensor's chunks: 7 in 4 is 2, 2, 2, 1); an axis past that
+    # reads the input whole. The sequence, over the context-parallel axes, only where it
+    # divides: the ring's blocks are equal chunks.
     wants: list[Want] = []
-    pieces, sequence_pieces = 1, 1
+    placements: list = []
+    sequence_pieces = 1
     for role, size in zip(roles, mesh.shape):
+        cut = [*placements, Shard(0)] + [Replicate()] * (mesh.ndim - len(placements) - 1)
         if role == "cp":
             divides = spec.ndim >= 2 and spec.shape[1] % (sequence_pieces * size) == 0
             wants.append("S1" if divides else "R")
             sequence_pieces *= size if divides else 1
-        elif role != "tp" and spec.ndim and spec.shape[0] % (pieces * size) == 0:
+        elif role != "tp" and spec.ndim and smallest_piece(spec.shape[0], tuple(cut),
+                                                           mesh.shape, 0):
             wants.append("S0")
-            pieces *= size
         else:
             wants.append("R")
+        placements.append(Shard(0) if wants[-1] == "S0" else Replicate())
     return tuple(wants)
 
 

@@ -1,6 +1,6 @@
 """Tiny Hugging Face `transformers` causal LMs, built from configs (nothing is downloaded).
 
-`build(name, seed=0, batch=4, seq=16)` returns `(model, (input_ids, labels))` where
+`build(name, seed=0, batch=4, seq=16, **config)` returns `(model, (input_ids, labels))` where
 `model(input_ids, labels)` returns the mean next-token loss, a scalar, like the examples, so
 the equivalence harness (`equivalence_cases`) trains them. Weights are the model's own
 initialisation drawn under `torch.manual_seed(seed)`; dropout is 0, no cache is kept, and
@@ -44,10 +44,10 @@ class CausalLMLoss(nn.Module):
         return self.lm(input_ids=input_ids, labels=labels).loss
 
 
-def _gpt2() -> nn.Module:
+def _gpt2(vocab: int = VOCAB, heads: int = 4, width: int = 64) -> nn.Module:
     lm = GPT2LMHeadModel(GPT2Config(
-        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
-        bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1, resid_pdrop=0.0, embd_pdrop=0.0,
+        vocab_size=vocab, n_embd=width, n_layer=2, n_head=heads, n_positions=64,
+        bos_token_id=vocab - 1, eos_token_id=vocab - 1, resid_pdrop=0.0, embd_pdrop=0.0,
         attn_pdrop=0.0, use_cache=False, attn_implementation="sdpa"))
     # transformers picks the loss by class name, which this one does not match (it would
     # warn, then take the same causal-LM loss).
@@ -68,14 +68,16 @@ def mixtral(vocab: int = VOCAB, intermediate: int = 64) -> nn.Module:
 MODELS = {"gpt2": _gpt2, "mixtral": mixtral}
 
 
-def build(name: str, seed: int = 0, batch: int = 4, seq: int = 16,
+def build(name: str, seed: int = 0, batch: int = 4, seq: int = 16, **config,
           ) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
-    """The model `name` (a key of `MODELS`) with its loss as output, and its inputs: random
-    token ids drawn from `seed`, which are also the labels (the loss shifts them)."""
+    """The model `name` (a key of `MODELS`, built with `config`: `vocab`, and for GPT-2
+    `heads` and `width`) with its loss as output, and its inputs: random token ids drawn
+    from `seed`, which are also the labels (the loss shifts them)."""
     torch.manual_seed(seed)
-    model = CausalLMLoss(MODELS[name]())
+    model = CausalLMLoss(MODELS[name](**config))
     generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(0, VOCAB, (batch, seq), generator=generator)
+    vocab = config.get("vocab", VOCAB)
+    input_ids = torch.randint(0, vocab, (batch, seq), generator=generator)
     return model, (input_ids, input_ids.clone())
 
 

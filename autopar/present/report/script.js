@@ -95,6 +95,7 @@
     row(t, "axes", axes.join(", "));
     n.inputs.forEach(function (p, k) { row(t, "input " + k, chips(p)); });
     row(t, "output", chips(n.output));
+    if (n.pieces) { row(t, "uneven pieces", n.pieces); }
     row(t, "compute", ms(n.compute_s));
     row(t, "comm", ms(n.comm_s));
     row(t, "memory", size(n.memory_bytes));
