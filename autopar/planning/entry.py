@@ -30,6 +30,7 @@ from autopar.planning.deadline import Deadline
 from autopar.planning.graph import NO_RULE, STAGE, device_budget
 from autopar.planning.layout import plan_layout
 from autopar.planning.prefill import check_prefill, with_prefill
+from autopar.planning.shares import speed_shares
 from autopar.planning.strategy_names import check_hand_strategy_names
 from autopar.solver.budget import PLANNER_GAP
 from autopar.values.mesh import Mesh
@@ -146,9 +147,11 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
     raised while planning once each (`_warned_once`); a list of `memory_budget`s, one per
     device, binds at its least (`graph.device_budget`); with `prefill`, a decode program's
     plan with that prefill's (`autopar.planning.prefill`), planned next with a limit of its
-    own."""
+    own. A mesh whose devices differ along an axis gets pieces sized to their speed there
+    (`autopar.planning.shares`), unless it has shares already."""
     if deadline is None:
         deadline = Deadline(check_time_limit(time_limit))
+    mesh = speed_shares(gm, mesh)
     training = is_training(gm)
     if "memory_budget" in options:  # one number: a list's least (one budget per device)
         options["memory_budget"] = device_budget(options["memory_budget"], mesh)

@@ -53,22 +53,47 @@ def _padded(t: torch.Tensor, dim: int, length: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(shape)], dim)
 
 
+def _full_first(lengths: tuple[int, ...]) -> bool:
+    """Whether every piece before the last non-empty one is of the largest length
+    (DTensor's chunking): padding them all to it then only pads the end."""
+    largest = max(lengths)
+    last = max((i for i, length in enumerate(lengths) if length), default=0)
+    return all(length == largest for length in lengths[:last])
+
+
+def _spread(t: torch.Tensor, dim: int, lengths: tuple[int, ...]) -> torch.Tensor:
+    """`t`, whose `dim` holds pieces of `lengths` end to end, with piece i moved to
+    i x the largest length, zeros between."""
+    largest = max(lengths)
+    if _full_first(lengths):
+        return _padded(t, dim, largest * len(lengths))
+    return torch.cat([_padded(piece, dim, largest)
+                      for piece in t.split(list(lengths), dim)], dim)
+
+
+def _collect(t: torch.Tensor, dim: int, lengths: tuple[int, ...]) -> torch.Tensor:
+    """The inverse of `_spread`: the pieces of `lengths` at i x the largest, end to end."""
+    largest = max(lengths)
+    if _full_first(lengths):
+        return t.narrow(dim, 0, sum(lengths))
+    return torch.cat([t.narrow(dim, i * largest, length) for i, length in enumerate(lengths)],
+                     dim)
+
+
 def start_all_gather(t: torch.Tensor, step: Step, mesh: DeviceMesh, *, async_op: bool = True
                      ) -> tuple[torch.Tensor, object, int]:
     """Concatenate `t` along the dim `step` gathers over its axis, without waiting (unless
     not `async_op`): (the result, valid once the work is waited on, possibly a view; the
-    torch.distributed work, None when not `async_op`; the bytes gathered).
-
-    Uneven pieces travel padded to the largest (DTensor's chunking puts the padding only
-    after the last real rows, so the whole dim is the first rows of what arrives)."""
+    torch.distributed work, None when not `async_op`; the bytes gathered). Uneven pieces
+    travel padded to the largest."""
     dim, n = step.src.dim, mesh.size(step.axis)
-    whole = step.whole(dim, tuple(mesh.shape), _coordinate(mesh))
-    largest = -(-whole // n)
+    lengths = step.lengths(step.whole(dim, tuple(mesh.shape), _coordinate(mesh)), n)
+    largest = max(lengths)
     # Gather along dim 0, where the pieces are contiguous blocks in group-rank order.
     front = _padded(t.movedim(dim, 0), 0, largest).contiguous()
     out = front.new_empty((n * largest, *front.shape[1:]))
     work = all_gather_single(out, front, group=mesh.get_group(step.axis), async_op=async_op)
-    return out[:whole].movedim(0, dim), work, tensor_bytes(out)
+    return _collect(out, 0, lengths).movedim(0, dim), work, tensor_bytes(out)
 
 
 def start_reduce_scatter(t: torch.Tensor, step: Step, mesh: DeviceMesh, *,
@@ -78,13 +103,12 @@ def start_reduce_scatter(t: torch.Tensor, step: Step, mesh: DeviceMesh, *,
     waited on, possibly a view; the torch.distributed work, None when not `async_op`; the
     buffer sent, which must stay alive until then, and whose bytes are the step's)."""
     dim, n = step.dst.dim, mesh.size(step.axis)
-    whole = t.shape[dim]
-    largest = -(-whole // n)
+    lengths = step.lengths(t.shape[dim], n)
     # Scatter along dim 0, where the pieces are contiguous blocks in group-rank order.
-    front = _padded(t.movedim(dim, 0), 0, n * largest).contiguous()
-    out = front.new_empty((largest, *front.shape[1:]))
+    front = _spread(t.movedim(dim, 0), 0, lengths).contiguous()
+    out = front.new_empty((max(lengths), *front.shape[1:]))
     work = reduce_scatter_single(out, front, group=mesh.get_group(step.axis), async_op=async_op)
-    length = chunk_extent(whole, n, mesh.get_local_rank(step.axis))[1]
+    length = lengths[mesh.get_local_rank(step.axis)]
     return out[:length].movedim(0, dim), work, front
 
 
@@ -93,9 +117,9 @@ def _all_to_all(t: torch.Tensor, step: Step, mesh: DeviceMesh) -> tuple[torch.Te
     # src_dim shard j restricted to our dst_dim chunk, so concatenating along src_dim in
     # coordinate order rebuilds that dim. Uneven pieces travel padded to the largest.
     src_dim, dst_dim, n = step.src.dim, step.dst.dim, mesh.size(step.axis)
-    whole = step.whole(src_dim, tuple(mesh.shape), _coordinate(mesh))
-    cut = t.shape[dst_dim]
-    t = _padded(_padded(t, src_dim, -(-whole // n)), dst_dim, n * -(-cut // n))
+    gathered = step.lengths(step.whole(src_dim, tuple(mesh.shape), _coordinate(mesh)), n)
+    cut = step.lengths(t.shape[dst_dim], n)
+    t = _spread(_padded(t, src_dim, max(gathered)), dst_dim, cut)
     # Contiguous, whatever the memory format of t (stack and empty_like keep channels-last,
     # which a collective refuses).
     send = torch.stack(t.chunk(n, dst_dim)).contiguous()
@@ -104,8 +128,8 @@ def _all_to_all(t: torch.Tensor, step: Step, mesh: DeviceMesh) -> tuple[torch.Te
     nbytes = tensor_bytes(send)
     del send  # not held while the result is laid out (`autopar.costs.staging`)
     out = recv.flatten(0, 1) if src_dim == 0 else torch.cat(recv.unbind(0), dim=src_dim)
-    length = chunk_extent(cut, n, mesh.get_local_rank(step.axis))[1]
-    return out.narrow(src_dim, 0, whole).narrow(dst_dim, 0, length), nbytes
+    length = cut[mesh.get_local_rank(step.axis)]
+    return _collect(out, src_dim, gathered).narrow(dst_dim, 0, length), nbytes
 
 
 def _scatter_into_zeros(t: torch.Tensor, step: Step, mesh: DeviceMesh) -> torch.Tensor:
@@ -113,9 +137,10 @@ def _scatter_into_zeros(t: torch.Tensor, step: Step, mesh: DeviceMesh) -> torch.
     dim, n = step.src.dim, mesh.size(step.axis)
     shape = list(t.shape)
     shape[dim] = step.whole(dim, tuple(mesh.shape), _coordinate(mesh))
+    lengths = step.lengths(shape[dim], n)
+    index = mesh.get_local_rank(step.axis)
     out = t.new_zeros(shape)
-    start, length = chunk_extent(shape[dim], n, mesh.get_local_rank(step.axis))
-    out.narrow(dim, start, length).copy_(t)
+    out.narrow(dim, sum(lengths[:index]), lengths[index]).copy_(t)
     return out
 
 
@@ -123,9 +148,11 @@ def _coordinate(mesh: DeviceMesh) -> tuple[int, ...]:
     return tuple(mesh.get_local_rank(axis) for axis in range(mesh.ndim))
 
 
-def piece_of(t: torch.Tensor, dim: int, n: int, index: int) -> torch.Tensor:
-    """Piece `index` of `t` cut in `n` along `dim` (DTensor's chunking; a view)."""
-    return t.narrow(dim, *chunk_extent(t.shape[dim], n, index))
+def piece_of(t: torch.Tensor, dim: int, n: int, index: int,
+             weights: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Piece `index` of `t` cut in `n` along `dim` (DTensor's chunking, or in proportion to
+    `weights`; a view)."""
+    return t.narrow(dim, *chunk_extent(t.shape[dim], n, index, weights))
 
 
 def apply_step(t: torch.Tensor, step: Step, mesh: DeviceMesh, counter: CommCounter,
@@ -139,7 +166,8 @@ def apply_step(t: torch.Tensor, step: Step, mesh: DeviceMesh, counter: CommCount
             return t if coordinate == 0 else torch.zeros_like(t)
         if isinstance(dst, Partial):
             return _scatter_into_zeros(t, step, mesh)
-        return piece_of(t, dst.dim, n, coordinate).contiguous()  # R -> S(d)
+        weights = None if step.shares is None else step.shares[step.axis]
+        return piece_of(t, dst.dim, n, coordinate, weights).contiguous()  # R -> S(d)
     if kind == "all_reduce":
         out, nbytes = _all_reduce(t, mesh.get_group(step.axis)), tensor_bytes(t)
     elif kind == "reduce_scatter":

@@ -62,7 +62,7 @@ def _check(x: torch.Tensor, r: Redistribution, mesh: DeviceMesh,
                                   expected=f"mesh shape {r.mesh_shape}",
                                   got=f"{tuple(mesh.shape)}", fix="use the plan's mesh")
     coordinate = tuple(mesh.get_local_rank(axis) for axis in range(mesh.ndim))
-    expected = local_shape(r.shape, r.src, r.mesh_shape, coordinate)
+    expected = local_shape(r.shape, r.src, r.mesh_shape, coordinate, r.shares)
     if tuple(x.shape) != expected or x.dtype != r.dtype:
         raise RedistributionError(
             f"local tensor does not fit {format_placements(r.src)} of global shape {r.shape}",
@@ -122,16 +122,18 @@ class RankContext:
     prefetch: Prefetch = field(default_factory=Prefetch)
 
 
-def _local_slice(redistribution: Redistribution,
-                 mesh: DeviceMesh | None) -> tuple[int, int, int] | None:
-    """(dim, pieces, this rank's index) when the edge's forward is one local `R -> S(dim)`
-    step, else None (also without a mesh: a program only shown, never run)."""
+def _local_slice(redistribution: Redistribution, mesh: DeviceMesh | None
+                 ) -> tuple[int, int, int, tuple[int, ...] | None] | None:
+    """(dim, pieces, this rank's index, the axis's shares) when the edge's forward is one
+    local `R -> S(dim)` step, else None (also without a mesh: a program only shown, never
+    run)."""
     steps = redistribution.forward_steps
     if mesh is None or len(steps) != 1 or steps[0].kind is not None \
             or not isinstance(steps[0].dst, Shard) or not isinstance(steps[0].src, Replicate):
         return None
-    axis = steps[0].axis
-    return steps[0].dst.dim, mesh.size(axis), mesh.get_local_rank(axis)
+    axis, shares = steps[0].axis, redistribution.shares
+    return (steps[0].dst.dim, mesh.size(axis), mesh.get_local_rank(axis),
+            None if shares is None else shares[axis])
 
 
 class Collective(nn.Module):
@@ -200,8 +202,8 @@ class Collective(nn.Module):
             return reduce_later(x, self._axis, self.context.mesh, self.context.counter,
                                 self.context.reducer, owned=self.owned_gradient)
         if self._slice is not None and not (x.requires_grad and torch.is_grad_enabled()):
-            dim, pieces, index = self._slice  # an input's piece: no autograd, no collective
-            return piece_of(x, dim, pieces, index).contiguous()
+            # An input's piece: no autograd, no collective.
+            return piece_of(x, *self._slice).contiguous()
         if not self.redistribution.requires_grad:
             # The consumer passes no gradient back (an integer tensor, or `zeros_like(x)`).
             x = x.detach()

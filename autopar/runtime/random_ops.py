@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from autopar.runtime.shards import chunk_of
-from autopar.values.placement import Placements
+from autopar.values.placement import Placements, Shares
 
 aten = torch.ops.aten
 
@@ -42,12 +42,13 @@ SUPPORTED = frozenset(_SHAPE_ONLY | _SCALED_MASK | _PROBABILITIES)
 
 def seeded_piece(target, x: torch.Tensor, *args, full_shape: tuple[int, ...],
                  placements: Placements, mesh_shape: tuple[int, ...],
-                 coordinate: tuple[int, ...], **kwargs):
+                 coordinate: tuple[int, ...], shares: Shares = None, **kwargs):
     """`target(x, *args, **kwargs)` on this rank's piece `x` of a tensor of `full_shape`
-    split by `placements` (the op's output placements), drawing the whole tensor's
-    numbers and keeping this rank's chunk. `target` is one of `SUPPORTED`."""
+    split by `placements` (the op's output placements, cut by the mesh's `shares`),
+    drawing the whole tensor's numbers and keeping this rank's chunk. `target` is one of
+    `SUPPORTED`."""
     def piece(full: torch.Tensor) -> torch.Tensor:  # a P output's draw is whole, as under R
-        return chunk_of(full, placements, mesh_shape, coordinate)
+        return chunk_of(full, placements, mesh_shape, coordinate, shares)
 
     whole = torch.empty(full_shape, dtype=x.dtype, device=x.device)
     if target in _SHAPE_ONLY:

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from autopar.costs import formulas
+from autopar.costs import formulas, uneven
 from autopar.runtime.errors import RedistributionError, UnsupportedRedistributionError
-from autopar.runtime.steps import Step, nbytes_of, redistribution_steps
-from autopar.values.placement import Placements, format_placements
+from autopar.runtime.steps import Step, redistribution_steps
+from autopar.values.placement import Placements, Shares, format_placements
+from autopar.values.specs import TensorSpec
 
 
 @dataclass(frozen=True)
@@ -42,18 +43,21 @@ class Redistribution:
     backward: tuple[formulas.Transfer, ...]
     requires_grad: bool = True
     regather: bool = False
+    shares: Shares = None
     forward_steps: tuple[Step, ...] = field(init=False, repr=False, compare=False)
     backward_steps: tuple[Step, ...] = field(init=False, repr=False, compare=False)
 
     @classmethod
     def for_edge(cls, shape: tuple[int, ...], dtype: torch.dtype, src: Placements,
                  dst: Placements, consumer_output: Placements, mesh_shape: tuple[int, ...],
-                 *, requires_grad: bool = True, regather: bool = False) -> Redistribution:
+                 *, requires_grad: bool = True, regather: bool = False,
+                 shares: Shares = None) -> Redistribution:
         """The edge from a producer with output `src` to a consumer that reads it as `dst`
-        and produces `consumer_output`; transfers from `formulas.edge_transfers`."""
+        and produces `consumer_output`, on a mesh of `mesh_shape` that cuts by `shares`;
+        transfers from `formulas.edge_transfers`."""
         shape, mesh_shape = tuple(shape), tuple(mesh_shape)
         src, dst = tuple(src), tuple(dst)
-        nbytes = nbytes_of(shape, torch.empty((), dtype=dtype).element_size())
+        nbytes = uneven.tensor_bytes(TensorSpec(shape, dtype), mesh_shape, shares)
         transfers = formulas.edge_transfers(nbytes, src, dst, tuple(consumer_output), mesh_shape,
                                             requires_grad=requires_grad, regather=regather)
         # None: not executable; the step checks of __post_init__ then say why.
@@ -62,12 +66,14 @@ class Redistribution:
                    formulas.arriving_grad(dst, tuple(consumer_output)), formulas.needed_grad(src),
                    tuple(t for t in transfers if not t.backward),
                    tuple(t for t in transfers if t.backward),
-                   requires_grad=requires_grad, regather=regather)
+                   requires_grad=requires_grad, regather=regather, shares=shares)
 
     def __post_init__(self) -> None:
-        forward_steps = redistribution_steps(self.src, self.dst, self.shape, self.mesh_shape)
+        forward_steps = redistribution_steps(self.src, self.dst, self.shape, self.mesh_shape,
+                                             self.shares)
         backward_steps = (redistribution_steps(self.grad_arriving, self.grad_needed, self.shape,
-                                               self.mesh_shape) if self.requires_grad else ())
+                                               self.mesh_shape, self.shares)
+                          if self.requires_grad else ())
         object.__setattr__(self, "forward_steps", forward_steps)
         object.__setattr__(self, "backward_steps", backward_steps)
         gathers = [s for s in forward_steps if s.kind == "all_gather"]

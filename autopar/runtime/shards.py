@@ -14,17 +14,18 @@ from torch.distributed.device_mesh import DeviceMesh
 from autopar.runtime.axis_ops import apply_steps, piece_of
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.steps import redistribution_steps
-from autopar.values.placement import Partial, Placements, Replicate, Shard
+from autopar.values.placement import Partial, Placements, Replicate, Shard, Shares
 
 
 def chunk_of(full: torch.Tensor, placements: Placements, mesh_shape: tuple[int, ...],
-             coordinate: tuple[int, ...]) -> torch.Tensor:
-    """The view of `full` the rank at `coordinate` holds under `placements` (`R` and `P`
-    keep a dim whole); no copy, no communication."""
+             coordinate: tuple[int, ...], shares: Shares = None) -> torch.Tensor:
+    """The view of `full` the rank at `coordinate` holds under `placements`, cut by the
+    mesh's `shares` (`R` and `P` keep a dim whole); no copy, no communication."""
     piece = full
     for axis, placement in enumerate(placements):
         if isinstance(placement, Shard):
-            piece = piece_of(piece, placement.dim, mesh_shape[axis], coordinate[axis])
+            piece = piece_of(piece, placement.dim, mesh_shape[axis], coordinate[axis],
+                             None if shares is None else shares[axis])
     return piece
 
 

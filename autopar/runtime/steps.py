@@ -20,7 +20,6 @@ works out the pieces' sizes (`Step.whole`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from autopar.costs.formulas import axis_collective, conversion_steps
@@ -32,6 +31,8 @@ from autopar.values.placement import (
     Placements,
     Replicate,
     Shard,
+    Shares,
+    chunk_sizes,
     format_placement,
     format_placements,
     local_shape,
@@ -45,9 +46,11 @@ class Step:
     axis: int
     src: Placement
     dst: Placement
-    # The tensor's global shape and its placements before the step: what sizes its pieces.
+    # The tensor's global shape, its placements before the step and the mesh's shares:
+    # what sizes its pieces.
     shape: tuple[int, ...] = field(default=(), compare=False)
     before: Placements = field(default=(), compare=False)
+    shares: Shares = field(default=None, compare=False)
     # The collective this step performs; None for the local ones. Derived once: the runtime
     # reads it on every call.
     kind: str | None = field(init=False, compare=False)
@@ -60,7 +63,12 @@ class Step:
         pieces of it add up to (the dim's size with this axis replicated)."""
         placements = list(self.before)
         placements[self.axis] = Replicate()
-        return local_shape(self.shape, tuple(placements), mesh_shape, coordinate)[dim]
+        return local_shape(self.shape, tuple(placements), mesh_shape, coordinate,
+                           self.shares)[dim]
+
+    def lengths(self, whole: int, n: int) -> tuple[int, ...]:
+        """The lengths of the `n` pieces a dim of `whole` is cut into over the step's axis."""
+        return chunk_sizes(whole, n, None if self.shares is None else self.shares[self.axis])
 
     def __str__(self) -> str:
         return f"axis {self.axis}: {format_placement(self.src)} -> {format_placement(self.dst)}"
@@ -90,8 +98,10 @@ def check_placements(placements: Placements, shape: tuple[int, ...],
 
 
 def redistribution_steps(src: Placements, dst: Placements, shape: tuple[int, ...],
-                         mesh_shape: tuple[int, ...]) -> tuple[Step, ...]:
-    """The steps turning `src` into `dst`, validated against `shape` and `mesh_shape`."""
+                         mesh_shape: tuple[int, ...], shares: Shares = None
+                         ) -> tuple[Step, ...]:
+    """The steps turning `src` into `dst`, validated against `shape` and `mesh_shape`,
+    pieces cut by the mesh's `shares`."""
     check_placements(src, shape, mesh_shape)
     check_placements(dst, shape, mesh_shape)
     steps = conversion_steps(src, dst)
@@ -105,11 +115,6 @@ def redistribution_steps(src: Placements, dst: Placements, shape: tuple[int, ...
             fix="plan the edge through a placement that unshards the inner axes first")
     current, out = list(src), []
     for axis, before, after in steps:
-        out.append(Step(axis, before, after, tuple(shape), tuple(current)))
+        out.append(Step(axis, before, after, tuple(shape), tuple(current), shares))
         current[axis] = after
     return tuple(out)
-
-
-def nbytes_of(shape: tuple[int, ...], itemsize: int) -> int:
-    """Bytes of a dense tensor of `shape`."""
-    return math.prod(shape) * itemsize

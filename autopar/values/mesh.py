@@ -18,10 +18,17 @@ with n the axis's size and stride the devices the axes inside it span. An axis w
 device per inner group (the outer axis of (16, 8) on hosts of 8) keeps the outer level's
 figure. A level with measured collectives (a profile made by `autopar profile`) is taken
 as measured: its figures are already the axis's.
+
+`shares` sizes the pieces an axis cuts: None per axis (or for the mesh) is DTensor's
+chunking, a tuple of weights (one per index) cuts in proportion to them
+(`autopar.values.placement.chunk_sizes`), and "even" says DTensor's chunking everywhere,
+decided. Left None on a mesh whose devices differ along an axis, the planner weighs that
+axis's pieces by its devices' speed (`autopar.planning.shares`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -43,6 +50,7 @@ class Mesh:
     axis_names: tuple[str, ...]
     hardware: HardwareProfile | str | list | tuple = "cpu"
     links: tuple[str, ...] | None = None
+    shares: tuple | str | None = None
     axis_links: tuple[LinkLevel, ...] = field(init=False, repr=False, compare=False)
     kinds: tuple[HardwareProfile, ...] | None = field(init=False, repr=False, default=None)
 
@@ -83,6 +91,19 @@ class Mesh:
                                zip(self._resolve_links(hardware), shape)))
         object.__setattr__(self, "axis_links", axis_links)
         object.__setattr__(self, "links", tuple(link.name for link in axis_links))
+        object.__setattr__(self, "shares", _checked_shares(self.shares, shape))
+
+    def with_shares(self, shares: tuple | str | None) -> Mesh:
+        """This mesh with `shares` (module docstring)."""
+        hardware = list(self.kinds) if self.kinds is not None else self.hardware
+        return replace(self, hardware=hardware, shares=shares)
+
+    def mixed_axes(self) -> tuple[int, ...]:
+        """The axes along which the devices differ in kind."""
+        if self.kinds is None:
+            return ()
+        return tuple(axis for axis in range(self.ndim)
+                     if len({self.kinds_at(axis, i) for i in range(self.shape[axis])}) > 1)
 
     def _resolve_links(self, hardware: HardwareProfile) -> tuple[LinkLevel, ...]:
         by_name = {link.name: link for link in hardware.links}
@@ -126,6 +147,10 @@ class Mesh:
         devices = torch.arange(self.size).reshape(self.shape).select(axis, index).flatten()
         return tuple(dict.fromkeys(self.kinds[i] for i in devices.tolist()))
 
+    def slowest_at(self, indices: dict[int, int]) -> HardwareProfile:
+        """The profile of the slowest devices at the given index of each given axis."""
+        return _slowest_at(self, tuple(sorted(indices.items())))
+
     def axis_index(self, name: str) -> int:
         """Position of the axis called `name`."""
         if name not in self.axis_names:
@@ -141,16 +166,23 @@ class Mesh:
             return f"{'x'.join(map(str, self.shape))} ({axes}) on {self.hardware.name}"
         counts = Counter(kind.name for kind in self.kinds)
         mixed = " + ".join(f"{count} {name}" for name, count in counts.items())
-        return f"{'x'.join(map(str, self.shape))} ({axes}) on {mixed}, costed at the slowest"
+        weighted = [f"{name} pieces {':'.join(map(str, weights))}" for name, weights in
+                    zip(self.axis_names, self.shares or ()) if weights is not None]
+        sized = f"; {', '.join(weighted)}" if weighted else ""
+        return (f"{'x'.join(map(str, self.shape))} ({axes}) on {mixed}, costed at the slowest"
+                f"{sized}")
 
     def to_dict(self) -> dict:
         """The mesh as JSON data: a bundled profile by its name, any other (measured, or
         read from a file) whole, so that the mesh reads back wherever the plan goes."""
         kinds = [self.hardware] if self.kinds is None else self.kinds
         named = [_named(kind) for kind in kinds]
-        return {"shape": list(self.shape), "axis_names": list(self.axis_names),
+        data = {"shape": list(self.shape), "axis_names": list(self.axis_names),
                 "hardware": named[0] if self.kinds is None else named,
                 "links": [link.name for link in self.axis_links]}
+        if self.shares is not None:
+            data["shares"] = [None if w is None else list(w) for w in self.shares]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> Mesh:
@@ -160,8 +192,38 @@ class Mesh:
                         if isinstance(kind, dict) else kind for kind in hardware]
         elif isinstance(hardware, dict):
             hardware = HardwareProfile.from_dict(hardware, source="the plan's mesh")
+        shares = data.get("shares")
         return cls(tuple(data["shape"]), tuple(data["axis_names"]), hardware,
-                   tuple(data["links"]))
+                   tuple(data["links"]),
+                   None if shares is None else tuple(None if w is None else tuple(w)
+                                                     for w in shares))
+
+
+@functools.lru_cache(maxsize=1024)
+def _slowest_at(mesh: Mesh, indices: tuple[tuple[int, int], ...]) -> HardwareProfile:
+    kinds = [kind for axis, index in indices for kind in mesh.kinds_at(axis, index)]
+    return slowest(kinds)
+
+
+def _checked_shares(shares, shape: tuple[int, ...]):
+    """`shares` as a tuple with one entry per axis (None, or a tuple of positive integer
+    weights, one per index), None where not given; "even" is every axis None."""
+    if shares is None:
+        return None
+    if shares == "even":
+        return (None,) * len(shape)
+    entries = tuple(shares) if isinstance(shares, (list, tuple)) else ()
+    ok = len(entries) == len(shape) and all(
+        weights is None or (isinstance(weights, (list, tuple)) and len(weights) == size
+                            and all(isinstance(w, int) and not isinstance(w, bool) and w > 0
+                                    for w in weights))
+        for weights, size in zip(entries, shape))
+    if not ok:
+        raise MeshError("invalid mesh shares",
+                        expected=f"'even', or one entry per axis of {shape}: None, or one "
+                                 "positive integer weight per index",
+                        got=repr(shares), fix="e.g. shares=(None, (3, 3, 1, 1)) on a 2x4 mesh")
+    return tuple(None if w is None else tuple(w) for w in entries)
 
 
 def _named(hardware: HardwareProfile) -> str | dict:

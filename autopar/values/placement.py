@@ -8,13 +8,15 @@ layouts. A tensor's sharding over a mesh is a tuple of placements, one per mesh 
 
 Pieces follow DTensor's chunking (`torch.chunk`): a dim of `size` cut in `n` holds chunks of
 `ceil(size / n)`, the last non-empty one shorter and any after it empty (6 in 4: 2, 2, 2, 0).
-A dim cut over several axes is cut outer axis first. Rank 0 (every coordinate 0) holds the
-largest piece of every dim.
+An axis may instead have shares, one weight per index (`Shares`: the mesh's, sized to its
+devices' speed): its pieces are then proportional to them, the rounding left over going to
+the largest remainders, first index first on ties (6 in shares 1, 1, 1, 1: 2, 2, 1, 1; 8 in
+3, 1: 6, 2). A dim cut over several axes is cut outer axis first. Rank 0 (every coordinate
+0) holds the largest piece of every dim under DTensor's chunking.
 """
 
 from __future__ import annotations
 
-import math
 import re
 
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -25,12 +27,14 @@ from autopar.errors import ShardingError
 __all__ = [
     "Partial", "Placement", "Placements", "Replicate", "Shard", "format_placement",
     "format_placements", "parse_placement", "parse_placements", "shard_count",
-    "is_split", "chunk_sizes", "chunk_extent", "local_shape", "is_even", "uneven_dims",
-    "smallest_piece", "piece_lengths", "describe_pieces",
-    "piece_bytes",
+    "is_split", "chunk_sizes", "chunk_extent", "local_shape", "uneven_dims",
+    "smallest_piece", "piece_lengths", "describe_pieces", "Shares",
 ]
 
 Placements = tuple[Placement, ...]
+# Per mesh axis, the weights of its indices' pieces, or None for DTensor's chunking; None
+# for a mesh whose every axis chunks as DTensor does.
+Shares = tuple[tuple[int, ...] | None, ...] | None
 
 R = Replicate()
 P = Partial("sum")
@@ -92,57 +96,73 @@ def is_split(placement: Placement) -> bool:
     return not isinstance(placement, Replicate)
 
 
-def chunk_sizes(size: int, n: int) -> tuple[int, ...]:
-    """The sizes of the `n` pieces of a dim of `size` (DTensor's chunking)."""
-    return tuple(chunk_extent(size, n, i)[1] for i in range(n))
+def chunk_sizes(size: int, n: int, weights: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The lengths of the `n` pieces of a dim of `size`: DTensor's chunking, or in
+    proportion to `weights` (module docstring)."""
+    if weights is None:
+        full = -(-size // n)
+        return tuple(max(0, min(size - full * i, full)) for i in range(n))
+    total = sum(weights)
+    lengths = [size * w // total for w in weights]
+    # Largest remainders first, the first index first among equal ones.
+    order = sorted(range(n), key=lambda i: (-(size * weights[i] % total), i))
+    for i in order[:size - sum(lengths)]:
+        lengths[i] += 1
+    return tuple(lengths)
 
 
-def chunk_extent(size: int, n: int, index: int) -> tuple[int, int]:
-    """(offset, length) of piece `index` of a dim of `size` cut in `n` (DTensor's chunking:
-    pieces of ceil(size / n), the last ones shorter or empty)."""
-    full = -(-size // n)
-    start = min(size, full * index)
-    return start, min(size, start + full) - start
+def chunk_extent(size: int, n: int, index: int,
+                 weights: tuple[int, ...] | None = None) -> tuple[int, int]:
+    """(offset, length) of piece `index` of a dim of `size` cut in `n` (`chunk_sizes`)."""
+    lengths = chunk_sizes(size, n, weights)
+    return sum(lengths[:index]), lengths[index]
+
+
+def _weights(shares: Shares, axis: int) -> tuple[int, ...] | None:
+    return None if shares is None else shares[axis]
 
 
 def local_shape(shape: tuple[int, ...], placements: Placements, mesh_shape: tuple[int, ...],
-                coordinate: tuple[int, ...] | None = None) -> tuple[int, ...]:
+                coordinate: tuple[int, ...] | None = None, shares: Shares = None
+                ) -> tuple[int, ...]:
     """The shape of the piece the rank at `coordinate` holds of a tensor of global `shape`
-    (None: rank 0's, the largest on every dim)."""
+    (None, for the coordinate or one axis's index: the largest pieces, rank 0's under
+    DTensor's chunking)."""
     local = list(shape)
     for axis, placement in enumerate(placements):
         if isinstance(placement, Shard):
-            index = 0 if coordinate is None else coordinate[axis]
-            local[placement.dim] = chunk_extent(local[placement.dim], mesh_shape[axis], index)[1]
+            lengths = chunk_sizes(local[placement.dim], mesh_shape[axis], _weights(shares, axis))
+            index = None if coordinate is None else coordinate[axis]
+            local[placement.dim] = max(lengths) if index is None else lengths[index]
     return tuple(local)
 
 
 def smallest_piece(size: int, placements: Placements, mesh_shape: tuple[int, ...],
-                   dim: int) -> int:
+                   dim: int, shares: Shares = None) -> int:
     """The length of the shortest piece of `dim` (of `size`) under `placements`."""
-    return min(piece_lengths(size, placements, mesh_shape, dim))
+    return min(piece_lengths(size, placements, mesh_shape, dim, shares))
 
 
 def piece_lengths(size: int, placements: Placements, mesh_shape: tuple[int, ...],
-                  dim: int) -> list[int]:
+                  dim: int, shares: Shares = None) -> list[int]:
     """The length of every piece of `dim` (of `size`) under `placements`, in rank order
     (outer axis first)."""
     lengths = [size]
     for axis, placement in enumerate(placements):
         if placement == Shard(dim):
-            lengths = [piece for length in lengths
-                       for piece in chunk_sizes(length, mesh_shape[axis])]
+            lengths = [piece for length in lengths for piece in
+                       chunk_sizes(length, mesh_shape[axis], _weights(shares, axis))]
     return lengths
 
 
 def describe_pieces(shape: tuple[int, ...], placements: Placements,
-                    mesh_shape: tuple[int, ...]) -> str:
+                    mesh_shape: tuple[int, ...], shares: Shares = None) -> str:
     """The pieces of each dim `placements` cut unevenly, runs of a length counted:
     `"dim 0: 12565 x3, 12562"`; empty where every cut is even."""
     parts = []
-    for dim in uneven_dims(shape, placements, mesh_shape):
+    for dim in uneven_dims(shape, placements, mesh_shape, shares):
         runs: list[list[int]] = []
-        for length in piece_lengths(shape[dim], placements, mesh_shape, dim):
+        for length in piece_lengths(shape[dim], placements, mesh_shape, dim, shares):
             if runs and runs[-1][0] == length:
                 runs[-1][1] += 1
             else:
@@ -154,18 +174,7 @@ def describe_pieces(shape: tuple[int, ...], placements: Placements,
 
 
 def uneven_dims(shape: tuple[int, ...], placements: Placements,
-                mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
+                mesh_shape: tuple[int, ...], shares: Shares = None) -> tuple[int, ...]:
     """The dims of `shape` that `placements` cut into pieces of different sizes."""
     return tuple(d for d, size in enumerate(shape)
-                 if size % shard_count(placements, mesh_shape, d))
-
-
-def is_even(shape: tuple[int, ...], placements: Placements, mesh_shape: tuple[int, ...]) -> bool:
-    """Whether every piece of a tensor of `shape` under `placements` has the same shape."""
-    return not uneven_dims(shape, placements, mesh_shape)
-
-
-def piece_bytes(shape: tuple[int, ...], itemsize: int, placements: Placements,
-                mesh_shape: tuple[int, ...]) -> int:
-    """Bytes of rank 0's piece, the largest one."""
-    return math.prod(local_shape(shape, placements, mesh_shape)) * itemsize
+                 if len(set(piece_lengths(size, placements, mesh_shape, d, shares))) > 1)

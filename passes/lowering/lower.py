@@ -65,6 +65,7 @@ from autopar.runtime.ring_attention import RingAttention
 from autopar.values.placement import (
     Placements,
     Shard,
+    Shares,
     chunk_extent,
     format_placements,
     local_shape,
@@ -113,13 +114,14 @@ def _identifier(placements: Placements) -> str:
 
 
 def _first_row(table: TensorSpec, placements: Placements, mesh_shape: tuple[int, ...],
-               coordinate: tuple[int, ...]) -> int:
+               coordinate: tuple[int, ...], shares: Shares) -> int:
     # Axes cutting dim 0, outer first (DTensor's order): each moves the start by the
     # offset of the rank's piece within what the outer axes left it.
     start, rows = 0, table.shape[0]
     for axis, placement in enumerate(placements):
         if placement == Shard(0):
-            offset, rows = chunk_extent(rows, mesh_shape[axis], coordinate[axis])
+            weights = None if shares is None else shares[axis]
+            offset, rows = chunk_extent(rows, mesh_shape[axis], coordinate[axis], weights)
             start += offset
     return start
 
@@ -129,7 +131,7 @@ class _Lowering:
                  context: RankContext | None, device: torch.device | None) -> None:
         self.gm, self.plan, self.coordinate, self.context = gm, plan, coordinate, context
         self.device = device
-        self.mesh_shape = plan.mesh.shape
+        self.mesh_shape, self.shares = plan.mesh.shape, plan.mesh.shares
         self.placed = _placements(gm, plan)
         self.on_path = gradient_path(gm)
         self.by_name = {n.name: n for n in gm.graph.nodes}
@@ -203,7 +205,8 @@ class _Lowering:
         spec: TensorSpec = leaf.meta[TENSOR]
         redistribution = Redistribution.for_edge(
             spec.shape, spec.dtype, src, dst.inputs[position], dst.output, self.mesh_shape,
-            requires_grad=ref.requires_grad, regather=ref.saved and producer.gathered is None)
+            requires_grad=ref.requires_grad, regather=ref.saved and producer.gathered is None,
+            shares=self.shares)
         if not redistribution.forward_steps and not redistribution.backward_steps:
             return self.env[leaf], None
         assert self.context is not None, "a collective on a mesh without a DeviceMesh"
@@ -241,12 +244,13 @@ class _Lowering:
         args, kwargs = self._arguments(node, before)
         op = op_spec(node)
         shape = local_shape(op.outputs[0].shape, placed.output, self.mesh_shape,
-                            self.coordinate) if op.outputs else ()
+                            self.coordinate, self.shares) if op.outputs else ()
         local, local_kwargs = rules.local_args(op, shape)
         args, kwargs = _substitute((args, kwargs), (local, local_kwargs))
         target, kwargs = _RELAXED.get(node.target, node.target), self._on_device(kwargs)
         if placed.inputs and any(is_vocab_split(op, p) for p in placed.inputs[0]):
-            start = _first_row(op.inputs[0], placed.inputs[0], self.mesh_shape, self.coordinate)
+            start = _first_row(op.inputs[0], placed.inputs[0], self.mesh_shape, self.coordinate,
+                               self.shares)
             padding = op.arg(2, "padding_idx", -1)
             target, args, kwargs = masked_embedding, (args[0], args[1], start, padding), {}
         ring = context_axis(op, placed.inputs)
@@ -262,7 +266,8 @@ class _Lowering:
             spec = op.outputs[0]
             target, args, kwargs = random_ops.seeded_piece, (target, *args), {
                 **kwargs, "full_shape": tuple(spec.shape), "placements": placed.output,
-                "mesh_shape": self.mesh_shape, "coordinate": self.coordinate}
+                "mesh_shape": self.mesh_shape, "coordinate": self.coordinate,
+                "shares": self.shares}
         if placed.recompute:
             return self._recomputed(node.name, target, args, kwargs, before)
         return self.graph.create_node("call_function", target, args, kwargs, name=node.name)

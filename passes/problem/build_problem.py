@@ -306,8 +306,8 @@ class _Builder:
                                          self.uses.get(node.name, 0),
                                          gradient=not self.timed_gradients,
                                          trained=trained(node)))
-        held = sum(formulas.local_bytes(uneven.tensor_bytes(s, self.mesh.shape),
-                                        strategy.output, self.mesh.shape)
+        held = sum(formulas.local_bytes(uneven.cost_bytes(s, self.mesh), strategy.output,
+                                        self.mesh.shape)
                    for s in tensor_outputs(node)) if node.op != "output" else 0
         if role in STORED_ROLES or role == "input":
             return float(held)
@@ -325,7 +325,7 @@ class _Builder:
                       outputs: frozenset[int] | None = None) -> float:
         """The local bytes of `node`'s `outputs` (default: all of them) at its output
         placement under `strategy`."""
-        return float(sum(formulas.local_bytes(uneven.tensor_bytes(spec, self.mesh.shape),
+        return float(sum(formulas.local_bytes(uneven.cost_bytes(spec, self.mesh),
                                               strategy.output, self.mesh.shape)
                          for k, spec in enumerate(tensor_outputs(node))
                          if outputs is None or k in outputs))

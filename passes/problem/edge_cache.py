@@ -104,7 +104,7 @@ class EdgeCache:
                 microbatches: int) -> EdgeSecondsTable:
         """The `edge_seconds` of edge `ref` for every pair of its producer's strategies `src`
         and its consumer's `dst`, in a step of `microbatches` runs of the graph."""
-        nbytes = uneven.tensor_bytes(ref.tensor, self.mesh.shape)
+        nbytes = uneven.cost_bytes(ref.tensor, self.mesh)
         context = (nbytes, ref.requires_grad, ref.saved, ref.same_block,
                    ref.producer_is_parameter, ref.consumer_is_view, ref.consumer_saves,
                    ref.bucket_bytes, ref.producer_recomputed, ref.consumer_writes,
@@ -144,7 +144,7 @@ class EdgeCache:
         """`held_bytes` of edge `ref`, copy plus own, for every pair of its producer's
         strategies `src` and its consumer's `dst` (a Ks x Kd array, shared: do not write
         it); the producer keeps its output unless recomputed."""
-        nbytes = uneven.tensor_bytes(ref.tensor, self.mesh.shape)
+        nbytes = uneven.cost_bytes(ref.tensor, self.mesh)
         key = (id(src), id(dst), ref.position, nbytes, ref.keeps, ref.owns,
                ref.producer_off_path, ref.recipe)
         found = self._held.get(key)
@@ -180,7 +180,7 @@ class EdgeCache:
         consumer must read the output as it is
         and keeps a handle. Their sum is `held` except for a recomputed consumer that
         reads through a conversion (its recipe keeps the output too)."""
-        nbytes = uneven.tensor_bytes(ref.tensor, self.mesh.shape)
+        nbytes = uneven.cost_bytes(ref.tensor, self.mesh)
         key = (id(src), id(dst), ref.position, nbytes, "parts")
         found = self._held.get(key)
         if found is not None:
@@ -202,7 +202,7 @@ class EdgeCache:
         the gradient converted to the placement its producer needs, and a parameter's
         copy gathered again for the backward (not kept gathered: ZeRO-3); each conversion
         with its staging buffers (`autopar.costs.staging`), a kept one's too."""
-        nbytes = uneven.tensor_bytes(ref.tensor, self.mesh.shape)
+        nbytes = uneven.cost_bytes(ref.tensor, self.mesh)
         key = (id(src), id(dst), ref.position, nbytes, "transients", ref.keeps,
                ref.requires_grad, ref.producer_is_parameter, ref.producer_off_path)
         found = self._held.get(key)

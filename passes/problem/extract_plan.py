@@ -41,6 +41,7 @@ from autopar.passes.problem.op_costs import (
 from autopar.passes.problem.rebuilt import never_rebuilt
 from autopar.passes.problem.step_memory import held_copies, microbatch_copies
 from autopar.solver import Solution
+from autopar.values.mesh import Mesh
 from autopar.values.placement import describe_pieces, format_placements
 from autopar.values.plan import NodePlan, Plan, SolverReport, TransferRecord
 from autopar.values.specs import BYTES, FLOPS, FOLD, ROLE, Fold, module_of
@@ -58,7 +59,7 @@ def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound,
         total += parameter_step_time(tensor_outputs(node)[0], strategy.output, mesh,
                                      build.optimizer)
     for ref, src, dst in inbound:
-        nbytes = uneven.tensor_bytes(ref.tensor, mesh.shape, symbolic=True)
+        nbytes = uneven.cost_bytes(ref.tensor, mesh, symbolic=True)
         transfers = strategy_edge_transfers(ref, src, dst, nbytes, mesh.shape)
         total += sum(step_seconds(ref, src, transfers, count, mesh))
         total -= hidden_seconds(ref, src, transfers, count, mesh, hidden)
@@ -104,7 +105,7 @@ def _edges(build: ProblemBuild, chosen) -> dict[str, list]:
     for ref in build.edges:
         src, dst = chosen[ref.producer], chosen[ref.consumer]
         edges[ref.consumer].append((ref, src, dst, strategy_edge_transfers(
-            ref, src, dst, uneven.tensor_bytes(ref.tensor, build.mesh.shape),
+            ref, src, dst, uneven.cost_bytes(ref.tensor, build.mesh),
             build.mesh.shape)))
     return edges
 
@@ -120,7 +121,7 @@ def _held(build: ProblemBuild, chosen) -> dict[str, float]:
             continue
         src = chosen[ref.producer]
         copy, own = held_bytes(ref, src, chosen[ref.consumer],
-                               uneven.tensor_bytes(ref.tensor, build.mesh.shape),
+                               uneven.cost_bytes(ref.tensor, build.mesh),
                                build.mesh.shape)
         held[ref.consumer] += build.in_flight * float(copy)
         held[ref.producer] += build.in_flight * float(own)
@@ -242,15 +243,15 @@ def _node_plan(i: int, name: str, node: fx.Node, strategy, build: ProblemBuild,
         recompute=strategy.recompute and node.meta.get(BYTES, 0) != 0,
         gathered=format_placements(strategy.gathered) if strategy.gathered else "",
         whole_gradient=strategy.whole_gradient, hidden_s=overlapped,
-        pieces=_pieces(node, strategy, build.mesh.shape))
+        pieces=_pieces(node, strategy, build.mesh))
 
 
-def _pieces(node: fx.Node, strategy, mesh_shape: tuple[int, ...]) -> str:
+def _pieces(node: fx.Node, strategy, mesh: Mesh) -> str:
     """The pieces of the node's (first) output where it is split unevenly."""
     outputs = tensor_outputs(node) if node.op != "output" else ()
     if not outputs or outputs[0].sym_shape is not None:
         return ""
-    return describe_pieces(outputs[0].shape, strategy.output, mesh_shape)
+    return describe_pieces(outputs[0].shape, strategy.output, mesh.shape, mesh.shares)
 
 
 def _memory_bytes(i: int, node: fx.Node, strategy, build: ProblemBuild,
@@ -262,7 +263,7 @@ def _memory_bytes(i: int, node: fx.Node, strategy, build: ProblemBuild,
     on_path, in_flight = build.requires_grad[node.name], build.in_flight
     usage *= held_copies(node, on_path, in_flight) / microbatch_copies(node, on_path, in_flight)
     if build.timed_gradients and trained(node):
-        gradient = uneven.tensor_bytes(tensor_outputs(node)[0], build.mesh.shape)
+        gradient = uneven.cost_bytes(tensor_outputs(node)[0], build.mesh)
         usage += float(formulas.local_bytes(gradient, strategy.output, build.mesh.shape))
     return usage
 

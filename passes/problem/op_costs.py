@@ -7,6 +7,9 @@ mesh, shared by the problem pass (`build_problem`) and the plan it extracts
 
 from __future__ import annotations
 
+import itertools
+
+import sympy
 import torch.fx as fx
 
 from autopar.costs import formulas, uneven
@@ -16,7 +19,9 @@ from autopar.passes.capturing.gradient_path import tensor_outputs
 from autopar.passes.capturing.trace_kernels import priced_kernels
 from autopar.passes.strategies.find_strategies import Strategy, op_spec, tensor_inputs
 from autopar.rules.attention import RING_TARGETS
+from autopar.values.hardware import HardwareProfile
 from autopar.values.mesh import Mesh
+from autopar.values.placement import Shard
 from autopar.values.specs import FLOPS, TensorSpec
 
 
@@ -35,24 +40,48 @@ def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differenti
     if flops == 0 and nbytes == 0:
         return 0
     divisor = formulas.compute_divisor(strategy.inputs, strategy.output, mesh.shape)
-    imbalance = _imbalance(node, strategy, mesh.shape)
-    if imbalance != 1:
-        divisor /= imbalance
-    return formulas.training_compute_time(flops / divisor, nbytes / divisor,
-                                          tensor_outputs(node)[0].dtype, mesh.hardware,
-                                          differentiable=differentiable,
-                                          recompute=strategy.recompute,
-                                          family=formulas.kernel_family(node.target),
-                                          kernels=kernels)
+    times = []
+    for hardware, load in _loads(node, strategy, mesh):
+        # Not divided by 1.0 where even: the plan's formula stays a ratio of integers.
+        share = divisor if load == 1 else divisor / load
+        times.append(formulas.training_compute_time(
+            flops / share, nbytes / share, tensor_outputs(node)[0].dtype, hardware,
+            differentiable=differentiable, recompute=strategy.recompute,
+            family=formulas.kernel_family(node.target), kernels=kernels))
+    return times[0] if len(times) == 1 else _slowest(times)
 
 
-def _imbalance(node: fx.Node, strategy: Strategy, mesh_shape: tuple[int, ...]) -> float:
-    """How much more than an even share of the work rank 0 does: the most any of the op's
-    tensors puts on it (`uneven.imbalance`; 1 where every split is even)."""
+def _loads(node: fx.Node, strategy: Strategy, mesh: Mesh) -> set[tuple[HardwareProfile, float]]:
+    """(device kind, load) of the ranks whose time may be the op's: its load is its work
+    over an even share's, the most any of the op's tensors puts on it (`uneven.imbalance`).
+    On an axis with shares that splits the op, each index's pieces (of the tensors cut
+    there) on its own kind (the slowest there); elsewhere the largest pieces on the mesh's
+    profile."""
     specs = [spec for _, spec in tensor_inputs(node)] + [tensor_outputs(node)[0]]
     placements = [*strategy.inputs, strategy.output]
-    return max(uneven.imbalance(uneven.tensor_bytes(spec, mesh_shape), p, mesh_shape)
-               for spec, p in zip(specs, placements))
+    sizes = [uneven.cost_bytes(spec, mesh) for spec in specs]
+    weighted = [a for a in range(mesh.ndim) if mesh.shares and mesh.shares[a] is not None
+                and any(isinstance(p[a], Shard) for p in placements)]
+    if not weighted:
+        return {(mesh.hardware, max(uneven.imbalance(size, p, mesh.shape)
+                                    for size, p in zip(sizes, placements)))}
+    cut = [(size, p) for size, p in zip(sizes, placements)
+           if any(isinstance(p[a], Shard) for a in weighted)]
+    loads = set()
+    for indices in itertools.product(*(range(mesh.shape[a]) for a in weighted)):
+        coordinate = [None] * mesh.ndim
+        for axis, index in zip(weighted, indices):
+            coordinate[axis] = index
+        load = max(uneven.imbalance(size, p, mesh.shape, tuple(coordinate)) for size, p in cut)
+        loads.add((mesh.slowest_at(dict(zip(weighted, indices))), load))
+    return loads
+
+
+def _slowest(times: list):
+    """The largest of `times`, numbers or sympy expressions."""
+    if any(isinstance(t, sympy.Basic) and t.free_symbols for t in times):
+        return sympy.Max(*times)
+    return max(times)
 
 
 def op_ring(node: fx.Node, strategy: Strategy, mesh: Mesh, size=lambda value: value
@@ -84,6 +113,7 @@ def stored_parameter_bytes(spec: TensorSpec, placements, mesh_shape: tuple[int, 
                            optimizer: OptimizerState) -> tuple[float, float]:
     """(bytes of a parameter's stored piece, which its gradient has too; bytes of its
     master copy and optimizer states) on one rank, stored as `placements`."""
+    # Stored tensors are never cut by shares (`find_strategies`).
     stored = formulas.local_bytes(uneven.tensor_bytes(spec, mesh_shape), placements, mesh_shape)
     return stored, stored // spec.itemsize * optimizer.element_bytes(spec.dtype)
 

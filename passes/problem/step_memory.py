@@ -155,8 +155,7 @@ class BackwardUsages:
             if not ref.requires_grad or ref.consumer_is_view or consumer.op != "call_function":
                 continue
             made = np.array([float(formulas.local_bytes(
-                uneven.tensor_bytes(ref.tensor, b.mesh.shape), st.inputs[ref.position],
-                b.mesh.shape))
+                uneven.cost_bytes(ref.tensor, b.mesh), st.inputs[ref.position], b.mesh.shape))
                 for st in b.table.strategies[ref.consumer]])
             step = self.timeline.backward_step(b.index[ref.consumer])
             yield self._one_end(ref.producer, ref.consumer, made, (step, step + 1))
@@ -251,14 +250,14 @@ class BackwardUsages:
         b = self.b
         operands: dict[str, dict[int, int]] = {}
         for ref in self.edges:
-            operands.setdefault(ref.consumer, {})[ref.position] = uneven.tensor_bytes(
-                ref.tensor, b.mesh.shape)
+            operands.setdefault(ref.consumer, {})[ref.position] = uneven.cost_bytes(
+                ref.tensor, b.mesh)
         for name, sizes in operands.items():
             node = b.by_name[name]
             family = formulas.kernel_family(node.target)
             if node.op != "call_function" or family not in workspace.FAMILIES:
                 continue
-            output = uneven.tensor_bytes(tensor_outputs(node)[0], b.mesh.shape)
+            output = uneven.cost_bytes(tensor_outputs(node)[0], b.mesh)
             spaces = [workspace.kernel_workspace(family, tuple(
                 float(formulas.local_bytes(sizes[k], st.inputs[k], b.mesh.shape))
                 for k in sorted(sizes)), float(formulas.local_bytes(output, st.output,

@@ -8,15 +8,17 @@ Ops get their strategies from the rule registry (`autopar.rules`): the rule's si
 strategies, plus all-replicated, are multiplied over the mesh axes, and combinations the
 rules do not admit (`rules.admissible`) are dropped. A dim that does not divide is cut as
 DTensor cuts it (`autopar.values.placement`: the first pieces one longer, the last ones
-shorter), where its pieces line up with the op's other pieces: a rule pairs dims split
-over the same axis, and pieces of dims of different sizes, or cut over different axes,
-line up only where every one of them divides. A cut that leaves a piece empty, and a
-context-parallel ring over uneven pieces, are dropped. An op
-without a rule keeps only the replicated strategy, and one warning per op names it.
-Parameters, buffers and constants may be stored replicated or sharded along any dim on
-each axis (ZeRO-3/FSDP-style storage), and a sharded parameter may instead be kept gathered over
-some of its split axes from its use to its backward (ZeRO-2); user inputs arrive whole on
-every rank, so they are replicated. A pipeline stage's boundary tensors
+shorter), or in proportion to the mesh's shares on an axis that has them, where its pieces
+line up with the op's other pieces: a rule pairs dims split over the same axis, and where
+one of them is cut unevenly they must all be cut at the same fractions of their lengths
+(a view merging a batch cut 2, 1 of 3 rows with 16 positions into 48 rows needs the
+48 cut 32, 16) over the same axes. A cut that leaves a piece empty, and a context-parallel
+ring over uneven pieces, are dropped. An op without a rule keeps only the replicated
+strategy, and one warning per op names it. Parameters, buffers and constants may be stored
+replicated or sharded along any dim on each axis but one with shares (its pieces would be
+no DTensor's) (ZeRO-3/FSDP-style storage), and a sharded parameter may instead be kept
+gathered over some of its split axes from its use to its backward (ZeRO-2); user inputs
+arrive whole on every rank, so they are replicated. A pipeline stage's boundary tensors
 (`autopar_boundary`: the inputs it receives, the outputs it sends), and the outputs of a
 graph whose caller takes them split (`autopar_sharded_outputs`), travel as each rank's
 piece, so they may be split as stored tensors are (the output node then has one strategy
@@ -30,10 +32,10 @@ they carry their producer's placement.
 from __future__ import annotations
 
 import itertools
-import math
 import operator
 import warnings
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 import torch.fx as fx
@@ -49,7 +51,9 @@ from autopar.values.placement import (
     Placements,
     Replicate,
     Shard,
+    Shares,
     format_placements,
+    piece_lengths,
     shard_count,
     smallest_piece,
     uneven_dims,
@@ -141,7 +145,8 @@ def tensor_inputs(node: fx.Node) -> tuple[tuple[str, TensorSpec], ...]:
                  if isinstance(n.meta.get(TENSOR), TensorSpec))
 
 
-def _fits(spec: TensorSpec, placements: Placements, mesh_shape: tuple[int, ...]) -> bool:
+def _fits(spec: TensorSpec, placements: Placements, mesh_shape: tuple[int, ...],
+          shares: Shares = None) -> bool:
     for placement in placements:
         if isinstance(placement, Shard) and not 0 <= placement.dim < spec.ndim:
             return False
@@ -151,25 +156,29 @@ def _fits(spec: TensorSpec, placements: Placements, mesh_shape: tuple[int, ...])
     for d, size in enumerate(spec.shape):
         count = shard_count(placements, mesh_shape, d)
         if count > 1 and (size % count if spec.sym_shape is not None
-                          else smallest_piece(size, placements, mesh_shape, d) == 0):
+                          else smallest_piece(size, placements, mesh_shape, d, shares) == 0):
             return False
     return True
 
 
-def lined_up(tensors: list[tuple[TensorSpec, Placements]], mesh_shape: tuple[int, ...]) -> bool:
+def lined_up(tensors: list[tuple[TensorSpec, Placements]], mesh_shape: tuple[int, ...],
+             shares: Shares = None) -> bool:
     """Whether the pieces of the split dims of an op's `tensors` line up (module docstring):
-    on each axis, the dims it splits have one size and one list of splitting axes, unless
-    each of them divides."""
-    split: dict[int, set[tuple[int, tuple[int, ...]]]] = {}
+    on each axis, the dims it splits are cut at the same fractions of their lengths, over
+    the same axes, unless each of them is cut into pieces of one length."""
+    split: dict[int, set[tuple]] = {}
     uneven_axes: set[int] = set()
     for spec, placements in tensors:
         for d, size in enumerate(spec.shape):
             axes = tuple(a for a, p in enumerate(placements) if p == Shard(d))
-            cut = size % math.prod(mesh_shape[a] for a in axes) if axes else 0
+            if not axes:
+                continue
+            lengths = piece_lengths(size, placements, mesh_shape, d, shares)
+            fractions = tuple(Fraction(length, size) for length in lengths)
             for axis in axes:
-                split.setdefault(axis, set()).add((size, axes))
-                if cut:
-                    uneven_axes.add(axis)
+                split.setdefault(axis, set()).add((fractions, axes))
+            if len(set(lengths)) > 1:
+                uneven_axes.update(axes)
     return all(len(split[axis]) == 1 for axis in uneven_axes)
 
 
@@ -180,19 +189,20 @@ def _combine(per_axis: list[list[AxisStrategy]], op: OpSpec, mesh: Mesh) -> tupl
             inputs=tuple(tuple(s.inputs[i] for s in combo) for i in range(len(op.inputs))),
             output=tuple(s.output for s in combo))
         tensors = [*zip(op.inputs, strategy.inputs), *((o, strategy.output) for o in op.outputs)]
-        if all(_fits(spec, placements, mesh.shape) for spec, placements in tensors) \
-                and lined_up(tensors, mesh.shape) \
+        if all(_fits(spec, placements, mesh.shape, mesh.shares) for spec, placements in tensors) \
+                and lined_up(tensors, mesh.shape, mesh.shares) \
                 and rules.admissible(op, strategy.inputs, strategy.output) \
-                and not _uneven_ring(op, strategy, tensors, mesh.shape):
+                and not _uneven_ring(op, strategy, tensors, mesh):
             seen.setdefault(strategy)
     return tuple(seen)
 
 
 def _uneven_ring(op: OpSpec, strategy: Strategy, tensors: list[tuple[TensorSpec, Placements]],
-                 mesh_shape: tuple[int, ...]) -> bool:
+                 mesh: Mesh) -> bool:
     # The ring's blocks are whole, equal chunks of the sequence.
     return context_axis(op, strategy.inputs) is not None and any(
-        uneven_dims(spec.shape, placements, mesh_shape) for spec, placements in tensors)
+        uneven_dims(spec.shape, placements, mesh.shape, mesh.shares)
+        for spec, placements in tensors)
 
 
 def _replicated(op: OpSpec) -> AxisStrategy:
@@ -202,7 +212,10 @@ def _replicated(op: OpSpec) -> AxisStrategy:
 def _stored_strategies(spec: TensorSpec, mesh: Mesh, *, parameter: bool) -> tuple[Strategy, ...]:
     choices = [Replicate(), *(Shard(d) for d in range(spec.ndim))]
     axis = [AxisStrategy((), c) for c in choices]
-    stored = _combine(_per_axis(axis, mesh), OpSpec(None, (), outputs=(spec,)), mesh)
+    # Stored pieces are DTensors (checkpoints, sharded outputs): never cut by shares.
+    per_axis = [choices[:1] if mesh.shares and mesh.shares[a] is not None else choices
+                for a, choices in enumerate(_per_axis(axis, mesh))]
+    stored = _combine(per_axis, OpSpec(None, (), outputs=(spec,)), mesh)
     if not parameter:
         return stored
     return stored + tuple(Strategy((), s.output, gathered=gathered)
