@@ -49,8 +49,9 @@ def speed_shares(gm: fx.GraphModule, mesh: Mesh) -> Mesh:
         weights = tuple(max(1, round(SCALE * min(times) / t)) for t in times)
         pieces = chunk_sizes(batch, len(weights), weights) if batch else (0,)
         weights = pieces if min(pieces) > 0 else weights
-        divisor = math.gcd(*weights)
-        shares[axis] = tuple(w // divisor for w in weights)
+        if len(set(weights)) > 1:  # equal weights: DTensor's chunks, which stored tensors take
+            divisor = math.gcd(*weights)
+            shares[axis] = tuple(w // divisor for w in weights)
     return mesh.with_shares(tuple(shares))
 
 

@@ -113,9 +113,11 @@ def train(rank: int, case: Case, mesh: autopar.Mesh) -> Outcome:
 
 
 def train_all(rank: int, cases: tuple[Case, ...], shape: tuple[int, ...],
-              names: tuple[str, ...], hardware: str = "cpu") -> list[Outcome]:
-    """Every case in one launch (starting processes costs seconds)."""
-    mesh = autopar.Mesh(shape, names, hardware=hardware)
+              names: tuple[str, ...], hardware: str | list = "cpu",
+              shares: tuple | None = None) -> list[Outcome]:
+    """Every case in one launch (starting processes costs seconds), on a mesh of
+    `hardware` (a list: one kind per device) cut by `shares`."""
+    mesh = autopar.Mesh(shape, names, hardware=hardware, shares=shares)
     return [train(rank, case, mesh) for case in cases]
 
 
