@@ -46,15 +46,19 @@ def test_the_cost_profile_takes_the_slowest_of_every_figure():
         assert level.bandwidth == min(h100.bandwidth, a100.bandwidth)
 
 
-def test_a_plan_on_a_mixed_mesh_takes_the_slower_kind_s_step():
+def test_a_plan_on_a_mixed_mesh_with_even_pieces_takes_the_slower_kind_s_step():
     model, inputs = mlp.build()
     steps = {}
     for name, hardware in (("h100", "h100-sxm"), ("a100", "a100-sxm"),
                            ("mixed", ["h100-sxm", "a100-sxm"])):
-        mesh = autopar.Mesh((2, 4), ("dp", "tp"), hardware=hardware)
+        mesh = autopar.Mesh((2, 4), ("dp", "tp"), hardware=hardware, shares="even")
         steps[name] = autopar.plan(model, mesh, inputs, time_limit=5.0).step_time_s
     # An A100 is no faster than an H100 in any figure: the mixed mesh runs at its pace.
     assert steps["mixed"] == pytest.approx(steps["a100"]) and steps["a100"] > steps["h100"]
+    # Pieces sized to the kinds (the default) do no worse.
+    mixed = autopar.Mesh((2, 4), ("dp", "tp"), hardware=["h100-sxm", "a100-sxm"])
+    assert autopar.plan(model, mixed, inputs, time_limit=5.0).step_time_s <= \
+        steps["mixed"] * (1 + 1e-9)
 
 
 def test_per_device_budgets_bind_at_their_least():
