@@ -108,6 +108,25 @@ def hardware_kinds(text: str) -> str | list[str]:
     return text.split(",") if "," in text else text
 
 
+def mesh_shares(text: str | None, ndim: int) -> tuple | str | None:
+    """`--shares`: "even", or per axis (comma-separated) the colon-separated weights of its
+    indices, "-" for DTensor's chunks ("-,3:1" on a 2-D mesh); None where not given."""
+    if text is None or text == "even":
+        return text
+    parts = text.split(",")
+    try:
+        shares = tuple(None if part == "-" else tuple(int(w) for w in part.split(":"))
+                       for part in parts)
+    except ValueError:
+        shares = ()
+    if len(shares) != ndim:
+        raise click.BadParameter(
+            f"{text!r}: expected 'even', or one entry per mesh axis ({ndim}), comma-separated, "
+            "each '-' or the colon-separated weights of its indices, e.g. 3:3:1:1",
+            param_hint="--shares")
+    return shares
+
+
 def process_count(nproc: int | None, shape: tuple[int, ...], mesh_text: str) -> int:
     """The processes to run: `nproc`, by default one per device of the mesh `shape`
     (`mesh_text` as given); `BadParameter` for any other count."""

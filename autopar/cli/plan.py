@@ -23,6 +23,7 @@ from autopar.cli.options import (
     config,
     hardware_kinds,
     mesh_shape,
+    mesh_shares,
     microbatches,
     model_options,
     pipeline,
@@ -67,12 +68,16 @@ def progress_lines() -> Iterator[Callable[[str], None]]:
               help="with --inference, for a decode program (an autopar.CachedLM fed one "
                    "token): also plan its prefill of this many prompt tokens, to predict the "
                    "time to first token")
+@click.option("--shares", "shares_text", default=None,
+              help="how each axis cuts: 'even' (DTensor's chunks), or per axis, "
+                   "comma-separated, '-' or the weights of its indices (3:3:1:1); by default "
+                   "an axis whose kinds differ is cut by their speed")
 @click.option("--out", type=click.Path(), default=None, help="write the plan as JSON")
 @click.option("--report", "report_out", type=click.Path(), default=None,
               help="write the plan's HTML report (see `autopar report`)")
 def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, time_limit,
                  settings, hand_strategies, microbatch_text, pipeline_text, inference,
-                 sharded_outputs, prefill, out, report_out) -> None:
+                 sharded_outputs, prefill, shares_text, out, report_out) -> None:
     """Plan MODEL_FILE (a .py file with build() -> (model, example_inputs))."""
     from autopar.planning.entry import plan
     from autopar.present.report import write_report
@@ -84,7 +89,8 @@ def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, tim
     layout = pipeline(pipeline_text)
     caught: list[warnings.WarningMessage] = []
     try:
-        mesh = Mesh(shape, parse_axis_names(axis_names, len(shape)), hardware_kinds(hardware))
+        mesh = Mesh(shape, parse_axis_names(axis_names, len(shape)), hardware_kinds(hardware),
+                    shares=mesh_shares(shares_text, len(shape)))
         model, inputs = load_model_file(model_file, **config(settings))
         with progress_lines() as progress, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

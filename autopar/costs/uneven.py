@@ -15,9 +15,10 @@ the step). Where every dim divides, these are the even formulas: nbytes / pieces
 the larger side of a gather.
 
 The cost model passes sizes around as numbers. `TensorBytes` is the number (the whole
-tensor's bytes, an int) that also carries the shape, so that `piece_bytes` and
-`buffer_bytes` can take the largest piece; `tensor_bytes` makes one only for a tensor some
-split of the mesh cuts unevenly, and plain numbers keep the even formulas.
+tensor's bytes, an int) that also carries the shape and the mesh's shares, so that
+`piece_bytes` and `buffer_bytes` can take the largest piece; `tensor_bytes` makes one only
+for a tensor some split of the mesh cuts unevenly, and plain numbers keep the even
+formulas.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def _uneven(shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> bool:
 
 
 def piece_bytes(nbytes: TensorBytes, placements: Placements, mesh_shape: tuple[int, ...]) -> int:
-    """Bytes of rank 0's piece (the largest) of the tensor under `placements`."""
+    """Bytes of the largest piece of the tensor under `placements`."""
     return math.prod(local_shape(nbytes.shape, placements, mesh_shape,
                                  shares=nbytes.shares)) * nbytes.itemsize
 
@@ -107,8 +108,8 @@ def imbalance(nbytes, placements: Placements, mesh_shape: tuple[int, ...],
 
 def buffer_bytes(nbytes: TensorBytes, kind: str, axis: int, before: Placements,
                  after: Placements, mesh_shape: tuple[int, ...]) -> int:
-    """Rank 0's buffer B for one collective over `axis` turning `before` into `after`
-    (module docstring): the larger side, uneven pieces padded to the largest."""
+    """The buffer B of one collective over `axis` turning `before` into `after` (module
+    docstring): the larger side, uneven pieces padded to the largest."""
     first = local_shape(nbytes.shape, before, mesh_shape, shares=nbytes.shares)
     if kind == "all_reduce":
         return math.prod(first) * nbytes.itemsize

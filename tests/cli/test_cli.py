@@ -53,6 +53,18 @@ def test_plan_reports_bad_input_without_a_traceback(tmp_path):
     assert result.exit_code != 0 and "not found" in result.output
 
 
+def test_plan_cuts_a_mixed_mesh_by_the_shares_given():
+    result = CliRunner().invoke(main, [
+        "plan", str(ROOT / "examples" / "mlp.py"), "--mesh", "4", "--axis-names", "dp",
+        "--hardware", "h100-sxm,h100-sxm,a100-sxm,a100-sxm", "--shares", "3:3:1:1",
+        "--set", "batch=16", "--no-hand-strategies", "--time-limit", "5"])
+    assert result.exit_code == 0, result.output
+    assert "dp pieces 3:3:1:1" in result.output
+    result = CliRunner().invoke(main, ["plan", str(ROOT / "examples" / "mlp.py"), "--mesh",
+                                       "2x2", "--shares", "3:1"])
+    assert result.exit_code != 0 and "one entry per mesh axis (2)" in result.output
+
+
 def test_solve_prints_cost_then_choices_last_within_its_timeout():
     """A real process (the command leaves with os._exit once its answer is out): the
     whole process, interpreter start-up included, ends within the timeout."""
