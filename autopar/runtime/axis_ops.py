@@ -87,7 +87,7 @@ def start_all_gather(t: torch.Tensor, step: Step, mesh: DeviceMesh, *, async_op:
     torch.distributed work, None when not `async_op`; the bytes gathered). Uneven pieces
     travel padded to the largest."""
     dim, n = step.src.dim, mesh.size(step.axis)
-    lengths = step.lengths(step.whole(dim, tuple(mesh.shape), _coordinate(mesh)), n)
+    lengths = step.lengths(_whole(step, dim, mesh), n)
     largest = max(lengths)
     # Gather along dim 0, where the pieces are contiguous blocks in group-rank order.
     front = _padded(t.movedim(dim, 0), 0, largest).contiguous()
@@ -117,7 +117,7 @@ def _all_to_all(t: torch.Tensor, step: Step, mesh: DeviceMesh) -> tuple[torch.Te
     # src_dim shard j restricted to our dst_dim chunk, so concatenating along src_dim in
     # coordinate order rebuilds that dim. Uneven pieces travel padded to the largest.
     src_dim, dst_dim, n = step.src.dim, step.dst.dim, mesh.size(step.axis)
-    gathered = step.lengths(step.whole(src_dim, tuple(mesh.shape), _coordinate(mesh)), n)
+    gathered = step.lengths(_whole(step, src_dim, mesh), n)
     cut = step.lengths(t.shape[dst_dim], n)
     t = _spread(_padded(t, src_dim, max(gathered)), dst_dim, cut)
     # Contiguous, whatever the memory format of t (stack and empty_like keep channels-last,
@@ -136,7 +136,7 @@ def _scatter_into_zeros(t: torch.Tensor, step: Step, mesh: DeviceMesh) -> torch.
     # A Partial value whose summands are the shards, each at its place in zeros.
     dim, n = step.src.dim, mesh.size(step.axis)
     shape = list(t.shape)
-    shape[dim] = step.whole(dim, tuple(mesh.shape), _coordinate(mesh))
+    shape[dim] = _whole(step, dim, mesh)
     lengths = step.lengths(shape[dim], n)
     index = mesh.get_local_rank(step.axis)
     out = t.new_zeros(shape)
@@ -144,8 +144,9 @@ def _scatter_into_zeros(t: torch.Tensor, step: Step, mesh: DeviceMesh) -> torch.
     return out
 
 
-def _coordinate(mesh: DeviceMesh) -> tuple[int, ...]:
-    return tuple(mesh.get_local_rank(axis) for axis in range(mesh.ndim))
+def _whole(step: Step, dim: int, mesh: DeviceMesh) -> int:
+    """`Step.whole` at this rank's coordinate."""
+    return step.whole(dim, tuple(mesh.shape), tuple(mesh.get_coordinate()))
 
 
 def piece_of(t: torch.Tensor, dim: int, n: int, index: int,

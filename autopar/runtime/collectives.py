@@ -61,8 +61,8 @@ def _check(x: torch.Tensor, r: Redistribution, mesh: DeviceMesh,
         raise RedistributionError("the device mesh differs from the edge's mesh",
                                   expected=f"mesh shape {r.mesh_shape}",
                                   got=f"{tuple(mesh.shape)}", fix="use the plan's mesh")
-    coordinate = tuple(mesh.get_local_rank(axis) for axis in range(mesh.ndim))
-    expected = local_shape(r.shape, r.src, r.mesh_shape, coordinate, r.shares)
+    expected = local_shape(r.shape, r.src, r.mesh_shape, tuple(mesh.get_coordinate()),
+                           r.shares)
     if tuple(x.shape) != expected or x.dtype != r.dtype:
         raise RedistributionError(
             f"local tensor does not fit {format_placements(r.src)} of global shape {r.shape}",
