@@ -57,6 +57,7 @@ from autopar.runtime.groups import device_mesh
 from autopar.runtime.materialize import local_pieces, state_slots
 from autopar.runtime.parallel_module import ParallelModule
 from autopar.runtime.pipeline import PipelinedModule, boundary_examples, stage_user_keys
+from autopar.values.compression import check_compression
 from autopar.values.mesh import Mesh
 from autopar.values.microbatch import ACCUMULATE, SUMMED, BatchSplit
 from autopar.values.pipeline import Pipeline
@@ -167,7 +168,7 @@ def _rank_device(mesh: DeviceMesh | None) -> torch.device:
 def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | None = None,
             *, plan: Plan | None = None, memory_budget: float | None = None,
             time_limit: float = TIME_LIMIT, constraints: Mapping[str, str] | None = None,
-            seed: int = 0, optimizer: object = None,
+            seed: int = 0, optimizer: object = None, compression: object = None,
             master_weights: torch.dtype | None = None, microbatches: int | str = "auto",
             pipeline: Pipeline | str | bool = "auto", training: bool = True,
             outputs: str = "whole", hardware: str | None = None, replan: bool = True,
@@ -191,17 +192,16 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
     `autopar.runtime.materialize`). `optimizer` and `master_weights` are what the plan's
     memory counts per parameter element (see `autopar.plan`); train a bfloat16 model with
     `master_weights=torch.float32` through `autopar.master_weights`, which keeps exactly that.
-    `microbatches` and `pipeline` are `autopar.plan`'s; a plan of several micro-batches
-    runs each call as that many (`autopar.runtime.microbatches`), a pipelined plan runs this
-    rank's stages under torch's schedule (`autopar.runtime.pipeline`); a forced pipeline
-    of a model whose ops mix samples trains it by gradient accumulation over the
-    micro-batches (`passes/split_microbatches`'s ACCUMULATED, which the plan's warnings state).
+    `microbatches`, `pipeline`, `compression` are `autopar.plan`'s; a plan of several
+    micro-batches runs each call as that many (`autopar.runtime.microbatches`), a pipelined
+    plan runs this rank's stages under torch's schedule (`autopar.runtime.pipeline`); a
+    forced pipeline of a model whose ops mix samples trains it by gradient accumulation
+    (`split_microbatches`'s ACCUMULATED, which the plan's warnings state).
     `training=False` (and `outputs`) compile the model as it serves (`autopar.plan`'s): a
     call runs the forward alone, without autograd ("sharded" outputs come back DTensors).
 
     Raises `ProcessGroupError` (no process group, or a world size that is not the mesh's),
-    `MeshError`/`PlanFormatError` for a plan of another mesh or model, and the planning
-    errors of `autopar.plan`.
+    `MeshError`/`PlanFormatError` (a plan of another mesh or model), `autopar.plan`'s errors.
     """
     device = mesh if isinstance(mesh, DeviceMesh) else None
     mesh = mesh_of(mesh, hardware)
@@ -211,7 +211,7 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
         options = dict(plan=plan, memory_budget=memory_budget, time_limit=time_limit,
                        seed=seed, optimizer=optimizer, master_weights=master_weights,
                        microbatches=microbatches, pipeline=pipeline, training=training,
-                       outputs=outputs, progress=progress)
+                       outputs=outputs, compression=compression, progress=progress)
         return _on_first_call(model, mesh, device, constraints, options,
                               replan=replan and plan is None)
     deadline = Deadline(check_time_limit(time_limit))  # capture included
@@ -222,7 +222,8 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
         model, gm, tuple(example_inputs), mesh, microbatches=microbatches,
         model_name=type(model).__name__, memory_budget=memory_budget,
         deadline=deadline, constraints=constraints, seed=seed, optimizer=optimizer,
-        master_weights=master_weights, pipeline=pipeline, progress=progress), device)
+        master_weights=master_weights, pipeline=pipeline, progress=progress,
+        compression=check_compression(compression)), device)
     return assemble(model, gm, chosen, device, tuple(example_inputs))
 
 

@@ -108,6 +108,13 @@ def hardware_kinds(text: str) -> str | list[str]:
     return text.split(",") if "," in text else text
 
 
+def compression_names(text: str | None) -> str | tuple[str, ...] | None:
+    """`--compression`: None, "auto", or the comma-separated names, as `plan` takes them."""
+    if text is None or text == "auto":
+        return text
+    return tuple(name.strip() for name in text.split(","))
+
+
 def mesh_shares(text: str | None, ndim: int) -> tuple | str | None:
     """`--shares`: "even", or per axis (comma-separated) the colon-separated weights of its
     indices, "-" for DTensor's chunks ("-,3:1" on a 2-D mesh); None where not given."""

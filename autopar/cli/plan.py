@@ -20,6 +20,7 @@ from rich.console import Console
 
 from autopar.cli.options import axis_names as parse_axis_names
 from autopar.cli.options import (
+    compression_names,
     config,
     hardware_kinds,
     mesh_shape,
@@ -72,12 +73,16 @@ def progress_lines() -> Iterator[Callable[[str], None]]:
               help="how each axis cuts: 'even' (DTensor's chunks), or per axis, "
                    "comma-separated, '-' or the weights of its indices (3:3:1:1); by default "
                    "an axis whose kinds differ is cut by their speed")
+@click.option("--compression", "compression_text", default=None,
+              help="let the solver compress: 'auto', or comma-separated names "
+                   "(bf16-reduce); by default nothing is compressed")
 @click.option("--out", type=click.Path(), default=None, help="write the plan as JSON")
 @click.option("--report", "report_out", type=click.Path(), default=None,
               help="write the plan's HTML report (see `autopar report`)")
 def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, time_limit,
                  settings, hand_strategies, microbatch_text, pipeline_text, inference,
-                 sharded_outputs, prefill, shares_text, out, report_out) -> None:
+                 sharded_outputs, prefill, shares_text, compression_text, out,
+                 report_out) -> None:
     """Plan MODEL_FILE (a .py file with build() -> (model, example_inputs))."""
     from autopar.planning.entry import plan
     from autopar.present.report import write_report
@@ -98,7 +103,7 @@ def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, tim
                           time_limit=time_limit, hand_strategies=hand_strategies,
                           microbatches=count, pipeline=layout, training=not inference,
                           outputs="sharded" if sharded_outputs else "whole", prefill=prefill,
-                          progress=progress)
+                          compression=compression_names(compression_text), progress=progress)
     except AutoparError as exc:
         for message in dict.fromkeys(str(w.message) for w in caught):
             click.echo(f"warning: {message}", err=True)

@@ -33,6 +33,7 @@ from autopar.planning.prefill import check_prefill, with_prefill
 from autopar.planning.shares import speed_shares
 from autopar.planning.strategy_names import check_hand_strategy_names
 from autopar.solver.budget import PLANNER_GAP
+from autopar.values.compression import check_compression
 from autopar.values.mesh import Mesh
 from autopar.values.pipeline import Pipeline
 from autopar.values.plan import Plan
@@ -52,7 +53,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
          optimizer: object = None, master_weights: torch.dtype | None = None,
          recompute: bool = True, microbatches: int | str = "auto",
          pipeline: Pipeline | str | bool = "auto", training: bool = True,
-         outputs: str = "whole", prefill: int | None = None,
+         outputs: str = "whole", prefill: int | None = None, compression: object = None,
          progress: Callable[[str], None] | None = None) -> Plan:
     """Choose how every op and tensor of `model` is split over `mesh`.
 
@@ -80,11 +81,11 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     plans the forward alone, as the model serves (one batch, run whole by a pipeline), its
     `outputs` "whole" on every rank or "sharded" as placed (compiled: DTensors; no pipeline);
     a decode program's plan with the `prefill` of that many prompt tokens predicts the time
-    to first token (`autopar.planning.prefill`). `progress` receives a message as each pass
-    starts (prefixed `STAGE`) and the solver's progress lines. Each distinct warning is issued
-    once, at the end, and kept in the plan's `warnings`. Raises `InfeasiblePlanError` with the
-    least memory any plan needs when nothing fits, `OptimizerError` for an optimizer whose
-    state the cost model can't size, `MicrobatchError` for a step that can't be so cut."""
+    to first token (`autopar.planning.prefill`). `compression` ("auto" or names:
+    `autopar.values.compression`; None keeps the plan exact) lets the solver reduce
+    gradients compressed. `progress` receives a message as each pass starts (prefixed
+    `STAGE`) and the solver's progress lines. Warnings are issued once each, at the end, and
+    kept in `warnings`. Raises `InfeasiblePlanError`, `OptimizerError`, `MicrobatchError`."""
     deadline = Deadline(check_time_limit(time_limit))
     state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
     sharded = check_outputs(outputs, check_training(training))
@@ -102,7 +103,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
                           constraints=constraints, fold_layers=fold_layers, seed=seed,
                           hand_strategies=hand_strategies, strategy=strategy, optimizer=state,
                           recompute=recompute, pipeline=pipeline, progress=progress,
-                          prefill=prompt)
+                          prefill=prompt, compression=check_compression(compression))
     return dataclasses.replace(made, warnings=_merge_warnings(made.warnings, raised))
 
 

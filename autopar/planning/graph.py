@@ -40,10 +40,12 @@ from autopar.passes.problem.extract_plan import extract_plan
 from autopar.passes.problem.fold_depth import fold_depth
 from autopar.passes.strategies.constrain import constrain
 from autopar.passes.strategies.find_strategies import StrategyTable, find_strategies
+from autopar.passes.strategies.offer_compression import offer_compression
 from autopar.passes.strategies.offer_recompute import offer_recompute, searched
 from autopar.passes.strategies.offer_whole_gradient import offer_whole_gradient
 from autopar.planning.deadline import Deadline, expired
 from autopar.solver import Solution, min_peak_usage, solve
+from autopar.values.compression import Compression
 from autopar.values.mesh import Mesh
 from autopar.values.plan import Plan
 from autopar.values.specs import FOLD, TENSOR
@@ -129,7 +131,7 @@ class Tables:
 
 def strategy_tables(gm: fx.GraphModule, mesh: Mesh, *, fold_layers: bool = True,
                     constraints: Mapping[str, str] | None = None, recompute: bool = True,
-                    microbatches: int = 1,
+                    microbatches: int = 1, compression: tuple[Compression, ...] = (),
                     progress: Callable[[str], None] | None = None) -> Tables:
     """The strategy passes of `plan_graph`: fold, find, offer, constrain."""
     say = progress or (lambda message: None)
@@ -144,6 +146,8 @@ def strategy_tables(gm: fx.GraphModule, mesh: Mesh, *, fold_layers: bool = True,
         found = offer_recompute(gm, found, saved)
     if microbatches > 1:
         found = offer_whole_gradient(found)
+    if compression and mesh.size > 1:
+        found = offer_compression(gm, found, compression)
     table = searched(found)
     table = constrain(gm, table, mesh, constraints) if constraints else table
     return Tables(gm, found, table, saved)
@@ -159,18 +163,18 @@ def plan_graph(gm: fx.GraphModule, mesh: Mesh, *, model_name: str,
                edge_caches: EdgeCaches | None = None,
                progress: Callable[[str], None] | None = None,
                tables: Tables | None = None, deadline: Deadline | None = None,
-               screening: bool = False) -> Plan:
+               screening: bool = False, compression: tuple[Compression, ...] = ()) -> Plan:
     """`plan` from the strategy pass on, for a graph already captured and annotated (with
     `microbatches` > 1, one micro-batch's graph, run that many times a step, holding
     `in_flight` micro-batches' activations at once: see `build_problem`; `least_memory`,
     `overlap_rounds`, `charges`: see `plan_table`; `edge_caches`: the planning call's, to
     share edge costs with its other problems; `tables`: `strategy_tables` of the same
     arguments when the caller has made them; `deadline`: the planning call's;
-    `screening`: see `plan_table`)."""
+    `screening`: see `plan_table`; `compression`: those the solver may choose)."""
     if tables is None:
         tables = strategy_tables(gm, mesh, fold_layers=fold_layers, constraints=constraints,
                                  recompute=recompute, microbatches=microbatches,
-                                 progress=progress)
+                                 compression=compression, progress=progress)
     return plan_table(tables.gm, tables.table, mesh, model_name=model_name,
                       memory_budget=default_budget(mesh, memory_budget),
                       time_limit=time_limit, fold_layers=fold_layers, seed=seed,

@@ -380,7 +380,7 @@ def plan_by_hand(gm: fx.GraphModule, mesh: Mesh, name: str, **options) -> Plan:
     carries its own record as its only hand strategy. Raises `InfeasiblePlanError` when
     that strategy has no plan on `mesh` or its plan does not fit the memory budget."""
     tables = strategy_tables(gm, mesh, **_picked(options, (
-        "fold_layers", "recompute", "microbatches", "progress")))
+        "fold_layers", "recompute", "microbatches", "compression", "progress")))
     budget = default_budget(mesh, options.get("memory_budget"))
     hand = _evaluated(tables, mesh, (name,), options)
     record = hand.records[0]
@@ -416,7 +416,8 @@ def plan_compared(gm: fx.GraphModule, mesh: Mesh, *,
     if not hand_strategies:
         return plan_graph(gm, mesh, **options)
     tables = strategy_tables(gm, mesh, **_picked(options, (
-        "fold_layers", "constraints", "recompute", "microbatches", "progress")))
+        "fold_layers", "constraints", "recompute", "microbatches", "compression",
+        "progress")))
     result = plan_graph(gm, mesh, tables=tables, **options)
     hand = _evaluated(tables, mesh, hand_strategies, options)
     # Each hand strategy is a restriction of the same search; the overlap of gradient

@@ -13,7 +13,7 @@ predicted step time (`autopar.values.plan.scaling_efficiency`)."""
 from __future__ import annotations
 
 import io
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from rich.console import Console
@@ -23,6 +23,7 @@ from autopar.present.report.layers import group_layers, layer_nodes, layer_patte
 from autopar.present.report.overview import planning_time
 from autopar.present.report.units import ms as _ms_text
 from autopar.present.report.units import size as _size
+from autopar.values.compression import COMPRESSIONS
 from autopar.values.measurement import Comparison, Measurement, compare, ranks_of
 from autopar.values.plan import (
     SINGLE_DEVICE,
@@ -165,6 +166,8 @@ def _totals_table(plan: Plan) -> Table:
         ("context parallel", describe_context_parallel(plan)),
         ("parameter storage", _storage(plan)),
         *((("split unevenly", _uneven(plan)),) if any(n.pieces for n in plan.nodes) else ()),
+        *((("compressed", _compressed(plan)),) if any(n.compression for n in plan.nodes)
+          else ()),
         ("optimizer", plan.optimizer),
         ("solver", f"{solver.status}, gap {solver.gap:.2%}, {solver.wall_time_s:.2f} s, "
                    f"{solver.decisions} decisions ({solver.tied} tied)"),
@@ -250,6 +253,14 @@ def _uneven(plan: Plan) -> str:
     shown = max(stored, key=lambda n: n.memory_bytes) if stored else uneven[0]
     name = shown.module if shown.role in ("parameter", "buffer") else shown.name
     return f"{len(uneven)} tensors; {name} {shown.output}, {shown.pieces}"
+
+
+def _compressed(plan: Plan) -> str:
+    """What the plan compresses, by compression: how many parameters' gradients, and the
+    expected error (`autopar.values.compression`)."""
+    counts = Counter(n.compression for n in plan.nodes if n.compression)
+    return "; ".join(f"{count} parameters' {COMPRESSIONS[name].compresses} ({name}): "
+                     f"{COMPRESSIONS[name].error}" for name, count in sorted(counts.items()))
 
 
 def _pipeline_table(plan: Plan) -> Table:

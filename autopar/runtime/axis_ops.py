@@ -11,6 +11,8 @@ autograd-aware wrapper lives in `collectives.py`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -169,6 +171,10 @@ def apply_step(t: torch.Tensor, step: Step, mesh: DeviceMesh, counter: CommCount
             return _scatter_into_zeros(t, step, mesh)
         weights = None if step.shares is None else step.shares[step.axis]
         return piece_of(t, dst.dim, n, coordinate, weights).contiguous()  # R -> S(d)
+    if kind in ("all_reduce", "reduce_scatter") and step.reduce_dtype is not None:
+        dtype, t = t.dtype, t.to(step.reduce_dtype)  # compressed: reduced in reduce_dtype
+        return apply_step(t, dataclasses.replace(step, reduce_dtype=None), mesh, counter,
+                          direction).to(dtype)
     if kind == "all_reduce":
         out, nbytes = _all_reduce(t, mesh.get_group(step.axis)), tensor_bytes(t)
     elif kind == "reduce_scatter":

@@ -163,7 +163,7 @@ class Collective(nn.Module):
         # check and look up here is fixed when the program is built.
         if overlapped:
             assert reducible(redistribution), redistribution
-            self._axis = redistribution.backward_steps[0].axis
+            self._reduction = redistribution.backward_steps[0]
         self._slice = _local_slice(redistribution, context.mesh)
         self.prefetched = False  # its gather is started by the edge before it (`chain`)
         self._upcoming: tuple[Collective, ...] = ()  # a tuple: not a registered submodule
@@ -199,7 +199,7 @@ class Collective(nn.Module):
                                             self.context.mesh, self.context.counter)
             return out
         if self.overlapped:
-            return reduce_later(x, self._axis, self.context.mesh, self.context.counter,
+            return reduce_later(x, self._reduction, self.context.mesh, self.context.counter,
                                 self.context.reducer, owned=self.owned_gradient)
         if self._slice is not None and not (x.requires_grad and torch.is_grad_enabled()):
             # An input's piece: no autograd, no collective.

@@ -115,8 +115,9 @@ class GradientReducer:
 
     def __init__(self, bucket_bytes: int = GRADIENT_BUCKET_BYTES) -> None:
         self.bucket_bytes = bucket_bytes
-        self._buckets: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._meshes: dict[tuple[int, int], DeviceMesh] = {}
+        # By (mesh, axis, dtype): compressed gradients go in buckets of their own.
+        self._buckets: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._meshes: dict[tuple, DeviceMesh] = {}
         # Started all-reduces: (parameters with their gradients' shapes, flat, work).
         self._in_flight: list[tuple[list[tuple[torch.Tensor, torch.Size]], torch.Tensor,
                                     object]] = []
@@ -138,11 +139,12 @@ class GradientReducer:
             Variable._execution_engine.queue_callback(self.finish)
 
     def start(self, parameter: torch.Tensor, grad: torch.Tensor, axis: int,
-              mesh: DeviceMesh, counter: CommCounter, *, owned: bool = False) -> None:
-        """Take `parameter`'s gradient `grad` to all-reduce over mesh axis `axis`; `owned`:
-        nothing else holds `grad` (see `owns_gradient`), so it may be summed in place.
-        While `deferring`, only add it to the sum reduced with the first gradient of
-        `parameter` that arrives after."""
+              mesh: DeviceMesh, counter: CommCounter, *, owned: bool = False,
+              reduce_dtype: torch.dtype | None = None) -> None:
+        """Take `parameter`'s gradient `grad` to all-reduce over mesh axis `axis` (in
+        `reduce_dtype` when given: compressed); `owned`: nothing else holds `grad` (see
+        `owns_gradient`), so it may be summed in place. While `deferring`, only add it to
+        the sum reduced with the first gradient of `parameter` that arrives after."""
         held = self._deferred.pop(id(parameter), None)
         if held is not None:  # a copy of the earlier micro-batches' sum: ours to add into
             grad, owned = held[1].add_(grad), True
@@ -151,19 +153,21 @@ class GradientReducer:
                                              else grad.clone())
             return
         self._watch()
+        if reduce_dtype is not None and grad.dtype != reduce_dtype:
+            grad, owned = grad.to(reduce_dtype), True  # cast back as it reaches `.grad`
         nbytes = grad.numel() * grad.element_size()
         counter.record("all_reduce", axis_name(mesh, axis), "backward", nbytes)
         if owned and nbytes >= self.bucket_bytes and grad.is_contiguous():
             self._all_reduce([(parameter, grad)], grad.view(-1), mesh, axis)
             return
-        key = (id(mesh), axis)
+        key = (id(mesh), axis, grad.dtype)
         self._meshes[key] = mesh
         bucket = self._buckets.setdefault(key, [])
         bucket.append((parameter, grad))
         if sum(g.numel() * g.element_size() for _, g in bucket) >= self.bucket_bytes:
             self._launch(key)
 
-    def _launch(self, key: tuple[int, int]) -> None:
+    def _launch(self, key: tuple) -> None:
         bucket = self._buckets.pop(key)
         mesh, axis = self._meshes[key], key[1]
         # A new buffer: the incoming gradients may be shared with other branches.
@@ -222,6 +226,8 @@ class GradientReducer:
         step = steps[at]
         while len(self._scatters) >= SCATTERS_IN_FLIGHT:
             self._complete(self._scatters.pop(0))
+        if step.reduce_dtype is not None:  # compressed: cast back once the chunk is done
+            grad = grad.to(step.reduce_dtype)
         chunk, work, sent = start_reduce_scatter(grad, step, mesh)
         counter.record("reduce_scatter", axis_name(mesh, step.axis), "backward",
                        sent.numel() * sent.element_size())
@@ -232,7 +238,7 @@ class GradientReducer:
         """Wait for a started reduce-scatter and add its chunk to its parameter's `.grad`."""
         parameter, chunk, work, _, rest, mesh, counter = scatter
         work.wait()
-        chunk = owned(apply_steps(chunk, rest, mesh, counter, "backward"))
+        chunk = owned(apply_steps(chunk.to(parameter.dtype), rest, mesh, counter, "backward"))
         if parameter.grad is None:
             parameter.grad = chunk
         else:
@@ -268,37 +274,40 @@ def _hand_out(bucket: list[tuple[torch.Tensor, torch.Size]], flat: torch.Tensor)
     for parameter, shape in bucket:
         summed = flat[offset:offset + shape.numel()].view(shape)
         offset += shape.numel()
+        own = share
+        if summed.dtype != parameter.dtype:  # reduced compressed: cast, a tensor of its own
+            summed, own = summed.to(parameter.dtype), True
         if parameter.grad is None:
-            parameter.grad = summed if share else summed.clone()
+            parameter.grad = summed if own else summed.clone()
         else:
             parameter.grad.add_(summed)
 
 
 class _ReduceLater(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, parameter: torch.Tensor, axis: int, mesh: DeviceMesh,
+    def forward(ctx, parameter: torch.Tensor, step: Step, mesh: DeviceMesh,
                 counter: CommCounter, reducer: GradientReducer, owned: bool) -> torch.Tensor:
         # A leaf parameter held on ctx: no reference cycle through a grad_fn.
-        ctx.parameter, ctx.axis, ctx.mesh = parameter, axis, mesh
+        ctx.parameter, ctx.step, ctx.mesh = parameter, step, mesh
         ctx.counter, ctx.reducer, ctx.owned = counter, reducer, owned
         return parameter.view_as(parameter)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        ctx.reducer.start(ctx.parameter, grad, ctx.axis, ctx.mesh, ctx.counter,
-                          owned=ctx.owned)
+        ctx.reducer.start(ctx.parameter, grad, ctx.step.axis, ctx.mesh, ctx.counter,
+                          owned=ctx.owned, reduce_dtype=ctx.step.reduce_dtype)
         return None, None, None, None, None, None
 
 
-def reduce_later(parameter: torch.Tensor, axis: int, mesh: DeviceMesh, counter: CommCounter,
+def reduce_later(parameter: torch.Tensor, step: Step, mesh: DeviceMesh, counter: CommCounter,
                  reducer: GradientReducer, *, owned: bool = False) -> torch.Tensor:
-    """`parameter` itself, whose gradient through this use `reducer` all-reduces over mesh
-    axis `axis` (see the module docstring): the use's edge is `reducible`, its one backward
-    step on `axis`, as the caller checked once when it built the program. `owned`: the
-    use's consumer op `owns_gradient`."""
+    """`parameter` itself, whose gradient through this use `reducer` all-reduces as `step`
+    does (over its axis, in its `reduce_dtype` when set; see the module docstring): the
+    use's edge is `reducible`, `step` its one backward step, as the caller checked once
+    when it built the program. `owned`: the use's consumer op `owns_gradient`."""
     if not (parameter.requires_grad and torch.is_grad_enabled()):
         return parameter
-    return _ReduceLater.apply(parameter, axis, mesh, counter, reducer, owned)
+    return _ReduceLater.apply(parameter, step, mesh, counter, reducer, owned)
 
 
 class _GatherKept(torch.autograd.Function):

@@ -44,6 +44,7 @@ class Redistribution:
     requires_grad: bool = True
     regather: bool = False
     shares: Shares = None
+    reduce_dtype: torch.dtype | None = None
     forward_steps: tuple[Step, ...] = field(init=False, repr=False, compare=False)
     backward_steps: tuple[Step, ...] = field(init=False, repr=False, compare=False)
 
@@ -51,10 +52,12 @@ class Redistribution:
     def for_edge(cls, shape: tuple[int, ...], dtype: torch.dtype, src: Placements,
                  dst: Placements, consumer_output: Placements, mesh_shape: tuple[int, ...],
                  *, requires_grad: bool = True, regather: bool = False,
-                 shares: Shares = None) -> Redistribution:
+                 shares: Shares = None, reduce_dtype: torch.dtype | None = None
+                 ) -> Redistribution:
         """The edge from a producer with output `src` to a consumer that reads it as `dst`
         and produces `consumer_output`, on a mesh of `mesh_shape` that cuts by `shares`;
-        transfers from `formulas.edge_transfers`."""
+        transfers from `formulas.edge_transfers`, its backward reductions run in
+        `reduce_dtype` (a parameter's gradient compressed: their bytes scaled to it)."""
         shape, mesh_shape = tuple(shape), tuple(mesh_shape)
         src, dst = tuple(src), tuple(dst)
         nbytes = uneven.tensor_bytes(TensorSpec(shape, dtype), mesh_shape, shares)
@@ -62,17 +65,20 @@ class Redistribution:
                                             requires_grad=requires_grad, regather=regather)
         # None: not executable; the step checks of __post_init__ then say why.
         transfers = transfers or ()
+        if reduce_dtype is not None:
+            transfers = formulas.compressed(transfers, reduce_dtype, dtype)
         return cls(shape, dtype, mesh_shape, src, dst,
                    formulas.arriving_grad(dst, tuple(consumer_output)), formulas.needed_grad(src),
                    tuple(t for t in transfers if not t.backward),
                    tuple(t for t in transfers if t.backward),
-                   requires_grad=requires_grad, regather=regather, shares=shares)
+                   requires_grad=requires_grad, regather=regather, shares=shares,
+                   reduce_dtype=reduce_dtype)
 
     def __post_init__(self) -> None:
         forward_steps = redistribution_steps(self.src, self.dst, self.shape, self.mesh_shape,
                                              self.shares)
         backward_steps = (redistribution_steps(self.grad_arriving, self.grad_needed, self.shape,
-                                               self.mesh_shape, self.shares)
+                                               self.mesh_shape, self.shares, self.reduce_dtype)
                           if self.requires_grad else ())
         object.__setattr__(self, "forward_steps", forward_steps)
         object.__setattr__(self, "backward_steps", backward_steps)

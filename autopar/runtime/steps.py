@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from autopar.costs.formulas import axis_collective, conversion_steps
 from autopar.errors import ShardingError
 from autopar.runtime.errors import UnsupportedRedistributionError
@@ -51,6 +53,9 @@ class Step:
     shape: tuple[int, ...] = field(default=(), compare=False)
     before: Placements = field(default=(), compare=False)
     shares: Shares = field(default=None, compare=False)
+    # A reduction (all-reduce, reduce-scatter) runs in this dtype when set: a parameter's
+    # gradient reduced compressed (`autopar.values.compression`).
+    reduce_dtype: torch.dtype | None = field(default=None, compare=False)
     # The collective this step performs; None for the local ones. Derived once: the runtime
     # reads it on every call.
     kind: str | None = field(init=False, compare=False)
@@ -98,10 +103,10 @@ def check_placements(placements: Placements, shape: tuple[int, ...],
 
 
 def redistribution_steps(src: Placements, dst: Placements, shape: tuple[int, ...],
-                         mesh_shape: tuple[int, ...], shares: Shares = None
-                         ) -> tuple[Step, ...]:
+                         mesh_shape: tuple[int, ...], shares: Shares = None,
+                         reduce_dtype: torch.dtype | None = None) -> tuple[Step, ...]:
     """The steps turning `src` into `dst`, validated against `shape` and `mesh_shape`,
-    pieces cut by the mesh's `shares`."""
+    pieces cut by the mesh's `shares`, reductions run in `reduce_dtype` when given."""
     check_placements(src, shape, mesh_shape)
     check_placements(dst, shape, mesh_shape)
     steps = conversion_steps(src, dst)
@@ -115,6 +120,7 @@ def redistribution_steps(src: Placements, dst: Placements, shape: tuple[int, ...
             fix="plan the edge through a placement that unshards the inner axes first")
     current, out = list(src), []
     for axis, before, after in steps:
-        out.append(Step(axis, before, after, tuple(shape), tuple(current), shares))
+        out.append(Step(axis, before, after, tuple(shape), tuple(current), shares,
+                        reduce_dtype))
         current[axis] = after
     return tuple(out)

@@ -27,8 +27,8 @@ from autopar.values.mesh import Mesh
 # (False: a forward-only plan; older plans read as training ones) and its KV cache; 8:
 # outputs ("sharded": a forward-only plan's outputs as its placements leave them) and a
 # decode plan's prefill (prompt tokens, predicted time and peak); 9: the pieces of an
-# output split unevenly.
-FORMAT_VERSION = 9
+# output split unevenly; 10: a parameter's gradient compression.
+FORMAT_VERSION = 10
 # The hand strategy record of the same step on one device: the scaling reference.
 SINGLE_DEVICE = "single device"
 
@@ -59,7 +59,9 @@ class NodePlan:
     empty when it is gathered at each use (ZeRO-3) or never; with `whole_gradient`, once
     per step for every micro-batch, its gradient accumulated whole and reduce-scattered
     once (ZeRO-1). `pieces`: where the output is split unevenly, the length of every piece
-    of each uneven dim, in rank order (`placement.describe_pieces`). Times are per training
+    of each uneven dim, in rank order (`placement.describe_pieces`). `compression`
+    (parameters): the compressed collective its gradient is reduced with
+    (`autopar.values.compression`), empty for none. Times are per training
     step. `comm_s` is the time of all
     its inbound collectives, `hidden_s` the part of it that overlaps the backward's compute
     (gradient all-reduces the runtime runs in the background).
@@ -83,6 +85,7 @@ class NodePlan:
     stage: int = 0
     optimizer_s: float = 0.0  # a parameter's: the optimizer's step of its stored piece
     pieces: str = ""
+    compression: str = ""
 
     @property
     def time_s(self) -> float:

@@ -12,7 +12,10 @@ global. Per node:
   split computation needs no forward step, but its gradient is Partial and is all-reduced;
   for a parameter that all-reduce overlaps the rest of the backward, and so does the
   reduce-scatter of a parameter kept gathered whose edge is one gather and one scatter);
-- ops run with this rank's local size arguments (`autopar.rules.local_args`);
+- a parameter whose plan compresses its gradient reduces it in the compressed dtype
+  (`Redistribution.reduce_dtype`);
+- ops run with this rank's local size arguments (`autopar.rules.local_args`, its own piece
+  where pieces differ);
 - an embedding whose table is split by rows runs `masked_embedding` from this rank's first
   row (obligation 2 of `autopar.rules`);
 - an attention whose keys are split along their length runs a `RingAttention` submodule
@@ -62,6 +65,7 @@ from autopar.runtime.program import RankProgram, StateSlot
 from autopar.runtime.recompute import Recompute, Recomputed
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.ring_attention import RingAttention
+from autopar.values.compression import COMPRESSIONS
 from autopar.values.placement import (
     Placements,
     Shard,
@@ -105,7 +109,7 @@ def _placements(gm: fx.GraphModule, plan: Plan) -> dict[str, Strategy]:
             tuple(map(parse_placements, entry.inputs)), parse_placements(entry.output),
             recompute=entry.recompute,
             gathered=parse_placements(entry.gathered) if entry.gathered else None,
-            whole_gradient=entry.whole_gradient)
+            whole_gradient=entry.whole_gradient, compression=entry.compression or None)
     return placed
 
 
@@ -203,10 +207,11 @@ class _Lowering:
         src = producer.output
         dst = self.placed[consumer.name]
         spec: TensorSpec = leaf.meta[TENSOR]
+        compression = COMPRESSIONS.get(producer.compression)  # a parameter's gradient's
         redistribution = Redistribution.for_edge(
             spec.shape, spec.dtype, src, dst.inputs[position], dst.output, self.mesh_shape,
             requires_grad=ref.requires_grad, regather=ref.saved and producer.gathered is None,
-            shares=self.shares)
+            shares=self.shares, reduce_dtype=compression.reduce_dtype if compression else None)
         if not redistribution.forward_steps and not redistribution.backward_steps:
             return self.env[leaf], None
         assert self.context is not None, "a collective on a mesh without a DeviceMesh"

@@ -86,6 +86,7 @@ from autopar.passes.capturing.write_back import writes_first_argument
 from autopar.passes.problem.edge_cache import EdgeCache
 from autopar.passes.problem.edge_costs import Background, EdgeRef
 from autopar.passes.problem.op_costs import (
+    compression_time,
     op_ring,
     op_time,
     parameter_bytes,
@@ -285,12 +286,14 @@ class _Builder:
 
     def node_cost(self, node: fx.Node, strategy: Strategy) -> float:
         """Seconds of a step: an op's compute over every micro-batch; a parameter's
-        optimizer step, once (`parameter_step_time`; none for a frozen one)."""
+        optimizer step, once (`parameter_step_time`; none for a frozen one), and the casts
+        of a compressed gradient reduction, once (`compression_time`)."""
         if node.meta.get(ROLE) == "parameter":
             if not trained(node):
                 return 0.0
-            return float(parameter_step_time(tensor_outputs(node)[0], strategy.output,
-                                             self.mesh, self.optimizer))
+            spec = tensor_outputs(node)[0]
+            return float(parameter_step_time(spec, strategy.output, self.mesh, self.optimizer)
+                         + compression_time(spec, strategy, self.mesh))
         return self.microbatches * float(op_time(
             node, strategy, self.mesh, differentiable=self.on_path[node.name],
             size=lambda value: _number(value, self.hints)))

@@ -19,6 +19,7 @@ import numpy as np
 from autopar.costs import formulas, staging, uneven
 from autopar.passes.problem.edge_costs import Background, EdgeRef, edge_seconds
 from autopar.passes.strategies.find_strategies import Strategy
+from autopar.values.compression import COMPRESSIONS
 from autopar.values.mesh import Mesh
 from autopar.values.placement import Partial, Replicate, Shard
 
@@ -57,8 +58,11 @@ class _Side:
 
 
 # A signature (`EdgeCache._signatures`) packs its forward and backward plan ids in the bits
-# above _FLAG_BITS, each in _PLAN_BITS bits, and six flags below.
+# above _FLAG_BITS, each in _PLAN_BITS bits, and below them five flags (the gathered copy's
+# use in two bits) and the gradient's compression in two.
 _FLAG_BITS, _PLAN_BITS = 8, 24
+_COMPRESSION_CODES = {None: 0, **{name: 1 + i for i, name in enumerate(sorted(COMPRESSIONS))}}
+assert max(_COMPRESSION_CODES.values()) < 4
 _NO_PLAN, _LOCAL_PLAN = 0, 1  # the ids of `collective_plan`'s None (no plan) and () (local)
 
 
@@ -153,7 +157,7 @@ class EdgeCache:
         producers, consumers = self._producers_of(src), self._consumers_of(dst, ref.position)
         values = np.zeros((len(producers.first), len(consumers.first)))
         if ref.keeps:
-            out, _, _, src_recompute, _ = producers.keys.T
+            out, _, _, src_recompute, _, _ = producers.keys.T
             read, _, dst_recompute = consumers.keys.T
             copy = out[:, None] != read[None, :]
             if ref.producer_off_path:
@@ -209,7 +213,7 @@ class EdgeCache:
         if found is not None:
             return found[2]
         producers, consumers = self._producers_of(src), self._consumers_of(dst, ref.position)
-        out, gathered, _, _, needed = producers.keys.T
+        out, gathered, _, _, needed, _ = producers.keys.T
         read, arriving, _ = consumers.keys.T
         copy = out[:, None] != read[None, :]
         if ref.producer_off_path:
@@ -291,14 +295,15 @@ class EdgeCache:
         return found
 
     def _producers_of(self, strategies: tuple[Strategy, ...]) -> _Side:
-        """Producer keys: output, gathered copy (-1: none), whole gradient, recompute, and
-        the gradient placement the output needs (`formulas.needed_grad`)."""
+        """Producer keys: output, gathered copy (-1: none), whole gradient, recompute, the
+        gradient placement the output needs (`formulas.needed_grad`), and the gradient's
+        compression (`_COMPRESSION_CODES`)."""
         found = self._producers.get(id(strategies))
         if found is None:
             found = self._producers[id(strategies)] = (strategies, _side(
                 [(self._id(s.output), -1 if s.gathered is None else self._id(s.gathered),
-                  s.whole_gradient, s.recompute, self._id(formulas.needed_grad(s.output)))
-                 for s in strategies]))
+                  s.whole_gradient, s.recompute, self._id(formulas.needed_grad(s.output)),
+                  _COMPRESSION_CODES[s.compression]) for s in strategies]))
         return found[1]
 
     def _consumers_of(self, strategies: tuple[Strategy, ...], position: int) -> _Side:
@@ -315,7 +320,7 @@ class EdgeCache:
     def _signatures(self, ref: EdgeRef, producers: _Side, consumers: _Side) -> np.ndarray:
         """Per (producer key, consumer key), the signature the edge's seconds depend on
         (see the class docstring), packed in an int64."""
-        out, gathered, whole, src_recompute, needed = producers.keys.T
+        out, gathered, whole, src_recompute, needed, compression = producers.keys.T
         read, arriving, dst_recompute = consumers.keys.T
         forward = self._plan_matrix(out, read)
         backward = (self._plan_matrix(arriving, needed).T if ref.requires_grad
@@ -333,6 +338,7 @@ class EdgeCache:
         flags = use * 2 + (out[:, None] == read[None])
         for column in (whole[:, None], src_recompute[:, None], dst_recompute[None]):
             flags = flags * 2 + column
+        flags = flags * 4 + compression[:, None]
         return (forward << (_FLAG_BITS + _PLAN_BITS)) | (backward << _FLAG_BITS) | flags
 
     def _plan_matrix(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 from autopar.costs import formulas
 from autopar.passes.strategies.find_strategies import Strategy
+from autopar.values.compression import COMPRESSIONS
 from autopar.values.mesh import Mesh
 from autopar.values.placement import Replicate, Shard
 from autopar.values.specs import TensorSpec
@@ -147,6 +148,9 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
     if transfers is not None and src.whole_gradient and (
             dst.recompute or not _gather_and_scatter(transfers)):
         return None
+    if transfers is not None and src.compression is not None:
+        return formulas.compressed(transfers, COMPRESSIONS[src.compression].reduce_dtype,
+                                   ref.tensor.dtype)
     return transfers
 
 

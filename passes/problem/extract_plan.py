@@ -33,6 +33,7 @@ from autopar.passes.problem.edge_costs import (
     transfer_seconds,
 )
 from autopar.passes.problem.op_costs import (
+    compression_time,
     op_compute_time,
     op_ring,
     op_time,
@@ -58,6 +59,7 @@ def _symbolic_cost(node: fx.Node, build: ProblemBuild, strategy, inbound,
     if trained(node):
         total += parameter_step_time(tensor_outputs(node)[0], strategy.output, mesh,
                                      build.optimizer)
+        total += compression_time(tensor_outputs(node)[0], strategy, mesh)
     for ref, src, dst in inbound:
         nbytes = uneven.cost_bytes(ref.tensor, mesh, symbolic=True)
         transfers = strategy_edge_transfers(ref, src, dst, nbytes, mesh.shape)
@@ -214,8 +216,11 @@ def _node_plan(i: int, name: str, node: fx.Node, strategy, build: ProblemBuild,
         compute = build.microbatches * float(op_time(
             node, strategy, mesh, differentiable=build.requires_grad[name],
             size=lambda value: _at(value, sizes)))
-    # A parameter's node cost is its optimizer step (`build_problem.node_cost`).
-    step = compute if node.meta.get(ROLE) == "parameter" else 0.0
+    # A parameter's node cost is its optimizer step and the casts of a compressed gradient
+    # reduction (`build_problem.node_cost`), which count as compute.
+    parameter = node.meta.get(ROLE) == "parameter"
+    casts = float(compression_time(tensor_outputs(node)[0], strategy, mesh)) if parameter else 0
+    step = compute - casts if parameter else 0.0
     compute -= step
     ring = op_ring(node, strategy, mesh, lambda value: _at(value, sizes))
     if ring is not None:  # the ring's exposed time is communication, not compute
@@ -243,7 +248,7 @@ def _node_plan(i: int, name: str, node: fx.Node, strategy, build: ProblemBuild,
         recompute=strategy.recompute and node.meta.get(BYTES, 0) != 0,
         gathered=format_placements(strategy.gathered) if strategy.gathered else "",
         whole_gradient=strategy.whole_gradient, hidden_s=overlapped,
-        pieces=_pieces(node, strategy, build.mesh))
+        pieces=_pieces(node, strategy, build.mesh), compression=strategy.compression or "")
 
 
 def _pieces(node: fx.Node, strategy, mesh: Mesh) -> str:

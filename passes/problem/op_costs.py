@@ -19,6 +19,7 @@ from autopar.passes.capturing.gradient_path import tensor_outputs
 from autopar.passes.capturing.trace_kernels import priced_kernels
 from autopar.passes.strategies.find_strategies import Strategy, op_spec, tensor_inputs
 from autopar.rules.attention import RING_TARGETS
+from autopar.values.compression import COMPRESSIONS
 from autopar.values.hardware import HardwareProfile
 from autopar.values.mesh import Mesh
 from autopar.values.placement import Shard
@@ -125,6 +126,18 @@ def parameter_step_time(spec: TensorSpec, placements, mesh: Mesh, optimizer: Opt
                                     mesh.shape) / spec.itemsize
     return formulas.optimizer_time(elements, spec.dtype.itemsize,
                                    optimizer.element_bytes(spec.dtype), mesh.hardware)
+
+
+def compression_time(spec: TensorSpec, strategy: Strategy, mesh: Mesh):
+    """Seconds of the casts a parameter's compressed gradient reduction adds (0 without
+    one): into the compressed dtype and back, each reading and writing every element of
+    the whole gradient (an upper bound where the parameter is also split by a reduction it
+    does not compress)."""
+    if strategy.compression is None:
+        return 0
+    narrow = COMPRESSIONS[strategy.compression].reduce_dtype.itemsize
+    moved = 2 * spec.numel * (spec.itemsize + narrow)
+    return formulas.compute_time(0, moved, spec.dtype, mesh.hardware)
 
 
 def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer: OptimizerState,

@@ -79,7 +79,8 @@ class Strategy:
     (with `gathered`, in a step of several micro-batches): the copy is gathered once per
     step and serves every micro-batch, its gradient accumulated whole and reduce-scattered
     once, after the last (ZeRO-1: the optimizer state is sharded, the gradient is whole
-    during the step).
+    during the step). `compression` (parameters): the name of the compressed collective its
+    gradient is reduced with (`autopar.values.compression`), None for none.
     """
 
     inputs: tuple[Placements, ...]
@@ -87,6 +88,7 @@ class Strategy:
     recompute: bool = False
     gathered: Placements | None = None
     whole_gradient: bool = False
+    compression: str | None = None
 
     @property
     def name(self) -> str:

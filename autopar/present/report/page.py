@@ -39,7 +39,7 @@ def _data(plan: Plan) -> str:
         "index": {n.name: i for i, n in enumerate(plan.nodes)},
         "nodes": [{"name": n.name, "op": n.op, "role": n.role, "module": n.module,
                    "layer": layer[i], "inputs": list(n.inputs), "output": n.output,
-                   "pieces": n.pieces,
+                   "pieces": n.pieces, "compression": n.compression,
                    "compute_s": n.compute_s, "comm_s": n.comm_s,
                    "memory_bytes": n.memory_bytes, "formula": n.formula,
                    "transfers": [{"kind": t.kind, "axis": t.axis, "nbytes": t.nbytes,

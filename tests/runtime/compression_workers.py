@@ -1,0 +1,67 @@
+"""Rank bodies of test_compression: one step of an MLP whose plan reduces its gradients in
+bfloat16, beside the gradient the single-process model gives with the same rounding."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+import autopar
+from examples import mlp
+
+SIZES = {"batch": 8, "hidden": 256, "ffn": 1024}
+
+
+def build():
+    return mlp.build(**SIZES)
+
+
+def parameter_name(node) -> str:
+    """The model's name of a plan's parameter node (`p_fc1_weight` of module fc1:
+    fc1.weight)."""
+    return f"{node.module}.{node.name[len('p_' + node.module.replace('.', '_') + '_'):]}"
+
+
+def rounded_reference(model: torch.nn.Module, inputs: tuple, pieces: int,
+                      compressed: set[str]) -> dict:
+    """Each parameter's gradient as a plan of `pieces` data-parallel ranks makes it: the
+    sum of every rank's gradient of its samples' share of the loss (the mean as the
+    captured graph computes it: a sum over the global count); for the `compressed`
+    parameters, each rounded to bfloat16, summed in bfloat16, read back in float32."""
+    x, target = inputs
+    parts: dict[str, list[torch.Tensor]] = {}
+    for x_piece, target_piece in zip(x.chunk(pieces), target.chunk(pieces)):
+        model.zero_grad()
+        out = model.fc2(F.gelu(model.fc1(x_piece)))
+        (F.mse_loss(out, target_piece, reduction="sum") / target.numel()).backward()
+        for name, p in model.named_parameters():
+            parts.setdefault(name, []).append(p.grad.clone())
+    summed = {}
+    for name, grads in parts.items():
+        if name in compressed:
+            total = grads[0].to(torch.bfloat16)
+            for g in grads[1:]:
+                total = (total.float() + g.to(torch.bfloat16).float()).to(torch.bfloat16)
+            summed[name] = total.float()
+        else:
+            summed[name] = sum(grads[1:], grads[0])
+    return summed
+
+
+def compressed_step(rank: int, plan: dict) -> dict:
+    """One forward and backward under `plan` (a `Plan.to_dict()`): the full gradients,
+    the bytes moved and the plan's; on rank 0 also `rounded_reference`'s gradients."""
+    torch.manual_seed(0)
+    model, inputs = build()
+    reference = copy.deepcopy(model)
+    planned = autopar.Plan.from_dict(plan)
+    pm = autopar.compile(model, planned.mesh, inputs, plan=planned)
+    pm(*inputs).backward()
+    result = {"grads": pm.full_grads(), "measured": dict(pm.counter.totals()),
+              "predicted": pm.plan.comm_bytes()}
+    if rank == 0:
+        compressed = {parameter_name(n) for n in planned.nodes if n.compression}
+        result["expected"] = rounded_reference(reference, inputs, planned.mesh.size, compressed)
+    return result
