@@ -128,6 +128,15 @@ def test_serving() -> None:
                         out), rule
 
 
+def test_uneven() -> None:
+    out = run_quick("uneven.py")
+    assert "## tiny Llama shape on 8x8 h100-sxm" in out
+    for vocab in (1024, 1025):
+        assert has_line(rf"^\| {vocab} \| \d+\.\d ms \| \d+\.\d\d GiB \| ", out), vocab
+    ratio = re.search(r"^odd over even: (\d+\.\d{4})$", out, re.MULTILINE)
+    assert ratio and float(ratio.group(1)) <= 1.01
+
+
 def test_memory_fidelity() -> None:
     out = run_quick("memory_fidelity.py")
     assert "mesh 2x2 (dp, tp), 4 gloo ranks, AdamW; 2 cases" in out

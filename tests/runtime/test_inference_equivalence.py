@@ -185,8 +185,14 @@ def serve_in_micro_batches(rank: int) -> tuple[float, dict, dict, int]:
 
 
 def test_a_forward_pipelined_in_micro_batches_returns_the_whole_batch_s_outputs():
+    # ViT's 197 tokens split over tp are 99 and 98: the plan's bytes are those of the ranks
+    # at tp index 0, which hold the longer pieces; the others move no more.
     for rank, (error, measured, predicted, count) in enumerate(
             launch(serve_in_micro_batches, 4, timeout=600.0)):
         assert count == 2 and error <= TOLERANCE, (rank, error)
-        assert measured == predicted, rank
+        if rank % 2 == 0:
+            assert measured == predicted, rank
+        else:
+            assert measured.keys() == predicted.keys(), rank
+            assert all(measured[key] <= predicted[key] for key in measured), rank
 
