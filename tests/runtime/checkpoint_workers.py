@@ -84,6 +84,32 @@ def run_and_save(rank: int, example: str, layout: Layout, plan: dict, path: str,
     return losses, {k: v.clone() for k, v in pm.full_state_dict().items()}
 
 
+def uneven_round_trip(rank: int, path: str) -> tuple[list[float], list[float], dict, dict]:
+    """An MLP of 66 and 130 features on 4 ranks, its weights pinned split unevenly (130 rows
+    in 4: 33, 33, 33, 31): STEPS steps, a save, STEPS more; then a model initialised
+    otherwise loads the checkpoint and trains STEPS steps. The losses after the save and
+    the final full states of both."""
+    mesh = autopar.Mesh((4,), ("tp",), hardware="cpu")
+    pins = {"fc1.weight": "S(0)", "fc2.weight": "S(1)", "fc1.bias": "S(0)"}
+
+    def compiled(seed: int):  # weights drawn from `seed`, the data always from 0
+        build_mlp = importlib.import_module("examples.mlp").build
+        model, _ = build_mlp(hidden=66, ffn=130, seed=seed)
+        _, inputs = build_mlp(hidden=66, ffn=130, seed=0)
+        pm = autopar.compile(model, mesh, inputs, constraints=pins, time_limit=5.0)
+        return pm, torch.optim.AdamW(pm.parameters(), lr=LEARNING_RATE, eps=EPS), inputs
+
+    pm, optimizer, inputs = compiled(0)
+    _train(pm, optimizer, inputs, STEPS)
+    checkpoint.save(path, pm, optimizer, step=STEPS).wait()
+    after = _train(pm, optimizer, inputs, STEPS)
+    state = {k: v.clone() for k, v in pm.full_state_dict().items()}
+    pm, optimizer, inputs = compiled(1)
+    checkpoint.load(path, pm, optimizer)
+    resumed = _train(pm, optimizer, inputs, STEPS)
+    return after, resumed, state, {k: v.clone() for k, v in pm.full_state_dict().items()}
+
+
 def load_and_run(rank: int, example: str, layout: Layout, plan: dict, path: str
                  ) -> tuple[list[float], dict, int]:
     """A model initialised otherwise, the checkpoint loaded, STEPS steps: their losses,

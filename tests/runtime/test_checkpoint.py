@@ -75,6 +75,14 @@ def test_a_run_resumes_under_another_plan_as_it_would_have_gone_on(example, tmp_
         assert _close(resumed, state), target
 
 
+def test_uneven_pieces_save_and_resume_bit_for_bit(tmp_path):
+    # DCP writes and reads the pieces as DTensors cut by DTensor's chunking.
+    after, resumed, state, loaded = launch(workers.uneven_round_trip, 4,
+                                           str(tmp_path / "uneven"))[0]
+    assert resumed == after
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+
+
 def test_an_asynchronous_save_holds_the_state_it_was_called_with(tmp_path):
     """The training steps on while the pieces are written: the checkpoint is the state at
     the call, resumed bit for bit."""
