@@ -5,7 +5,7 @@ the order `autopar.costs.formulas.conversion_steps` fixes (the order decides whi
 many bytes, so the runtime takes it from the cost model rather than restating it). Each step is
 one of
 
-    P -> R      all_reduce              R -> S(d)     local chunk (torch.chunk, own coordinate)
+    P -> R      all_reduce              R -> S(d)     local chunk (own coordinate's piece)
     P -> S(d)   reduce_scatter along d  R -> P        value on coordinate 0, zeros elsewhere
     S(d) -> R   all_gather along d      S(d) -> P     own chunk in place, zeros elsewhere
     S(d) -> S(e) all_to_all             (same placement: no step)
@@ -13,9 +13,11 @@ one of
 A dim sharded over several axes is cut outer axis first: on axes (a, b), a < b, a rank holds
 chunk i_a * n_b + i_b (DTensor's order). A step is one collective only when its axis is the
 innermost one sharding the dims it touches; otherwise `UnsupportedRedistributionError`.
-Pieces follow DTensor's chunking (`autopar.values.placement`), so a dim need not divide: a
-step knows the tensor's global shape and its placements before the step, from which a rank
-works out the pieces' sizes (`Step.whole`).
+Pieces follow DTensor's chunking, or the mesh's shares on an axis that has them
+(`autopar.values.placement`), so a dim need not divide: a step knows the tensor's global
+shape, its placements before the step and the shares, from which a rank works out the
+pieces' lengths (`Step.whole`, `Step.lengths`). A step that reduces a parameter's gradient
+compressed carries the dtype it reduces in (`Step.reduce_dtype`).
 """
 
 from __future__ import annotations
