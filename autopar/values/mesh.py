@@ -159,16 +159,17 @@ class Mesh:
         return self.axis_names.index(name)
 
     def describe(self) -> str:
-        """`"2x8 (dp:infiniband, tp:nvlink) on h100-sxm"`."""
+        """`"2x8 (dp:infiniband, tp:nvlink) on h100-sxm"`, and the pieces of an axis with
+        shares (`"; dp pieces 3:3:1:1"`)."""
         axes = ", ".join(f"{n}={s}:{link.name}"
                          for n, s, link in zip(self.axis_names, self.shape, self.axis_links))
-        if self.kinds is None:
-            return f"{'x'.join(map(str, self.shape))} ({axes}) on {self.hardware.name}"
-        counts = Counter(kind.name for kind in self.kinds)
-        mixed = " + ".join(f"{count} {name}" for name, count in counts.items())
         weighted = [f"{name} pieces {':'.join(map(str, weights))}" for name, weights in
                     zip(self.axis_names, self.shares or ()) if weights is not None]
         sized = f"; {', '.join(weighted)}" if weighted else ""
+        if self.kinds is None:
+            return f"{'x'.join(map(str, self.shape))} ({axes}) on {self.hardware.name}{sized}"
+        counts = Counter(kind.name for kind in self.kinds)
+        mixed = " + ".join(f"{count} {name}" for name, count in counts.items())
         return (f"{'x'.join(map(str, self.shape))} ({axes}) on {mixed}, costed at the slowest"
                 f"{sized}")
 
