@@ -53,6 +53,9 @@ class TensorBytes(int):
                                                            other.shares)
         return int(self) == other
 
+    def __ne__(self, other: object) -> bool:  # int's own would compare the bytes alone
+        return not self == other
+
     def __hash__(self) -> int:
         return hash((int(self), self.shape, self.shares))
 
