@@ -11,8 +11,6 @@ autograd-aware wrapper lives in `collectives.py`.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -171,10 +169,9 @@ def apply_step(t: torch.Tensor, step: Step, mesh: DeviceMesh, counter: CommCount
             return _scatter_into_zeros(t, step, mesh)
         weights = None if step.shares is None else step.shares[step.axis]
         return piece_of(t, dst.dim, n, coordinate, weights).contiguous()  # R -> S(d)
+    dtype = t.dtype
     if kind in ("all_reduce", "reduce_scatter") and step.reduce_dtype is not None:
-        dtype, t = t.dtype, t.to(step.reduce_dtype)  # compressed: reduced in reduce_dtype
-        return apply_step(t, dataclasses.replace(step, reduce_dtype=None), mesh, counter,
-                          direction).to(dtype)
+        t = t.to(step.reduce_dtype)  # compressed: reduced in reduce_dtype, then cast back
     if kind == "all_reduce":
         out, nbytes = _all_reduce(t, mesh.get_group(step.axis)), tensor_bytes(t)
     elif kind == "reduce_scatter":
@@ -186,7 +183,7 @@ def apply_step(t: torch.Tensor, step: Step, mesh: DeviceMesh, counter: CommCount
         assert kind == "all_to_all" and isinstance(src, Shard) and isinstance(dst, Shard)
         out, nbytes = _all_to_all(t, step, mesh)
     counter.record(kind, axis_name(mesh, step.axis), direction, nbytes)
-    return out
+    return out.to(dtype)
 
 
 def owned(t: torch.Tensor) -> torch.Tensor:

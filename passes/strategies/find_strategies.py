@@ -168,19 +168,21 @@ def lined_up(tensors: list[tuple[TensorSpec, Placements]], mesh_shape: tuple[int
     """Whether the pieces of the split dims of an op's `tensors` line up (module docstring):
     on each axis, the dims it splits are cut at the same fractions of their lengths, over
     the same axes, unless each of them is cut into pieces of one length."""
-    split: dict[int, set[tuple]] = {}
-    uneven_axes: set[int] = set()
+    cuts = []  # (size, splitting axes, piece lengths) of every split dim
     for spec, placements in tensors:
         for d, size in enumerate(spec.shape):
             axes = tuple(a for a, p in enumerate(placements) if p == Shard(d))
-            if not axes:
-                continue
-            lengths = piece_lengths(size, placements, mesh_shape, d, shares)
-            fractions = tuple(Fraction(length, size) for length in lengths)
-            for axis in axes:
-                split.setdefault(axis, set()).add((fractions, axes))
-            if len(set(lengths)) > 1:
-                uneven_axes.update(axes)
+            if axes:
+                cuts.append((size, axes, piece_lengths(size, placements, mesh_shape, d,
+                                                       shares)))
+    uneven_axes = {a for _, axes, lengths in cuts if len(set(lengths)) > 1 for a in axes}
+    if not uneven_axes:  # the common case: no fractions to compare
+        return True
+    split: dict[int, set[tuple]] = {}
+    for size, axes, lengths in cuts:
+        fractions = tuple(Fraction(length, size) for length in lengths)
+        for axis in uneven_axes.intersection(axes):
+            split.setdefault(axis, set()).add((fractions, axes))
     return all(len(split[axis]) == 1 for axis in uneven_axes)
 
 
