@@ -223,7 +223,7 @@ def compile(model: nn.Module, mesh: Mesh | DeviceMesh, example_inputs: tuple | N
         model_name=type(model).__name__, memory_budget=memory_budget,
         deadline=deadline, constraints=constraints, seed=seed, optimizer=optimizer,
         master_weights=master_weights, pipeline=pipeline, progress=progress,
-        compression=check_compression(compression)), device)
+        compression=check_compression(compression, model)), device)
     return assemble(model, gm, chosen, device, tuple(example_inputs))
 
 

@@ -37,7 +37,6 @@ piece's (`autopar.costs.uneven`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass, field
 
@@ -372,16 +371,6 @@ def redistribute(nbytes, src: Placements, dst: Placements, mesh_shape: tuple[int
         return None
     return tuple(Transfer(step.kind, step.axis, step.buffer_bytes(nbytes, mesh_shape), backward)
                  for step in plan)
-
-
-def compressed(transfers: tuple[Transfer, ...], reduce_dtype: torch.dtype,
-               dtype: torch.dtype) -> tuple[Transfer, ...]:
-    """`transfers` of a tensor of `dtype` whose backward reductions (a parameter's gradient,
-    compressed) run in `reduce_dtype`: their bytes scaled by the itemsizes' ratio."""
-    ratio = reduce_dtype.itemsize / dtype.itemsize
-    return tuple(dataclasses.replace(t, nbytes=t.nbytes * ratio)
-                 if t.backward and t.kind in ("all_reduce", "reduce_scatter") else t
-                 for t in transfers)
 
 
 def arriving_grad(input_placements: Placements, consumer_output: Placements) -> Placements:

@@ -103,7 +103,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
                           constraints=constraints, fold_layers=fold_layers, seed=seed,
                           hand_strategies=hand_strategies, strategy=strategy, optimizer=state,
                           recompute=recompute, pipeline=pipeline, progress=progress,
-                          prefill=prompt, compression=check_compression(compression))
+                          prefill=prompt, compression=check_compression(compression, model))
     return dataclasses.replace(made, warnings=_merge_warnings(made.warnings, raised))
 
 

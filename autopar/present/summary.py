@@ -23,7 +23,7 @@ from autopar.present.report.layers import group_layers, layer_nodes, layer_patte
 from autopar.present.report.overview import planning_time
 from autopar.present.report.units import ms as _ms_text
 from autopar.present.report.units import size as _size
-from autopar.values.compression import COMPRESSIONS
+from autopar.values.compression import compression_named
 from autopar.values.measurement import Comparison, Measurement, compare, ranks_of
 from autopar.values.plan import (
     SINGLE_DEVICE,
@@ -259,8 +259,8 @@ def _compressed(plan: Plan) -> str:
     """What the plan compresses, by compression: how many parameters' gradients, and the
     expected error (`autopar.values.compression`)."""
     counts = Counter(n.compression for n in plan.nodes if n.compression)
-    return "; ".join(f"{count} parameters' {COMPRESSIONS[name].compresses} ({name}): "
-                     f"{COMPRESSIONS[name].error}" for name, count in sorted(counts.items()))
+    return "; ".join(f"{count} parameters' {compression_named(name).compresses} ({name}): "
+                     f"{compression_named(name).error}" for name, count in sorted(counts.items()))
 
 
 def _pipeline_table(plan: Plan) -> Table:

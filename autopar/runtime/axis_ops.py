@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from autopar.runtime.counter import CommCounter, tensor_bytes
+from autopar.runtime.quantize import DequantizingWork, quantize
 from autopar.runtime.steps import Step
 from autopar.values.placement import Partial, Replicate, Shard, chunk_extent
 
@@ -92,8 +93,29 @@ def start_all_gather(t: torch.Tensor, step: Step, mesh: DeviceMesh, *, async_op:
     # Gather along dim 0, where the pieces are contiguous blocks in group-rank order.
     front = _padded(t.movedim(dim, 0), 0, largest).contiguous()
     out = front.new_empty((n * largest, *front.shape[1:]))
-    work = all_gather_single(out, front, group=mesh.get_group(step.axis), async_op=async_op)
-    return _collect(out, 0, lengths).movedim(0, dim), work, tensor_bytes(out)
+    if step.quantized:
+        work, nbytes = _start_quantized_gather(front, out, n, mesh.get_group(step.axis),
+                                               async_op=async_op)
+    else:
+        work = all_gather_single(out, front, group=mesh.get_group(step.axis),
+                                 async_op=async_op)
+        nbytes = tensor_bytes(out)
+    return _collect(out, 0, lengths).movedim(0, dim), work, nbytes
+
+
+def _start_quantized_gather(front: torch.Tensor, out: torch.Tensor, n: int, group, *,
+                            async_op: bool) -> tuple[object, int]:
+    """Gather `front` from the `n` ranks of `group` into `out` as int8 blocks and their
+    scales (`quantize`): the work that dequantizes into `out` when waited on (None, done,
+    when not `async_op`) and the bytes moved."""
+    values, scales = quantize(front.view(-1))
+    gathered = (values.new_empty(n * values.numel()), scales.new_empty(n * scales.numel()))
+    works = tuple(all_gather_single(whole, piece, group=group, async_op=True)
+                  for whole, piece in zip(gathered, (values, scales)))
+    work = DequantizingWork(works, *gathered, out.view(n, front.numel()))
+    if not async_op:
+        work.wait()
+    return (work if async_op else None), sum(map(tensor_bytes, gathered))
 
 
 def start_reduce_scatter(t: torch.Tensor, step: Step, mesh: DeviceMesh, *,

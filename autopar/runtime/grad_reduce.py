@@ -59,6 +59,7 @@ from autopar.runtime.axis_ops import (
     start_reduce_scatter,
 )
 from autopar.runtime.counter import CommCounter
+from autopar.runtime.powersgd import LowRankReducer
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.steps import Step
 
@@ -131,6 +132,7 @@ class GradientReducer:
         self._deferred: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._whole: dict[int, tuple] = {}
         self._watching = False
+        self.low_rank = LowRankReducer(bucket_bytes)  # PowerSGD's, with its state
 
     def _watch(self) -> None:
         # The first gradient of a backward pass: finish when the pass ends.
@@ -140,11 +142,12 @@ class GradientReducer:
 
     def start(self, parameter: torch.Tensor, grad: torch.Tensor, axis: int,
               mesh: DeviceMesh, counter: CommCounter, *, owned: bool = False,
-              reduce_dtype: torch.dtype | None = None) -> None:
+              reduce_dtype: torch.dtype | None = None, low_rank: int = 0) -> None:
         """Take `parameter`'s gradient `grad` to all-reduce over mesh axis `axis` (in
-        `reduce_dtype` when given: compressed); `owned`: nothing else holds `grad` (see
-        `owns_gradient`), so it may be summed in place. While `deferring`, only add it to
-        the sum reduced with the first gradient of `parameter` that arrives after."""
+        `reduce_dtype` when given, as PowerSGD of rank `low_rank` when set: compressed);
+        `owned`: nothing else holds `grad` (see `owns_gradient`), so it may be summed in
+        place. While `deferring`, only add it to the sum reduced with the first gradient
+        of `parameter` that arrives after."""
         held = self._deferred.pop(id(parameter), None)
         if held is not None:  # a copy of the earlier micro-batches' sum: ours to add into
             grad, owned = held[1].add_(grad), True
@@ -153,6 +156,9 @@ class GradientReducer:
                                              else grad.clone())
             return
         self._watch()
+        if low_rank:
+            self.low_rank.start(parameter, grad, axis, low_rank, mesh, counter)
+            return
         if reduce_dtype is not None and grad.dtype != reduce_dtype:
             grad, owned = grad.to(reduce_dtype), True  # cast back as it reaches `.grad`
         nbytes = grad.numel() * grad.element_size()
@@ -257,6 +263,7 @@ class GradientReducer:
         for bucket, flat, work in in_flight:
             work.wait()
             _hand_out(bucket, flat)
+        self.low_rank.finish()
 
 
 def _hand_out(bucket: list[tuple[torch.Tensor, torch.Size]], flat: torch.Tensor) -> None:
@@ -295,7 +302,8 @@ class _ReduceLater(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         ctx.reducer.start(ctx.parameter, grad, ctx.step.axis, ctx.mesh, ctx.counter,
-                          owned=ctx.owned, reduce_dtype=ctx.step.reduce_dtype)
+                          owned=ctx.owned, reduce_dtype=ctx.step.reduce_dtype,
+                          low_rank=ctx.step.low_rank)
         return None, None, None, None, None, None
 
 
@@ -303,7 +311,8 @@ def reduce_later(parameter: torch.Tensor, step: Step, mesh: DeviceMesh, counter:
                  reducer: GradientReducer, *, owned: bool = False) -> torch.Tensor:
     """`parameter` itself, whose gradient through this use `reducer` all-reduces as `step`
     does (over its axis, in its `reduce_dtype` when set; see the module docstring): the
-    use's edge is `reducible`, `step` its one backward step, as the caller checked once
+    use's edge is `reducible`, `step` its one backward step (by PowerSGD when it has a
+    `low_rank`), as the caller checked once
     when it built the program. `owned`: the use's consumer op `owns_gradient`."""
     if not (parameter.requires_grad and torch.is_grad_enabled()):
         return parameter

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 import torch
 
 from autopar.costs import formulas, uneven
+from autopar.costs.compression import compressed_transfers
 from autopar.runtime.errors import RedistributionError, UnsupportedRedistributionError
 from autopar.runtime.steps import Step, redistribution_steps
-from autopar.values.placement import Placements, Shares, format_placements
+from autopar.values.compression import Compression
+from autopar.values.placement import Placements, Shares, format_placements, local_shape
 from autopar.values.specs import TensorSpec
 
 
@@ -29,7 +31,8 @@ class Redistribution:
     with a repeat of every forward all-gather (a parameter stored sharded is gathered again
     for the backward instead of being kept). `requires_grad=False` edges have no backward
     transfers and must not be differentiated through. `forward_steps`/`backward_steps` are
-    derived. Build one with `Redistribution.for_edge`.
+    derived. Build one with `Redistribution.for_edge`. `compression`: a parameter's edge
+    whose collectives run compressed (`autopar.values.compression`), their steps marked so.
     """
 
     shape: tuple[int, ...]
@@ -44,7 +47,7 @@ class Redistribution:
     requires_grad: bool = True
     regather: bool = False
     shares: Shares = None
-    reduce_dtype: torch.dtype | None = None
+    compression: Compression | None = None
     forward_steps: tuple[Step, ...] = field(init=False, repr=False, compare=False)
     backward_steps: tuple[Step, ...] = field(init=False, repr=False, compare=False)
 
@@ -52,33 +55,40 @@ class Redistribution:
     def for_edge(cls, shape: tuple[int, ...], dtype: torch.dtype, src: Placements,
                  dst: Placements, consumer_output: Placements, mesh_shape: tuple[int, ...],
                  *, requires_grad: bool = True, regather: bool = False,
-                 shares: Shares = None, reduce_dtype: torch.dtype | None = None
+                 shares: Shares = None, compression: Compression | None = None
                  ) -> Redistribution:
         """The edge from a producer with output `src` to a consumer that reads it as `dst`
         and produces `consumer_output`, on a mesh of `mesh_shape` that cuts by `shares`;
-        transfers from `formulas.edge_transfers`, its backward reductions run in
-        `reduce_dtype` (a parameter's gradient compressed: their bytes scaled to it)."""
+        transfers from `formulas.edge_transfers`, compressed by `compression`
+        (`compression.compressed_transfers`)."""
         shape, mesh_shape = tuple(shape), tuple(mesh_shape)
         src, dst = tuple(src), tuple(dst)
+        if compression is not None and not dtype.is_floating_point:
+            raise UnsupportedRedistributionError(
+                f"{compression.name} compresses floating-point parameters only",
+                expected="a float16, bfloat16 or float32 tensor", got=f"a {dtype} tensor",
+                fix="plan again from this model: a plan compresses float parameters only")
         nbytes = uneven.tensor_bytes(TensorSpec(shape, dtype), mesh_shape, shares)
         transfers = formulas.edge_transfers(nbytes, src, dst, tuple(consumer_output), mesh_shape,
                                             requires_grad=requires_grad, regather=regather)
         # None: not executable; the step checks of __post_init__ then say why.
         transfers = transfers or ()
-        if reduce_dtype is not None:
-            transfers = formulas.compressed(transfers, reduce_dtype, dtype)
+        if compression is not None:
+            transfers = compressed_transfers(transfers, compression, dtype,
+                                             local_shape(shape, src, mesh_shape), mesh_shape,
+                                             regather=regather)
         return cls(shape, dtype, mesh_shape, src, dst,
                    formulas.arriving_grad(dst, tuple(consumer_output)), formulas.needed_grad(src),
                    tuple(t for t in transfers if not t.backward),
                    tuple(t for t in transfers if t.backward),
                    requires_grad=requires_grad, regather=regather, shares=shares,
-                   reduce_dtype=reduce_dtype)
+                   compression=compression)
 
     def __post_init__(self) -> None:
         forward_steps = redistribution_steps(self.src, self.dst, self.shape, self.mesh_shape,
-                                             self.shares)
+                                             self.shares, self.compression, backward=False)
         backward_steps = (redistribution_steps(self.grad_arriving, self.grad_needed, self.shape,
-                                               self.mesh_shape, self.shares, self.reduce_dtype)
+                                               self.mesh_shape, self.shares, self.compression)
                           if self.requires_grad else ())
         object.__setattr__(self, "forward_steps", forward_steps)
         object.__setattr__(self, "backward_steps", backward_steps)

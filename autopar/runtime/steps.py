@@ -16,12 +16,15 @@ innermost one sharding the dims it touches; otherwise `UnsupportedRedistribution
 Pieces follow DTensor's chunking, or the mesh's shares on an axis that has them
 (`autopar.values.placement`), so a dim need not divide: a step knows the tensor's global
 shape, its placements before the step and the shares, from which a rank works out the
-pieces' lengths (`Step.whole`, `Step.lengths`). A step that reduces a parameter's gradient
-compressed carries the dtype it reduces in (`Step.reduce_dtype`).
+pieces' lengths (`Step.whole`, `Step.lengths`). A step of a parameter's compressed
+collective says how (`autopar.values.compression`): a reduction the dtype it runs in
+(`Step.reduce_dtype`), a gather that it moves int8 blocks (`Step.quantized`), a gradient's
+all-reduce PowerSGD's rank (`Step.low_rank`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +32,7 @@ import torch
 from autopar.costs.formulas import axis_collective, conversion_steps
 from autopar.errors import ShardingError
 from autopar.runtime.errors import UnsupportedRedistributionError
+from autopar.values.compression import Compression, compresses_matrix
 from autopar.values.placement import (
     Partial,
     Placement,
@@ -55,9 +59,12 @@ class Step:
     shape: tuple[int, ...] = field(default=(), compare=False)
     before: Placements = field(default=(), compare=False)
     shares: Shares = field(default=None, compare=False)
-    # A reduction (all-reduce, reduce-scatter) runs in this dtype when set: a parameter's
-    # gradient reduced compressed (`autopar.values.compression`).
+    # A parameter's compressed collective (`autopar.values.compression`): a reduction
+    # (all-reduce, reduce-scatter) runs in `reduce_dtype` when set; an all-gather moves int8
+    # blocks when `quantized`; an all-reduce sends a PowerSGD approximation of `low_rank`.
     reduce_dtype: torch.dtype | None = field(default=None, compare=False)
+    quantized: bool = field(default=False, compare=False)
+    low_rank: int = field(default=0, compare=False)
     # The collective this step performs; None for the local ones. Derived once: the runtime
     # reads it on every call.
     kind: str | None = field(init=False, compare=False)
@@ -106,9 +113,12 @@ def check_placements(placements: Placements, shape: tuple[int, ...],
 
 def redistribution_steps(src: Placements, dst: Placements, shape: tuple[int, ...],
                          mesh_shape: tuple[int, ...], shares: Shares = None,
-                         reduce_dtype: torch.dtype | None = None) -> tuple[Step, ...]:
+                         compression: Compression | None = None, *, backward: bool = True
+                         ) -> tuple[Step, ...]:
     """The steps turning `src` into `dst`, validated against `shape` and `mesh_shape`,
-    pieces cut by the mesh's `shares`, reductions run in `reduce_dtype` when given."""
+    pieces cut by the mesh's `shares`, a parameter's collectives compressed by
+    `compression` (its gathers in the forward, its gradient's reductions in the
+    `backward`)."""
     check_placements(src, shape, mesh_shape)
     check_placements(dst, shape, mesh_shape)
     steps = conversion_steps(src, dst)
@@ -122,7 +132,26 @@ def redistribution_steps(src: Placements, dst: Placements, shape: tuple[int, ...
             fix="plan the edge through a placement that unshards the inner axes first")
     current, out = list(src), []
     for axis, before, after in steps:
-        out.append(Step(axis, before, after, tuple(shape), tuple(current), shares,
-                        reduce_dtype))
+        out.append(Step(axis, before, after, tuple(shape), tuple(current), shares))
         current[axis] = after
-    return tuple(out)
+    if compression is None:
+        return tuple(out)
+    return _compressed(tuple(out), compression, backward, mesh_shape)
+
+
+def _compressed(steps: tuple[Step, ...], compression: Compression, backward: bool,
+                mesh_shape: tuple[int, ...]) -> tuple[Step, ...]:
+    """`steps` marked to run as `compression` does (`Step`'s fields; the same collectives
+    `autopar.costs.compression.compressed_transfers` charges compressed)."""
+    kinds = [step.kind for step in steps if step.kind is not None]
+    if compression.kind == "reduce" and backward:
+        return tuple(dataclasses.replace(s, reduce_dtype=compression.reduce_dtype)
+                     if s.kind in ("all_reduce", "reduce_scatter") else s for s in steps)
+    if compression.kind == "gather" and not backward:
+        return tuple(dataclasses.replace(s, quantized=True) if s.kind == "all_gather" else s
+                     for s in steps)
+    if compression.kind == "low-rank" and backward and kinds == ["all_reduce"] \
+            and len(steps) == 1 and compresses_matrix(local_shape(
+                steps[0].shape, steps[0].before, mesh_shape), compression.rank):
+        return (dataclasses.replace(steps[0], low_rank=compression.rank),)
+    return steps

@@ -18,6 +18,7 @@ from pathlib import Path
 import sympy
 
 from autopar.errors import PlanFormatError
+from autopar.values.compression import compression_named
 from autopar.values.mesh import Mesh
 
 # 2: recompute, gathered and hidden_s per node, the optimizer, FLOPs; 3: micro-batches,
@@ -86,6 +87,14 @@ class NodePlan:
     optimizer_s: float = 0.0  # a parameter's: the optimizer's step of its stored piece
     pieces: str = ""
     compression: str = ""
+
+    def __post_init__(self) -> None:
+        if self.compression and compression_named(self.compression) is None:
+            raise PlanFormatError(f"node {self.name!r} of the plan names an unknown "
+                                  f"compression {self.compression!r}",
+                                  expected="a compression of autopar.values.compression",
+                                  got=repr(self.compression),
+                                  fix="plan again, or correct the plan's file")
 
     @property
     def time_s(self) -> float:

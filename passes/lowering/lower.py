@@ -12,8 +12,9 @@ global. Per node:
   split computation needs no forward step, but its gradient is Partial and is all-reduced;
   for a parameter that all-reduce overlaps the rest of the backward, and so does the
   reduce-scatter of a parameter kept gathered whose edge is one gather and one scatter);
-- a parameter whose plan compresses its gradient reduces it in the compressed dtype
-  (`Redistribution.reduce_dtype`);
+- a parameter whose plan compresses its collectives runs them compressed
+  (`Redistribution.compression`: its gradient reduced in bfloat16 or by PowerSGD, its
+  gathers in int8 blocks);
 - ops run with this rank's local size arguments (`autopar.rules.local_args`, its own piece
   where pieces differ);
 - an embedding whose table is split by rows runs `masked_embedding` from this rank's first
@@ -65,7 +66,7 @@ from autopar.runtime.program import RankProgram, StateSlot
 from autopar.runtime.recompute import Recompute, Recomputed
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.ring_attention import RingAttention
-from autopar.values.compression import COMPRESSIONS
+from autopar.values.compression import compression_named
 from autopar.values.placement import (
     Placements,
     Shard,
@@ -207,11 +208,11 @@ class _Lowering:
         src = producer.output
         dst = self.placed[consumer.name]
         spec: TensorSpec = leaf.meta[TENSOR]
-        compression = COMPRESSIONS.get(producer.compression)  # a parameter's gradient's
         redistribution = Redistribution.for_edge(
             spec.shape, spec.dtype, src, dst.inputs[position], dst.output, self.mesh_shape,
             requires_grad=ref.requires_grad, regather=ref.saved and producer.gathered is None,
-            shares=self.shares, reduce_dtype=compression.reduce_dtype if compression else None)
+            shares=self.shares, compression=None if producer.compression is None
+            else compression_named(producer.compression))
         if not redistribution.forward_steps and not redistribution.backward_steps:
             return self.env[leaf], None
         assert self.context is not None, "a collective on a mesh without a DeviceMesh"

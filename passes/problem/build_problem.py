@@ -287,7 +287,7 @@ class _Builder:
     def node_cost(self, node: fx.Node, strategy: Strategy) -> float:
         """Seconds of a step: an op's compute over every micro-batch; a parameter's
         optimizer step, once (`parameter_step_time`; none for a frozen one), and the casts
-        of a compressed gradient reduction, once (`compression_time`)."""
+        of its compressed collectives, once (`compression_time`)."""
         if node.meta.get(ROLE) == "parameter":
             if not trained(node):
                 return 0.0

@@ -19,7 +19,6 @@ import numpy as np
 from autopar.costs import formulas, staging, uneven
 from autopar.passes.problem.edge_costs import Background, EdgeRef, edge_seconds
 from autopar.passes.strategies.find_strategies import Strategy
-from autopar.values.compression import COMPRESSIONS
 from autopar.values.mesh import Mesh
 from autopar.values.placement import Partial, Replicate, Shard
 
@@ -59,10 +58,9 @@ class _Side:
 
 # A signature (`EdgeCache._signatures`) packs its forward and backward plan ids in the bits
 # above _FLAG_BITS, each in _PLAN_BITS bits, and below them five flags (the gathered copy's
-# use in two bits) and the gradient's compression in two.
-_FLAG_BITS, _PLAN_BITS = 8, 24
-_COMPRESSION_CODES = {None: 0, **{name: 1 + i for i, name in enumerate(sorted(COMPRESSIONS))}}
-assert max(_COMPRESSION_CODES.values()) < 4
+# use in two bits) and the parameter's compression in _COMPRESSION_BITS (its id in the
+# cache, 0 for none).
+_FLAG_BITS, _PLAN_BITS, _COMPRESSION_BITS = 12, 24, 6
 _NO_PLAN, _LOCAL_PLAN = 0, 1  # the ids of `collective_plan`'s None (no plan) and () (local)
 
 
@@ -97,6 +95,7 @@ class EdgeCache:
         self._plan_ids: dict = {None: _NO_PLAN, (): _LOCAL_PLAN}
         self._plans = np.full((16, 16), -1, dtype=np.int64)  # [src id, dst id] -> plan id
         self._producers: dict[int, tuple] = {}
+        self._compressions: dict[str, int] = {}  # compression name -> id
         self._consumers: dict[tuple[int, int], tuple] = {}
         self._values: dict[tuple, tuple] = {}
         self._tables: dict[tuple, tuple] = {}
@@ -112,7 +111,9 @@ class EdgeCache:
         context = (nbytes, ref.requires_grad, ref.saved, ref.same_block,
                    ref.producer_is_parameter, ref.consumer_is_view, ref.consumer_saves,
                    ref.bucket_bytes, ref.producer_recomputed, ref.consumer_writes,
-                   microbatches)
+                   microbatches,
+                   # A compressed parameter's bytes follow its shape (PowerSGD's matrix).
+                   ref.tensor.shape if ref.producer_is_parameter else None)
         # Strategy tuples are shared between identical ops, so repeated blocks hit this.
         key = (id(src), id(dst), ref.position, context)
         found = self._tables.get(key)
@@ -264,6 +265,14 @@ class EdgeCache:
         scale = 1.0 if isinstance(nbytes, uneven.TensorBytes) else nbytes
         return scale * per_byte[np.ix_(src_at.ravel(), dst_at.ravel())]
 
+    def _compression_id(self, name: str | None) -> int:
+        """The id of compression `name` in this cache, 0 for none."""
+        if name is None:
+            return 0
+        found = self._compressions.setdefault(name, len(self._compressions) + 1)
+        assert found < 1 << _COMPRESSION_BITS
+        return found
+
     def _id(self, placements) -> int:
         found = self._ids.get(placements)
         if found is not None:
@@ -297,13 +306,13 @@ class EdgeCache:
     def _producers_of(self, strategies: tuple[Strategy, ...]) -> _Side:
         """Producer keys: output, gathered copy (-1: none), whole gradient, recompute, the
         gradient placement the output needs (`formulas.needed_grad`), and the gradient's
-        compression (`_COMPRESSION_CODES`)."""
+        compression (`_compression_id`)."""
         found = self._producers.get(id(strategies))
         if found is None:
             found = self._producers[id(strategies)] = (strategies, _side(
                 [(self._id(s.output), -1 if s.gathered is None else self._id(s.gathered),
                   s.whole_gradient, s.recompute, self._id(formulas.needed_grad(s.output)),
-                  _COMPRESSION_CODES[s.compression]) for s in strategies]))
+                  self._compression_id(s.compression)) for s in strategies]))
         return found[1]
 
     def _consumers_of(self, strategies: tuple[Strategy, ...], position: int) -> _Side:
@@ -338,7 +347,7 @@ class EdgeCache:
         flags = use * 2 + (out[:, None] == read[None])
         for column in (whole[:, None], src_recompute[:, None], dst_recompute[None]):
             flags = flags * 2 + column
-        flags = flags * 4 + compression[:, None]
+        flags = (flags << _COMPRESSION_BITS) + compression[:, None]
         return (forward << (_FLAG_BITS + _PLAN_BITS)) | (backward << _FLAG_BITS) | flags
 
     def _plan_matrix(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:

@@ -51,10 +51,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autopar.costs import formulas
+from autopar.costs.compression import compressed_transfers
 from autopar.passes.strategies.find_strategies import Strategy
-from autopar.values.compression import COMPRESSIONS
+from autopar.values.compression import compression_named
 from autopar.values.mesh import Mesh
-from autopar.values.placement import Replicate, Shard
+from autopar.values.placement import Replicate, Shard, local_shape
 from autopar.values.specs import TensorSpec
 
 
@@ -136,12 +137,12 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
         return None
     if src.recompute and dst.recompute and not ref.same_block and not ref.consumer_is_view:
         return None
+    # Only what the consumer keeps is gathered again (a linear keeps its weight, not its
+    # bias).
+    regather = ref.saved and ref.consumer_saves and src.gathered is None
     transfers = formulas.edge_transfers(nbytes, src.output, read, dst.output,
                                         mesh_shape, requires_grad=ref.requires_grad,
-                                        # Only what the consumer keeps is gathered again
-                                        # (a linear keeps its weight, not its bias).
-                                        regather=ref.saved and ref.consumer_saves
-                                        and src.gathered is None,
+                                        regather=regather,
                                         recompute=dst.recompute and not ref.consumer_is_view)
     # ZeRO-1 keeps one gathered copy for the step: an edge that gathers it again (for a
     # recomputation) or moves it otherwise than one gather and one scatter can't share it.
@@ -149,8 +150,10 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
             dst.recompute or not _gather_and_scatter(transfers)):
         return None
     if transfers is not None and src.compression is not None:
-        return formulas.compressed(transfers, COMPRESSIONS[src.compression].reduce_dtype,
-                                   ref.tensor.dtype)
+        return compressed_transfers(transfers, compression_named(src.compression),
+                                    ref.tensor.dtype, local_shape(ref.tensor.shape, src.output,
+                                                                  mesh_shape),
+                                    mesh_shape, regather=regather)
     return transfers
 
 

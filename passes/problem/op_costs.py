@@ -13,16 +13,17 @@ import sympy
 import torch.fx as fx
 
 from autopar.costs import formulas, uneven
+from autopar.costs.compression import codec_bytes, codec_flops, state_bytes
 from autopar.costs.optimizer_state import OptimizerState
 from autopar.costs.ring import Ring, ring_of
 from autopar.passes.capturing.gradient_path import tensor_outputs
 from autopar.passes.capturing.trace_kernels import priced_kernels
 from autopar.passes.strategies.find_strategies import Strategy, op_spec, tensor_inputs
 from autopar.rules.attention import RING_TARGETS
-from autopar.values.compression import COMPRESSIONS
+from autopar.values.compression import compression_named
 from autopar.values.hardware import HardwareProfile
 from autopar.values.mesh import Mesh
-from autopar.values.placement import Shard
+from autopar.values.placement import Replicate, Shard, local_shape
 from autopar.values.specs import FLOPS, TensorSpec
 
 
@@ -128,16 +129,25 @@ def parameter_step_time(spec: TensorSpec, placements, mesh: Mesh, optimizer: Opt
                                    optimizer.element_bytes(spec.dtype), mesh.hardware)
 
 
-def compression_time(spec: TensorSpec, strategy: Strategy, mesh: Mesh):
-    """Seconds of the casts a parameter's compressed gradient reduction adds (0 without
-    one): into the compressed dtype and back, each reading and writing every element of
-    the whole gradient (an upper bound where the parameter is also split by a reduction it
-    does not compress)."""
+def compression_time(spec: TensorSpec, strategy: Strategy, mesh: Mesh, *, trained: bool = True):
+    """Seconds a parameter's compressed collectives add to a step besides their bytes (0
+    without one, `autopar.costs.compression`): encoding and decoding, memory-bound passes
+    over the whole tensor (an upper bound where it is split otherwise too; a `trained`
+    parameter gathered in int8 twice, for the forward and again for the backward), and for
+    PowerSGD its products and the latency of its second all-reduce."""
     if strategy.compression is None:
         return 0
-    narrow = COMPRESSIONS[strategy.compression].reduce_dtype.itemsize
-    moved = 2 * spec.numel * (spec.itemsize + narrow)
-    return formulas.compute_time(0, moved, spec.dtype, mesh.hardware)
+    compression = compression_named(strategy.compression)
+    local = local_shape(spec.shape, strategy.output, mesh.shape)
+    moved = codec_bytes(compression, spec.numel, spec.itemsize, 2 if trained else 1)
+    seconds = formulas.compute_time(codec_flops(compression, local), moved, spec.dtype,
+                                    mesh.hardware)
+    if compression.kind == "low-rank":
+        seconds += max((formulas.collective_time("all_reduce", 0, n, link)
+                        for n, link, placement in zip(mesh.shape, mesh.axis_links,
+                                                      strategy.output)
+                        if isinstance(placement, Replicate)), default=0)
+    return seconds
 
 
 def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer: OptimizerState,
@@ -147,9 +157,14 @@ def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer:
     `gradient`), master copy and optimizer states (all stored as `strategy.output`; a frozen
     parameter, not `trained`, has only its piece), plus, when it is kept gathered, one
     gathered copy for each use that saves it for the backward (ZeRO-2), or a gathered copy
-    and its whole gradient for each of its `uses` (ZeRO-1, kept for the step)."""
+    and its whole gradient for each of its `uses` (ZeRO-1, kept for the step), and what a
+    compression keeps between steps (`compression.state_bytes`: PowerSGD's)."""
     stored, states = stored_parameter_bytes(spec, strategy.output, mesh.shape, optimizer)
     total = (2 if gradient else 1) * stored + states if trained else stored
+    if strategy.compression is not None and trained:
+        total += state_bytes(compression_named(strategy.compression),
+                             local_shape(spec.shape, strategy.output, mesh.shape),
+                             spec.itemsize)
     if strategy.gathered is not None:
         copies = (2 if trained else 1) * uses if strategy.whole_gradient else saving_uses
         total += copies * formulas.local_bytes(uneven.tensor_bytes(spec, mesh.shape),

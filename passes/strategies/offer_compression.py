@@ -1,13 +1,18 @@
-"""Compression pass: offer trained parameters their gradients reduced compressed.
+"""Compression pass: offer trained parameters their collectives compressed.
 
-Reads `autopar_role` and `autopar_tensor`; returns a new `StrategyTable` in which every
-strategy of a trained parameter whose gradient one of the allowed compressions makes
-smaller (`Compression.applies_to`: bf16-reduce for an fp32 gradient) has a twin with
-`Strategy.compression` set, one per such compression. The edge costs charge the twin's
-backward reductions the compressed bytes (`edge_costs.compressed`) and its node the casts
-(`op_costs.compression_time`); the runtime reduces in the compressed dtype
-(`Redistribution.reduce_dtype`). Nothing is offered on a mesh of one device, where no
-gradient is reduced.
+Reads `autopar_role` and `autopar_tensor`; returns a new `StrategyTable` in which a trained
+parameter's strategy has a twin with `Strategy.compression` set for each allowed
+compression that makes it move fewer bytes (`autopar.values.compression`):
+
+- "reduce" (bf16-reduce): every strategy of an fp32 parameter (its gradient's reductions);
+- "gather" (int8-gather): a strategy that stores the parameter sharded (its gathers);
+- "low-rank" (PowerSGD): a strategy that replicates it over some axis (its gradient's
+  all-reduce) where its piece is a matrix PowerSGD compresses.
+
+The edge costs charge the twin's collectives the compressed bytes
+(`autopar.costs.compression`) and its node the encoding and decoding
+(`op_costs.compression_time`); the runtime runs them compressed (`Redistribution.
+compression`). Nothing is offered on a mesh of one device, where nothing is moved.
 """
 
 from __future__ import annotations
@@ -19,24 +24,41 @@ import torch.fx as fx
 from autopar.passes.capturing.gradient_path import trained
 from autopar.passes.strategies.find_strategies import Strategy, StrategyTable
 from autopar.values.compression import Compression
-from autopar.values.specs import ROLE, TENSOR
+from autopar.values.placement import Replicate, Shard, local_shape
+from autopar.values.specs import ROLE, TENSOR, TensorSpec
 
 
 def offer_compression(gm: fx.GraphModule, table: StrategyTable,
-                      compressions: tuple[Compression, ...]) -> StrategyTable:
-    """`table` with a twin of every trained parameter strategy per compression that makes
-    its gradient smaller."""
+                      compressions: tuple[Compression, ...],
+                      mesh_shape: tuple[int, ...]) -> StrategyTable:
+    """`table` with the twins of every trained parameter's strategies that a compression of
+    `compressions` applies to, on a mesh of `mesh_shape`."""
     twins: dict[tuple, tuple[Strategy, ...]] = {}  # shared tuples stay shared (build_problem)
     strategies = dict(table.strategies)
     for node in gm.graph.nodes:
         if node.op != "placeholder" or node.meta.get(ROLE) != "parameter" \
                 or not trained(node) or node.name not in strategies:
             continue
-        useful = tuple(c.name for c in compressions if c.applies_to(node.meta[TENSOR].dtype))
+        spec: TensorSpec = node.meta[TENSOR]
         options = strategies[node.name]
-        key = (id(options), useful)
-        if useful and key not in twins:
-            twins[key] = options + tuple(dataclasses.replace(s, compression=name)
-                                         for name in useful for s in options)
-        strategies[node.name] = twins.get(key, options)
+        key = (id(options), spec.shape, spec.dtype)
+        if key not in twins:
+            twins[key] = options + tuple(
+                dataclasses.replace(s, compression=c.name) for c in compressions
+                for s in options if _applies(c, spec, s, mesh_shape))
+        strategies[node.name] = twins[key]
     return dataclasses.replace(table, strategies=strategies)
+
+
+def _applies(compression: Compression, spec: TensorSpec, strategy: Strategy,
+             mesh_shape: tuple[int, ...]) -> bool:
+    """Whether `compression` makes the parameter move fewer bytes under `strategy`."""
+    axes = [p for p, n in zip(strategy.output, mesh_shape) if n > 1]
+    if compression.kind == "gather":
+        shape, moved = spec.shape, any(isinstance(p, Shard) for p in axes)
+    elif compression.kind == "low-rank":
+        shape = local_shape(spec.shape, strategy.output, mesh_shape)
+        moved = any(isinstance(p, Replicate) for p in axes)
+    else:
+        shape, moved = spec.shape, bool(axes)
+    return moved and compression.applies_to(shape, spec.dtype)

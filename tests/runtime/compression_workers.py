@@ -1,5 +1,6 @@
 """Rank bodies of test_compression: one step of an MLP whose plan reduces its gradients in
-bfloat16, beside the gradient the single-process model gives with the same rounding."""
+bfloat16 or gathers its parameters in int8, beside the gradients the single-process model
+gives with the same rounding."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import autopar
+from autopar.runtime.quantize import round_trip
+from autopar.values.placement import Shard, parse_placements
 from examples import mlp
 
 SIZES = {"batch": 8, "hidden": 256, "ffn": 1024}
@@ -22,6 +25,14 @@ def parameter_name(node) -> str:
     """The model's name of a plan's parameter node (`p_fc1_weight` of module fc1:
     fc1.weight)."""
     return f"{node.module}.{node.name[len('p_' + node.module.replace('.', '_') + '_'):]}"
+
+
+def shape_of(node) -> tuple[int, ...]:
+    """The shape of a plan's parameter node of the MLP."""
+    layer, kind = parameter_name(node).split(".")
+    rows, columns = ((SIZES["ffn"], SIZES["hidden"]) if layer == "fc1"
+                     else (SIZES["hidden"], SIZES["ffn"]))
+    return (rows, columns) if kind == "weight" else (rows,)
 
 
 def rounded_reference(model: torch.nn.Module, inputs: tuple, pieces: int,
@@ -64,4 +75,46 @@ def compressed_step(rank: int, plan: dict) -> dict:
     if rank == 0:
         compressed = {parameter_name(n) for n in planned.nodes if n.compression}
         result["expected"] = rounded_reference(reference, inputs, planned.mesh.size, compressed)
+    return result
+
+
+def quantized_weights(model: torch.nn.Module, stored: dict[str, str], pieces: int) -> dict:
+    """Each parameter of `model` as the ranks of a plan gather it: for those in `stored`
+    (name: the placement it is stored in on a 1-D mesh of `pieces`, e.g. "S(0)"), each
+    rank's piece through int8 blocks and back (`autopar.runtime.quantize.round_trip`),
+    not differentiated (a straight-through copy); the others as they are."""
+    weights = {}
+    for name, p in model.named_parameters():
+        placement = parse_placements(stored[name])[0] if name in stored else None
+        if not isinstance(placement, Shard):
+            weights[name] = p
+            continue
+        rounded = torch.cat([round_trip(piece.movedim(placement.dim, 0)).movedim(
+            0, placement.dim) for piece in p.detach().chunk(pieces, placement.dim)],
+            placement.dim)
+        weights[name] = p + (rounded - p).detach()
+    return weights
+
+
+def gathered_step(rank: int, plan: dict) -> dict:
+    """One forward and backward under `plan`, whose parameters are gathered in int8: the
+    loss, full gradients, bytes moved and the plan's; on rank 0 also the single-process
+    loss and gradients with the same rounding of the gathered weights."""
+    torch.manual_seed(0)
+    model, inputs = build()
+    reference = copy.deepcopy(model)
+    planned = autopar.Plan.from_dict(plan)
+    pm = autopar.compile(model, planned.mesh, inputs, plan=planned)
+    loss = pm(*inputs)
+    loss.backward()
+    result = {"loss": loss.detach(), "grads": pm.full_grads(),
+              "measured": dict(pm.counter.totals()), "predicted": pm.plan.comm_bytes()}
+    if rank == 0:
+        stored = {parameter_name(n): n.output for n in planned.nodes
+                  if n.compression == "int8-gather"}
+        weights = quantized_weights(reference, stored, planned.mesh.size)
+        expected = torch.func.functional_call(reference, weights, inputs)
+        expected.backward()
+        result["expected_loss"] = expected.detach()
+        result["expected"] = {name: p.grad.clone() for name, p in reference.named_parameters()}
     return result

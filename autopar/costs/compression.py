@@ -1,0 +1,113 @@
+"""What a compressed collective moves, computes and holds (`autopar.values.compression`).
+
+For a parameter of itemsize s whose edge moves per-rank buffers of B bytes over an axis of
+n devices:
+
+    reduce (bf16-reduce)    each backward all-reduce or reduce-scatter moves B x r / s,
+                            r the reduce dtype's itemsize
+    gather (int8-gather)    each all-gather of the parameter (the forward's, and the
+                            backward's repeat of it where the parameter is gathered again)
+                            moves n (E + c ceil(E / K)), E = B / (n s) elements per piece,
+                            K = QUANT_BLOCK elements per scale of c bytes
+    low-rank (powersgd-R)   a backward all-reduce, the edge's only collective, of a local
+                            gradient viewed as an N x M matrix moves (N + M) R' s,
+                            R' = min(N, M, R), where that is less than half N M (torch's
+                            hook sends smaller ones whole): P then Q, charged as one
+                            transfer (the second call's latency with the codec's time)
+
+Encoding and decoding are memory-bound passes over the tensor (`codec_bytes`); PowerSGD's
+two products and its orthogonalisation are FLOPs (`codec_flops`). PowerSGD keeps an error
+of the local gradient's size and its P and Q between steps (`state_bytes`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from autopar.costs.formulas import Transfer
+from autopar.values.compression import (
+    QUANT_BLOCK,
+    SCALE_DTYPE,
+    Compression,
+    compresses_matrix,
+    matrix_of,
+)
+
+
+def compressed_transfers(transfers: tuple[Transfer, ...], compression: Compression,
+                         dtype: torch.dtype, local: tuple[int, ...],
+                         mesh_shape: tuple[int, ...], *, regather: bool = False
+                         ) -> tuple[Transfer, ...]:
+    """`transfers` of one edge out of a parameter of `dtype`, whose local piece (as its
+    reductions see it) has shape `local`, with `compression` applied (module docstring);
+    `regather`: the backward starts with a repeat of the forward's all-gathers."""
+    if compression.kind == "reduce":
+        ratio = compression.reduce_dtype.itemsize / dtype.itemsize
+        return tuple(dataclasses.replace(t, nbytes=t.nbytes * ratio)
+                     if t.backward and t.kind in ("all_reduce", "reduce_scatter") else t
+                     for t in transfers)
+    if compression.kind == "gather":
+        gathers = sum(t.kind == "all_gather" and not t.backward for t in transfers)
+        repeats = gathers if regather else 0
+        out = []
+        for t in transfers:
+            if t.kind == "all_gather" and (not t.backward or repeats > 0):
+                repeats -= t.backward
+                t = dataclasses.replace(t, nbytes=quantized_bytes(
+                    t.nbytes, dtype.itemsize, mesh_shape[t.axis]))
+            out.append(t)
+        return tuple(out)
+    backward = [t for t in transfers if t.backward]
+    if len(backward) != 1 or backward[0].kind != "all_reduce" \
+            or any(not t.backward for t in transfers) \
+            or not compresses_matrix(local, compression.rank):
+        return transfers  # reduced otherwise, or a piece too small: not compressed
+    return (dataclasses.replace(backward[0], nbytes=low_rank_bytes(local, compression.rank,
+                                                                    dtype.itemsize)),)
+
+
+def quantized_bytes(nbytes, itemsize: int, n: int):
+    """The bytes an all-gather of `nbytes` (n pieces of `itemsize` elements) moves as int8
+    blocks with their scales."""
+    elements = nbytes / (n * itemsize)
+    return n * (elements + SCALE_DTYPE.itemsize * math.ceil(elements / QUANT_BLOCK))
+
+
+def low_rank_bytes(local: tuple[int, ...], rank: int, itemsize: int) -> int:
+    """The bytes PowerSGD's P and Q all-reduces move for a gradient of shape `local`."""
+    n, m = matrix_of(local)
+    return (n + m) * min(n, m, rank) * itemsize
+
+
+def codec_bytes(compression: Compression, numel: int, itemsize: int, gathers: int) -> float:
+    """Bytes read and written encoding and decoding one parameter of `numel` elements per
+    step: reduce, a cast in and out (each pass reads one dtype, writes the other); gather,
+    `gathers` quantize-dequantize round trips; low-rank, the error added and kept, the
+    decompressed gradient written (three passes)."""
+    if compression.kind == "reduce":
+        return 2 * numel * (itemsize + compression.reduce_dtype.itemsize)
+    if compression.kind == "gather":
+        return 2 * gathers * numel * (itemsize + 1)
+    return 3 * 2 * numel * itemsize
+
+
+def codec_flops(compression: Compression, local: tuple[int, ...]) -> float:
+    """FLOPs of PowerSGD's products M Q, M^T P and P Q^T with its Gram-Schmidt of P and Q
+    (4 N R^2 + 4 M R^2); 0 for the other kinds."""
+    if compression.kind != "low-rank" or len(local) < 2:
+        return 0.0
+    n, m = matrix_of(local)
+    rank = min(n, m, compression.rank)
+    return 3 * 2 * n * m * rank + 4 * (n + m) * rank * rank
+
+
+def state_bytes(compression: Compression, local: tuple[int, ...], itemsize: int) -> float:
+    """Bytes kept between steps: PowerSGD's error feedback (the local gradient's size) and
+    its P and Q (warm start); none for the other kinds."""
+    if compression.kind != "low-rank" or len(local) < 2:
+        return 0.0
+    n, m = matrix_of(local)
+    return (n * m + (n + m) * min(n, m, compression.rank)) * itemsize

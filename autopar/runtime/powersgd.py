@@ -1,0 +1,122 @@
+"""Data-parallel gradient all-reduces as PowerSGD ("powersgd-R",
+`autopar.values.compression`), through torch's own PowerSGD communication hook.
+
+`LowRankReducer` collects, per (mesh axis, rank), the gradients of one backward pass in
+buckets as DDP packs them, and hands each full bucket to `powerSGD_hook` with a
+`PowerSGDState` per (axis, rank) that lives as long as the reducer: error feedback and
+warm start carry over from step to step, keyed by the bucket's index in its pass, which
+the backward's fixed order keeps stable. The hook averages over the group, while the
+gradients here are partial sums (the loss is already divided by the global count): the
+result is scaled back by the group's size, exact for every rank and rank-R approximation
+alike (PowerSGD commutes with scaling). Every `PowerSGDState` runs `POWERSGD_WARMUP` exact
+steps first (the hook's `start_powerSGD_iter`), counted here, once per pass.
+
+Bytes are counted per gradient as the plan charges them (`costs.compression`): the whole
+gradient during the warm-up, then its P and Q.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
+    PowerSGDState,
+    powerSGD_hook,
+)
+from torch.distributed.device_mesh import DeviceMesh
+
+from autopar.costs.compression import low_rank_bytes
+from autopar.runtime.axis_ops import axis_name
+from autopar.runtime.counter import CommCounter
+from autopar.values.compression import POWERSGD_MIN_RATE, POWERSGD_WARMUP
+
+
+class _Bucket:
+    """What `powerSGD_hook` reads of DDP's `GradBucket`: the flat buffer, the gradients
+    as views into it, the bucket's index in its pass."""
+
+    def __init__(self, index: int, grads: list[torch.Tensor]) -> None:
+        self._index = index
+        self._buffer = torch.cat([g.reshape(-1) for g in grads])
+        self._views, offset = [], 0
+        for g in grads:
+            self._views.append(self._buffer[offset:offset + g.numel()].view(g.shape))
+            offset += g.numel()
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def gradients(self) -> list[torch.Tensor]:
+        return self._views
+
+    def index(self) -> int:
+        return self._index
+
+    def is_last(self) -> bool:
+        return False  # the reducer counts the passes itself (`LowRankReducer.finish`)
+
+
+class LowRankReducer:
+    """PowerSGD all-reduces of one program's data-parallel gradients (module docstring); a
+    plain object its `GradientReducer` owns."""
+
+    def __init__(self, bucket_bytes: int) -> None:
+        self.bucket_bytes = bucket_bytes
+        self.states: dict[tuple[str, int], PowerSGDState] = {}  # by (axis name, rank)
+        self._meshes: dict[tuple[str, int], tuple[DeviceMesh, int]] = {}
+        self._buckets: dict[tuple[str, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._launched: dict[tuple[str, int], int] = {}  # buckets started in this pass
+        self._in_flight: list[tuple[list, object, int]] = []
+
+    def start(self, parameter: torch.Tensor, grad: torch.Tensor, axis: int, rank: int,
+              mesh: DeviceMesh, counter: CommCounter) -> None:
+        """Take `parameter`'s gradient `grad` to reduce over mesh axis `axis` as PowerSGD of
+        `rank`, its bytes recorded on `counter`."""
+        key = (axis_name(mesh, axis), rank)
+        state = self._state(key, mesh, axis, rank)
+        exact = state.iter < state.start_powerSGD_iter
+        counter.record("all_reduce", key[0], "backward",
+                       grad.numel() * grad.element_size() if exact
+                       else low_rank_bytes(tuple(grad.shape), rank, grad.element_size()))
+        bucket = self._buckets.setdefault(key, [])
+        bucket.append((parameter, grad))
+        if sum(g.numel() * g.element_size() for _, g in bucket) >= self.bucket_bytes:
+            self._launch(key)
+
+    def _state(self, key: tuple[str, int], mesh: DeviceMesh, axis: int,
+               rank: int) -> PowerSGDState:
+        state = self.states.get(key)
+        if state is None:
+            state = self.states[key] = PowerSGDState(
+                mesh.get_group(axis), matrix_approximation_rank=rank,
+                start_powerSGD_iter=POWERSGD_WARMUP, min_compression_rate=POWERSGD_MIN_RATE,
+                use_error_feedback=True, warm_start=True)
+            self._meshes[key] = (mesh, axis)
+        return state
+
+    def _launch(self, key: tuple[str, int]) -> None:
+        bucket = self._buckets.pop(key)
+        index = self._launched.get(key, 0)
+        self._launched[key] = index + 1
+        future = powerSGD_hook(self.states[key], _Bucket(index, [g for _, g in bucket]))
+        mesh, axis = self._meshes[key]
+        self._in_flight.append(([(p, g.shape) for p, g in bucket], future,
+                                mesh.size(axis)))
+
+    def finish(self) -> None:
+        """Reduce what is left, wait, add the sums to the gradients, count the pass."""
+        for key in list(self._buckets):
+            self._launch(key)
+        in_flight, self._in_flight = self._in_flight, []
+        for bucket, future, size in in_flight:
+            flat = future.wait().mul_(size)
+            offset = 0
+            for parameter, shape in bucket:
+                summed = flat[offset:offset + shape.numel()].view(shape).clone()
+                offset += shape.numel()
+                if parameter.grad is None:
+                    parameter.grad = summed
+                else:
+                    parameter.grad.add_(summed)
+        for key in self._launched:
+            self.states[key].iter += 1
+        self._launched.clear()
