@@ -132,7 +132,7 @@ class GradientReducer:
         self._deferred: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._whole: dict[int, tuple] = {}
         self._watching = False
-        self.low_rank = LowRankReducer(bucket_bytes)  # PowerSGD's, with its state
+        self.low_rank = LowRankReducer()  # PowerSGD's, with its state
 
     def _watch(self) -> None:
         # The first gradient of a backward pass: finish when the pass ends.

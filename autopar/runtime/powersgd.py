@@ -2,7 +2,8 @@
 `autopar.values.compression`), through torch's own PowerSGD communication hook.
 
 `LowRankReducer` collects, per (mesh axis, rank), the gradients of one backward pass in
-buckets as DDP packs them, and hands each full bucket to `powerSGD_hook` with a
+buckets as DDP packs them (`POWERSGD_BUCKET_BYTES`, DDP's default cap), and hands each
+full bucket to `powerSGD_hook` with a
 `PowerSGDState` per (axis, rank) that lives as long as the reducer: error feedback and
 warm start carry over from step to step, keyed by the bucket's index in its pass, which
 the backward's fixed order keeps stable. The hook averages over the group, while the
@@ -10,6 +11,10 @@ gradients here are partial sums (the loss is already divided by the global count
 result is scaled back by the group's size, exact for every rank and rank-R approximation
 alike (PowerSGD commutes with scaling). Every `PowerSGDState` runs `POWERSGD_WARMUP` exact
 steps first (the hook's `start_powerSGD_iter`), counted here, once per pass.
+
+The hook chains its all-reduces in callbacks, which run on the backend's threads: two
+buckets in flight could issue them in another order on another rank (gloo then fails on a
+size mismatch). So a bucket starts only once the one before it is done.
 
 Bytes are counted per gradient as the plan charges them (`costs.compression`): the whole
 gradient during the warm-up, then its P and Q.
@@ -28,6 +33,9 @@ from autopar.costs.compression import low_rank_bytes
 from autopar.runtime.axis_ops import axis_name
 from autopar.runtime.counter import CommCounter
 from autopar.values.compression import POWERSGD_MIN_RATE, POWERSGD_WARMUP
+
+# DDP's default bucket cap (25 MiB): a bucket that size compresses as DDP's hook would.
+POWERSGD_BUCKET_BYTES = 25 << 20
 
 
 class _Bucket:
@@ -59,13 +67,14 @@ class LowRankReducer:
     """PowerSGD all-reduces of one program's data-parallel gradients (module docstring); a
     plain object its `GradientReducer` owns."""
 
-    def __init__(self, bucket_bytes: int) -> None:
+    def __init__(self, bucket_bytes: int = POWERSGD_BUCKET_BYTES) -> None:
         self.bucket_bytes = bucket_bytes
         self.states: dict[tuple[str, int], PowerSGDState] = {}  # by (axis name, rank)
         self._meshes: dict[tuple[str, int], tuple[DeviceMesh, int]] = {}
         self._buckets: dict[tuple[str, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._launched: dict[tuple[str, int], int] = {}  # buckets started in this pass
         self._in_flight: list[tuple[list, object, int]] = []
+        self._done: list[tuple[list, torch.Tensor, int]] = []
 
     def start(self, parameter: torch.Tensor, grad: torch.Tensor, axis: int, rank: int,
               mesh: DeviceMesh, counter: CommCounter) -> None:
@@ -94,6 +103,7 @@ class LowRankReducer:
         return state
 
     def _launch(self, key: tuple[str, int]) -> None:
+        self._wait()  # the bucket before first (module docstring)
         bucket = self._buckets.pop(key)
         index = self._launched.get(key, 0)
         self._launched[key] = index + 1
@@ -102,13 +112,19 @@ class LowRankReducer:
         self._in_flight.append(([(p, g.shape) for p, g in bucket], future,
                                 mesh.size(axis)))
 
+    def _wait(self) -> None:
+        for bucket, future, size in self._in_flight:
+            self._done.append((bucket, future.wait(), size))
+        self._in_flight.clear()
+
     def finish(self) -> None:
         """Reduce what is left, wait, add the sums to the gradients, count the pass."""
         for key in list(self._buckets):
             self._launch(key)
-        in_flight, self._in_flight = self._in_flight, []
-        for bucket, future, size in in_flight:
-            flat = future.wait().mul_(size)
+        self._wait()
+        done, self._done = self._done, []
+        for bucket, flat, size in done:
+            flat.mul_(size)
             offset = 0
             for parameter, shape in bucket:
                 summed = flat[offset:offset + shape.numel()].view(shape).clone()

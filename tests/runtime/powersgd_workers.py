@@ -1,0 +1,70 @@
+"""Rank bodies of test_powersgd: SGD steps of an MLP whose plan all-reduces its weights'
+gradients as PowerSGD, beside DistributedDataParallel with torch's PowerSGD hook on the
+same ranks, the same data pieces and the same hook settings."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
+    PowerSGDState,
+    powerSGD_hook,
+)
+from torch.nn.parallel import DistributedDataParallel
+
+import autopar
+from autopar.runtime.powersgd import POWERSGD_BUCKET_BYTES
+from autopar.values.compression import POWERSGD_MIN_RATE, POWERSGD_WARMUP
+from examples import mlp
+
+SIZES = {"batch": 8, "hidden": 512, "ffn": 2048}
+STEPS = POWERSGD_WARMUP + 3  # exact steps, then PowerSGD's
+LR = 0.5
+
+
+def build():
+    return mlp.build(**SIZES)
+
+
+def _ddp(model: torch.nn.Module, rank: int) -> DistributedDataParallel:
+    """`model` under DDP with the hook as autopar configures it: buckets of autopar's
+    size (one here), which DDP also gives its first bucket when given a cap."""
+    ddp = DistributedDataParallel(model, bucket_cap_mb=POWERSGD_BUCKET_BYTES / (1 << 20))
+    ddp.register_comm_hook(PowerSGDState(
+        None, matrix_approximation_rank=rank, start_powerSGD_iter=POWERSGD_WARMUP,
+        min_compression_rate=POWERSGD_MIN_RATE, use_error_feedback=True, warm_start=True),
+        powerSGD_hook)
+    return ddp
+
+
+def train(rank: int, plan: dict) -> dict:
+    """`STEPS` SGD steps under `plan` (a `Plan.to_dict()`), under DDP with PowerSGD of the
+    plan's rank, and under DDP without: the runs' losses, the first two's final full
+    parameters, the bytes the last step moved and the plan's."""
+    torch.manual_seed(0)
+    model, (x, target) = build()
+    reference = copy.deepcopy(model)
+    planned = autopar.Plan.from_dict(plan)
+    low_rank = next(int(n.compression.split("-")[1]) for n in planned.nodes
+                    if n.compression.startswith("powersgd"))
+    pm = autopar.compile(model, planned.mesh, (x, target), plan=planned)
+    exact = DistributedDataParallel(copy.deepcopy(model))
+    ddp = _ddp(reference, low_rank)
+    here = (x.chunk(dist.get_world_size())[rank], target.chunk(dist.get_world_size())[rank])
+    runs = {"autopar": (pm, (x, target)), "ddp": (ddp, here), "exact": (exact, here)}
+    losses: dict[str, list[float]] = {name: [] for name in runs}
+    for name, (module, inputs) in runs.items():
+        optimizer = torch.optim.SGD(module.parameters(), lr=LR)
+        for step in range(STEPS):
+            if name == "autopar" and step == STEPS - 1:
+                pm.counter.reset()
+            optimizer.zero_grad()
+            loss = module(*inputs)
+            loss.backward()
+            optimizer.step()
+            losses[name].append(float(loss))
+    return {"losses": losses, "params": pm.full_state_dict(),
+            "reference": {k: v.detach().clone() for k, v in reference.named_parameters()},
+            "measured": dict(pm.counter.totals()), "predicted": pm.plan.comm_bytes()}
