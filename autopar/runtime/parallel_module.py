@@ -36,6 +36,7 @@ from autopar.runtime.collectives import RankContext
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.microbatches import run_microbatches
 from autopar.runtime.program import RankProgram, StateSlot
+from autopar.runtime.powersgd import LowRankReducer
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.shards import gather_full, local_piece
 from autopar.values.microbatch import BatchSplit, micro_inputs
@@ -213,6 +214,12 @@ class ParallelModule(nn.Module):
     def counter(self) -> CommCounter:
         """Bytes and calls of every collective the program ran (forward and backward)."""
         return self._context.counter if self._context is not None else CommCounter()
+
+    @property
+    def low_rank(self) -> LowRankReducer | None:
+        """The PowerSGD state of its compressed gradients (`autopar.runtime.powersgd`);
+        None on one device."""
+        return self._context.reducer.low_rank if self._context is not None else None
 
     @property
     def collectives(self) -> tuple[tuple[str, Redistribution], ...]:

@@ -38,6 +38,20 @@ from autopar.values.compression import POWERSGD_MIN_RATE, POWERSGD_WARMUP
 POWERSGD_BUCKET_BYTES = 25 << 20
 
 
+# `state_dict`'s names of the per-bucket tensors a `PowerSGDState` holds.
+_HELD = {"error": "error_dict", "p": "p_memory_dict", "q": "q_memory_dict"}
+
+
+def _restore(state: PowerSGDState, entries: dict[str, torch.Tensor]) -> None:
+    """Set `state` from one key's `state_dict` entries ("iter", "<what>/<bucket>")."""
+    for what, tensor in entries.items():
+        if what == "iter":
+            state.iter = int(tensor)
+        else:
+            kind, index = what.split("/")
+            getattr(state, _HELD[kind])[int(index)] = tensor.clone()
+
+
 class _Bucket:
     """What `powerSGD_hook` reads of DDP's `GradBucket`: the flat buffer, the gradients
     as views into it, the bucket's index in its pass."""
@@ -75,6 +89,7 @@ class LowRankReducer:
         self._launched: dict[tuple[str, int], int] = {}  # buckets started in this pass
         self._in_flight: list[tuple[list, object, int]] = []
         self._done: list[tuple[list, torch.Tensor, int]] = []
+        self._restored: dict[tuple[str, int], dict[str, torch.Tensor]] = {}  # not yet made
 
     def start(self, parameter: torch.Tensor, grad: torch.Tensor, axis: int, rank: int,
               mesh: DeviceMesh, counter: CommCounter) -> None:
@@ -100,7 +115,39 @@ class LowRankReducer:
                 start_powerSGD_iter=POWERSGD_WARMUP, min_compression_rate=POWERSGD_MIN_RATE,
                 use_error_feedback=True, warm_start=True)
             self._meshes[key] = (mesh, axis)
+            _restore(state, self._restored.pop(key, {}))
         return state
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """What PowerSGD carries from step to step, by "<axis>/<rank>/<what>[/<bucket>]":
+        the steps counted ("iter"), and per bucket its error ("error") and its P and Q for
+        the warm start ("p", "q"). (The hook's random generator only draws the first Q,
+        which the warm start then carries.)"""
+        out = {}
+        for (axis, rank), state in self.states.items():
+            out[f"{axis}/{rank}/iter"] = torch.tensor(state.iter)
+            for what, held in _HELD.items():
+                for index, tensor in getattr(state, held).items():
+                    out[f"{axis}/{rank}/{what}/{index}"] = tensor
+        return out
+
+    def reset(self) -> None:
+        """Start PowerSGD afresh: its warm-up exact steps again, no error, new P and Q."""
+        self.states.clear()
+        self._restored.clear()
+
+    def load_state_dict(self, saved: dict[str, torch.Tensor]) -> None:
+        """Take up `state_dict()`'s values: now for the states already made, else when
+        their first gradient comes."""
+        grouped: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+        for name, tensor in saved.items():
+            axis, rank, what = name.split("/", 2)
+            grouped.setdefault((axis, int(rank)), {})[what] = tensor
+        for key, entries in grouped.items():
+            if key in self.states:
+                _restore(self.states[key], entries)
+            else:
+                self._restored[key] = entries
 
     def _launch(self, key: tuple[str, int]) -> None:
         self._wait()  # the bucket before first (module docstring)

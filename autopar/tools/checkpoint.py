@@ -18,7 +18,9 @@ written by a background thread over a process group of their own; `save` returns
 
 State names: a parameter or buffer under its canonical name (the first of a tied group),
 an optimizer state under `optim/<parameter>/<state>`. Per-element states (Adam's moments)
-are placed like their parameter; scalar ones (the step count) are replicated.
+are placed like their parameter; scalar ones (the step count) are replicated. PowerSGD's
+state (`autopar.runtime.powersgd`), each rank's own, under `compression/<rank>/...`: it
+is loaded back where the ranks are as many as saved it, and starts afresh otherwise.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ class CheckpointInfo:
     plan: dict | None = None
     groups: tuple[dict, ...] = ()
     states: dict[str, dict[str, bool]] = field(default_factory=dict)
+    # Per rank (its number as a string): the compression state's names -> shape, dtype.
+    compression: dict[str, dict[str, tuple[tuple[int, ...], str]]] = \
+        field(default_factory=dict)
 
 
 class PendingSave:
@@ -192,12 +197,15 @@ def save(path: str | os.PathLike, pm, optimizer: torch.optim.Optimizer | None = 
         shutil.rmtree(staging, ignore_errors=True)
     _barrier()
     state, kinds = _dcp_state(pm, optimizer)
+    compression = _compression_state(pm)
+    state.update(compression)
     tensors = {slot.names[0]: (tuple(slot.shape), str(slot.dtype)) for slot in _slots(pm)}
     tensors, kinds = _everyones(tensors), _everyones(kinds)  # a pipeline rank has its stages'
     info = CheckpointInfo(
         tensors=tensors, optimizer=type(optimizer).__name__ if optimizer is not None else None,
         step=step, extra=dict(extra or {}), plan=pm.plan.to_dict(),
-        groups=_groups(optimizer), states=kinds)
+        groups=_groups(optimizer), states=kinds, compression=_everyones({str(_rank()): {
+            k: (tuple(v.shape), str(v.dtype)) for k, v in compression.items()}}))
 
     def commit() -> None:
         if _rank() == 0:
@@ -239,7 +247,8 @@ def _everyones(mine: dict) -> dict:
 def _info_dict(info: CheckpointInfo) -> dict:
     return {"format": FORMAT, "tensors": {k: [list(s), d] for k, (s, d) in info.tensors.items()},
             "optimizer": info.optimizer, "step": info.step, "extra": info.extra,
-            "plan": info.plan, "groups": list(info.groups), "states": info.states}
+            "plan": info.plan, "groups": list(info.groups), "states": info.states,
+            "compression": info.compression}
 
 
 def info(path: str | os.PathLike) -> CheckpointInfo:
@@ -264,7 +273,8 @@ def info(path: str | os.PathLike) -> CheckpointInfo:
         return CheckpointInfo(
             tensors={k: (tuple(s), d) for k, (s, d) in data["tensors"].items()},
             optimizer=data["optimizer"], step=data["step"], extra=data["extra"],
-            plan=data["plan"], groups=tuple(data["groups"]), states=data["states"])
+            plan=data["plan"], groups=tuple(data["groups"]), states=data["states"],
+            compression=data.get("compression", {}))
     except (ValueError, KeyError, TypeError) as error:
         raise CheckpointError(f"{manifest} is corrupt", expected="the JSON save wrote",
                               got=str(error), fix="load an earlier checkpoint") from error
@@ -317,7 +327,12 @@ def load(path: str | os.PathLike, pm, optimizer: torch.optim.Optimizer | None = 
                  complete=pm.plan.pipeline is None)
     _check_optimizer(saved, optimizer, path)
     state, _ = _dcp_state(pm, optimizer, saved.states)
+    compression = _saved_compression(pm, saved)
+    state.update(compression)
     _read(state, path, no_dist=not _in_process_group())
+    if compression:
+        prefix = f"compression/{_rank()}/"
+        pm.low_rank.load_state_dict({k[len(prefix):]: v for k, v in compression.items()})
     _restore_groups(optimizer, saved)
     _barrier()
     return saved
@@ -333,6 +348,29 @@ def _read(state: dict, path: Path, *, no_dist: bool) -> None:
                               expected="every file DCP's metadata names, whole",
                               got=f"{type(error).__name__}: {str(error)[:300]}",
                               fix="load an earlier checkpoint") from error
+
+
+def _compression_state(pm) -> dict[str, torch.Tensor]:
+    """This rank's compression state, under its DCP names (module docstring)."""
+    low_rank = getattr(pm, "low_rank", None)
+    if low_rank is None:
+        return {}
+    return {f"compression/{_rank()}/{k}": v for k, v in low_rank.state_dict().items()}
+
+
+def _saved_compression(pm, saved: CheckpointInfo) -> dict[str, torch.Tensor]:
+    """Tensors to read this rank's saved compression state into: none where the
+    checkpoint was saved by another number of ranks (or `pm` has no such state)."""
+    world = dist.get_world_size() if _in_process_group() else 1
+    mine = saved.compression.get(str(_rank()), {})
+    if getattr(pm, "low_rank", None) is None or len(saved.compression) != world:
+        return {}
+    return {k: torch.empty(tuple(shape), dtype=_dtype(dtype))
+            for k, (shape, dtype) in mine.items()}
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name.removeprefix("torch."))
 
 
 def _restore_groups(optimizer: torch.optim.Optimizer | None, saved: CheckpointInfo) -> None:

@@ -68,3 +68,41 @@ def train(rank: int, plan: dict) -> dict:
     return {"losses": losses, "params": pm.full_state_dict(),
             "reference": {k: v.detach().clone() for k, v in reference.named_parameters()},
             "measured": dict(pm.counter.totals()), "predicted": pm.plan.comm_bytes()}
+
+
+def _steps(pm, optimizer, inputs, count: int) -> None:
+    for _ in range(count):
+        optimizer.zero_grad()
+        pm(*inputs).backward()
+        optimizer.step()
+
+
+def resumed(rank: int, plan: dict, directory: str) -> dict:
+    """`STEPS` SGD steps under `plan` straight, and again stopped after `POWERSGD_WARMUP`
+    + 1 (PowerSGD has run once) and saved, then loaded into a new compiled model and
+    optimizer that take the rest of the steps, with and without the saved PowerSGD state:
+    the three runs' final full parameters, and those saved."""
+    planned = autopar.Plan.from_dict(plan)
+    stop = POWERSGD_WARMUP + 1
+    finals = {}
+    for run in ("straight", "resumed", "fresh"):
+        torch.manual_seed(0)
+        model, inputs = build()
+        pm = autopar.compile(model, planned.mesh, inputs, plan=planned)
+        optimizer = torch.optim.SGD(pm.parameters(), lr=LR)
+        if run == "straight":
+            _steps(pm, optimizer, inputs, STEPS)
+        else:
+            if run == "resumed":
+                _steps(pm, optimizer, inputs, stop)
+                autopar.checkpoint.save(directory, pm, optimizer, step=stop)
+                finals["saved"] = pm.full_state_dict()
+                model, _ = build()
+                pm = autopar.compile(model, planned.mesh, inputs, plan=planned)
+                optimizer = torch.optim.SGD(pm.parameters(), lr=LR)
+            autopar.checkpoint.load(directory, pm, optimizer)
+            if run == "fresh":  # the same weights, PowerSGD's state dropped
+                pm.low_rank.reset()
+            _steps(pm, optimizer, inputs, STEPS - stop)
+        finals[run] = pm.full_state_dict()
+    return finals
