@@ -35,8 +35,8 @@ from autopar.errors import InputMismatchError
 from autopar.runtime.collectives import RankContext
 from autopar.runtime.counter import CommCounter
 from autopar.runtime.microbatches import run_microbatches
-from autopar.runtime.program import RankProgram, StateSlot
 from autopar.runtime.powersgd import LowRankReducer
+from autopar.runtime.program import RankProgram, StateSlot
 from autopar.runtime.redistribution import Redistribution
 from autopar.runtime.shards import gather_full, local_piece
 from autopar.values.microbatch import BatchSplit, micro_inputs
