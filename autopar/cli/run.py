@@ -30,6 +30,7 @@ import click
 
 from autopar.cli.options import axis_names as parse_axis_names
 from autopar.cli.options import (
+    compression_names,
     config,
     measured_steps,
     mesh_shape,
@@ -38,6 +39,7 @@ from autopar.cli.options import (
     process_count,
 )
 from autopar.errors import AutoparError
+from autopar.tools.rounded_reference import check_verifiable
 from autopar.tools.training import (
     ABSOLUTE_TOLERANCE,
     BF16_TOLERANCE,
@@ -232,6 +234,10 @@ def _recovering(run: TrainingRun, nproc: int, planned: Callable[[TrainingRun], T
 @click.option("--min-nproc", type=int, default=None,
               help="with --checkpoint-dir: the fewest processes to go on with when a size "
                    "keeps failing (default: --nproc, never fewer)")
+@click.option("--compression", "compression_text", default=None,
+              help="let the solver compress: 'auto', or comma-separated names (bf16-reduce, "
+                   "int8-gather, powersgd, powersgd-R); --verify then applies the same "
+                   "rounding to the single-process model")
 @click.option("--measure", is_flag=True,
               help="after training, time --steps more steps on every rank (after 2 warm-up "
                    "steps, plus one under torch.profiler) and print the plan's predictions "
@@ -239,7 +245,7 @@ def _recovering(run: TrainingRun, nproc: int, planned: Callable[[TrainingRun], T
 def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, seed,
                 memory_budget, time_limit, plan_file, settings, verify, tolerance, atol,
                 precision, microbatch_text, pipeline_text, checkpoint_dir, checkpoint_every,
-                resume, max_restarts, min_nproc, measure) -> None:
+                resume, max_restarts, min_nproc, compression_text, measure) -> None:
     """Train MODEL_FILE (a .py file with build() -> (model, example_inputs)) on --nproc
     local CPU processes: the loss per step, then the bytes each collective moved against
     the plan's prediction; with --measure, the predicted step time, op groups and memory
@@ -268,7 +274,7 @@ def run_command(model_file, nproc, mesh_text, axis_names, hardware, steps, lr, s
                           pipeline=pipeline(pipeline_text), tolerance=accepted,
                           plan=Plan.load(plan_file).to_dict() if plan_file else None,
                           checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                          resume=resume)
+                          resume=resume, compression=compression_names(compression_text))
         run = _planned(run)
         _announce(run, nproc, measure)
         run, trained = _recovering(run, nproc, _planned, max_restarts=max_restarts,
@@ -292,6 +298,8 @@ def _planned(run: TrainingRun) -> TrainingRun:
 
     mesh = run.build_mesh()
     plan = plan_run(run, progress=lambda message: click.echo(f"... {message}", err=True))
+    if run.verify:
+        check_verifiable(plan)
     click.echo(f"{plan.model} on mesh {mesh.describe()}: modelled step "
                f"{units.ms(plan.step_time_s)}, peak memory "
                f"{units.size(plan.peak_memory_bytes)} per device"

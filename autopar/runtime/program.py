@@ -17,7 +17,8 @@ from autopar.values.placement import Placements
 class StateSlot:
     """One parameter, buffer or constant of the program: its names in the model (canonical
     first, tied names after), role, global shape and dtype, placements on the mesh, and
-    (parameters) whether it is trained."""
+    (parameters) whether it is trained and the compression of its collectives (a name of
+    `autopar.values.compression`, "" for none)."""
 
     names: tuple[str, ...]
     role: str
@@ -25,6 +26,7 @@ class StateSlot:
     dtype: torch.dtype
     placements: Placements
     requires_grad: bool = True
+    compression: str = ""
 
 
 @dataclass(frozen=True, eq=False)

@@ -36,6 +36,7 @@ from autopar.runtime.counter import Key
 from autopar.runtime.master_weights import master_weights
 from autopar.tools import checkpoint
 from autopar.tools.model_file import load_model_file
+from autopar.tools.rounded_reference import compressed_slots, rounded_weights, take_compressed
 from autopar.values.mesh import Mesh
 from autopar.values.plan import Plan
 
@@ -93,7 +94,8 @@ class TrainingRun:
     give every rank the same weights) and the solver. `checkpoint_dir`,
     `checkpoint_every`, `resume`: see `train_rank`. `plan` is a `Plan.to_dict()`, or None
     to let rank 0 plan under `memory_budget` within `time_limit` seconds, with
-    `microbatches` and `pipeline` (`autopar.plan`'s)."""
+    `microbatches`, `pipeline` and `compression` (`autopar.plan`'s; verifying a compressed
+    plan applies the same rounding: `autopar.tools.rounded_reference`)."""
 
     model_file: str
     mesh: tuple[int, ...]
@@ -114,6 +116,7 @@ class TrainingRun:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    compression: object = None
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -224,7 +227,7 @@ def plan_run(run: TrainingRun, progress: Callable[[str], None] | None = None) ->
     return make_plan(model, run.build_mesh(), inputs, memory_budget=run.memory_budget,
                      time_limit=run.time_limit, seed=run.seed,
                      master_weights=run.master_weights, microbatches=run.microbatches,
-                     pipeline=run.pipeline, progress=progress)
+                     pipeline=run.pipeline, compression=run.compression, progress=progress)
 
 
 def _differences(full: dict, reference: nn.Module):
@@ -277,7 +280,8 @@ def train_rank(rank: int, run: TrainingRun, *,
     pm = compile_model(model, run.build_mesh(), inputs, plan=plan,
                        memory_budget=run.memory_budget, time_limit=run.time_limit,
                        seed=run.seed, master_weights=run.master_weights,
-                       microbatches=run.microbatches, pipeline=run.pipeline)
+                       microbatches=run.microbatches, pipeline=run.pipeline,
+                       compression=run.compression)
     if on_compiled is not None:
         on_compiled(pm.plan)
     optimizer = run.optimizer(pm)
@@ -294,7 +298,7 @@ def train_rank(rank: int, run: TrainingRun, *,
         optimizer.zero_grad()
         if reference is not None:
             record = _verified(record, reference, reference_optimizer, inputs, grads,
-                               run.accepted)
+                               run.accepted, pm)
         records.append(record)
         if on_step is not None:
             on_step(record)
@@ -321,13 +325,20 @@ def _first_step(run: TrainingRun, pm, optimizer, reference: nn.Module | None,
 
 
 def _verified(record: StepRecord, reference: nn.Module, reference_optimizer, inputs: tuple,
-              grads: dict, accepted: Tolerance) -> StepRecord:
+              grads: dict, accepted: Tolerance, pm) -> StepRecord:
     """`record` with the plain model's side of its step: `reference` trains the same step
-    on `inputs`, and its loss and gradients are compared with the compiled model's (its
-    full gradients `grads`) under `accepted`."""
-    expected = training_loss(reference(*inputs))
-    expected.backward()
+    on `inputs`, and its loss and gradients are compared with the compiled model's `pm`
+    (its full gradients `grads`) under `accepted`, the parameters the plan compresses as
+    `rounded_reference` says."""
+    compressed = compressed_slots(pm.slots)
+    mesh_shape = pm.plan.mesh.shape
+    with rounded_weights(reference, compressed, mesh_shape):
+        expected = training_loss(reference(*inputs))
+        expected.backward()
+    reduced, name = take_compressed(reference, grads, compressed, pm.plan.mesh.size)
     relative, worst, absolute, excess = worst_gradient(grads, reference, accepted)
+    if reduced > excess:
+        worst, excess = name, reduced
     record = StepRecord(record.step, record.loss, float(expected.detach()), relative,
                         worst, absolute, excess)
     reference_optimizer.step()

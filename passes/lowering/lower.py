@@ -180,8 +180,9 @@ class _Lowering:
             # A non-tensor input was specialised to its example value (torch.export).
             self.inputs.append(spec if isinstance(spec, TensorSpec) else node.meta.get("val"))
         else:
+            placed = self.placed[node.name]
             self.state.append(StateSlot(tuple(node.meta[NAMES]), role, spec.shape, spec.dtype,
-                                        self.placed[node.name].output))
+                                        placed.output, compression=placed.compression or ""))
 
     def _arguments(self, node: fx.Node, before: dict | None = None) -> tuple[tuple, dict]:
         """`node`'s (args, kwargs) over the new graph, each tensor input converted; `before`

@@ -1,0 +1,115 @@
+"""The single-process side of a verified run whose plan compresses (`autopar run --verify
+--compression`): the same rounding applied where one process can apply it, the compiled
+model's own gradients taken where it can't, so that exactness is still checked wherever
+it still holds.
+
+- "int8-gather": the reference's weight is rounded as each rank's piece is
+  (`autopar.runtime.quantize.round_trip`) for its forward and backward, then put back for
+  the optimizer's step (the gradient of the rounded weight steps the weight, as the
+  runtime's straight-through copy does). Every gradient and the loss are then checked as
+  without compression.
+- "bf16-reduce": the compiled gradient is checked against the reference's within
+  bfloat16's rounding of the n ranks' partial sums (`bf16_bound`), then the reference
+  steps with the compiled gradient, so that both start the next step from the same
+  weights.
+- PowerSGD: the compiled gradient is a low-rank approximation with no bound per step; the
+  reference steps with it, unchecked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from autopar.errors import AutoparError
+from autopar.runtime.program import StateSlot
+from autopar.runtime.quantize import round_trip
+from autopar.values.compression import compression_named
+from autopar.values.placement import Shard, chunk_extent, parse_placements
+from autopar.values.plan import Plan
+
+
+def bf16_bound(ranks: int) -> float:
+    """The largest difference, relative to the summed gradient's largest entry, that a
+    bfloat16 reduction over `ranks` adds: each rank's gradient and each of the ranks - 1
+    partial sums rounded once (2^-9 each), a sum never larger than n times its largest
+    term."""
+    return 2.0 ** -9 * (2 * ranks - 1) * ranks
+
+
+def compressed_slots(slots: tuple[StateSlot, ...]) -> dict[str, StateSlot]:
+    """The trained parameters the plan compresses, by name."""
+    return {slot.names[0]: slot for slot in slots if slot.compression}
+
+
+def check_verifiable(plan: Plan) -> None:
+    """`AutoparError` for a parameter `plan` compresses whose rounding one process can't
+    repeat: int8 gathers of a parameter stored split over more than one axis. Cheap, run
+    before any rank starts."""
+    for node in plan.nodes:
+        if not node.compression or compression_named(node.compression).kind != "gather":
+            continue
+        placements = parse_placements(node.output)
+        if sum(isinstance(p, Shard) and n > 1
+               for p, n in zip(placements, plan.mesh.shape)) > 1:
+            raise AutoparError(
+                f"--verify can't repeat the int8 rounding of {node.name}, gathered over "
+                "several mesh axes", expected="int8-gather parameters stored split over "
+                "one axis", got=f"{node.name} stored {node.output}",
+                fix="verify without --compression int8-gather, or on a mesh of one axis")
+
+
+def _rounded(weight: torch.Tensor, slot: StateSlot, mesh_shape: tuple[int, ...]) -> torch.Tensor:
+    """`weight` as the ranks gather it in int8: each piece rounded (`round_trip`) along the
+    one axis that splits it (`check_verifiable`)."""
+    axis = next(a for a, p in enumerate(slot.placements)
+                if isinstance(p, Shard) and mesh_shape[a] > 1)
+    dim, n = slot.placements[axis].dim, mesh_shape[axis]
+    pieces = [weight.narrow(dim, *chunk_extent(weight.shape[dim], n, i)) for i in range(n)]
+    return torch.cat([round_trip(p.movedim(dim, 0)).movedim(0, dim) for p in pieces], dim)
+
+
+@contextlib.contextmanager
+def rounded_weights(reference: nn.Module, slots: dict[str, StateSlot],
+                    mesh_shape: tuple[int, ...]) -> Iterator[None]:
+    """Within: the int8-gathered weights of `reference` rounded as the ranks gather them;
+    after: their own values back (their gradients kept)."""
+    held = {}
+    parameters = dict(reference.named_parameters())
+    for name, slot in slots.items():
+        if compression_named(slot.compression).kind == "gather":
+            weight = parameters[name]
+            held[name] = weight.data
+            weight.data = _rounded(weight.data, slot, mesh_shape)
+    try:
+        yield
+    finally:
+        for name, data in held.items():
+            parameters[name].data = data
+
+
+def take_compressed(reference: nn.Module, grads: dict, slots: dict[str, StateSlot],
+                    ranks: int) -> tuple[float, str | None]:
+    """Give the reference the compiled gradients of the parameters whose reduction the plan
+    compresses (`grads`: full gradients by name, after the reference's backward), so that
+    it steps as the compiled model does; the largest excess of a bf16-reduced one over
+    `bf16_bound` (above 1 fails; 0 when none) and its parameter's name."""
+    worst: tuple[float, str | None] = (0.0, None)
+    parameters = dict(reference.named_parameters())
+    for name, slot in slots.items():
+        kind = compression_named(slot.compression).kind
+        if kind == "gather" or grads.get(name) is None:
+            continue
+        param = parameters[name]
+        if kind == "reduce" and param.grad is not None:
+            allowed = bf16_bound(ranks) * float(param.grad.abs().max())
+            difference = float((grads[name] - param.grad).abs().max())
+            excess = difference / allowed if allowed > 0 else \
+                (0.0 if difference == 0 else math.inf)
+            worst = max(worst, (excess, name), key=lambda pair: pair[0])
+        param.grad = grads[name].clone()
+    return worst
