@@ -200,3 +200,15 @@ def test_every_benchmark_is_tested_and_documents_quick(script: str) -> None:
     assert f"def test_{script.removesuffix('.py')}(" in Path(__file__).read_text(), script
     doc = (ROOT / "benchmarks" / script).read_text().split('"""')[1]
     assert f"benchmarks/{script} --quick" in doc, f"{script}: no --quick in its usage"
+
+
+def test_compression() -> None:
+    out = run_quick("compression.py")
+    assert has_line(r"^exact: 0 parameters compressed", out)
+    assert has_line(r"^powersgd-4: [1-9]\d* parameters compressed", out)
+    assert "## GPT (small), 30 AdamW steps on 2 gloo ranks, loss per step" in out
+    assert has_line(r"^\| 29 \| \d+\.\d{4} \| \d+\.\d{4} \| \d\.\d{4} \|$", out)
+    assert has_line(r"^final loss \(mean of the last 10 steps\): exact \d+\.\d{4}, "
+                    r"powersgd-4 \d+\.\d{4}, ratio \d\.\d{4}$", out)
+    assert has_line(r"^bytes of the last powersgd-4 step: measured [\d,]+, planned [\d,]+, "
+                    r"equal$", out)
