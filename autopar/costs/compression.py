@@ -9,11 +9,14 @@ n devices:
                             backward's repeat of it where the parameter is gathered again)
                             moves n (E + c ceil(E / K)), E = B / (n s) elements per piece,
                             K = QUANT_BLOCK elements per scale of c bytes
-    low-rank (powersgd-R)   a backward all-reduce, the edge's only collective, of a local
-                            gradient viewed as an N x M matrix moves (N + M) R' s,
-                            R' = min(N, M, R), where that is less than half N M (torch's
-                            hook sends smaller ones whole): P then Q, charged as one
-                            transfer (the second call's latency with the codec's time)
+    low-rank (powersgd-R)   where the edge's collectives are backward all-reduces alone
+                            (one per axis replicating the parameter, inner axes first),
+                            the last one (the outermost axis: across nodes on a (node,
+                            gpu) mesh) of a local gradient viewed as an N x M matrix moves
+                            (N + M) R' s, R' = min(N, M, R), where that is less than half
+                            N M (torch's hook sends smaller ones whole): P then Q, charged
+                            as one transfer (the second call's latency with the codec's
+                            time); the all-reduces before it stay exact
 
 Encoding and decoding are memory-bound passes over the tensor (`codec_bytes`); PowerSGD's
 two products and its orthogonalisation are FLOPs (`codec_flops`). PowerSGD keeps an error
@@ -60,13 +63,11 @@ def compressed_transfers(transfers: tuple[Transfer, ...], compression: Compressi
                     t.nbytes, dtype.itemsize, mesh_shape[t.axis]))
             out.append(t)
         return tuple(out)
-    backward = [t for t in transfers if t.backward]
-    if len(backward) != 1 or backward[0].kind != "all_reduce" \
-            or any(not t.backward for t in transfers) \
+    if not transfers or any(not t.backward or t.kind != "all_reduce" for t in transfers) \
             or not compresses_matrix(local, compression.rank):
         return transfers  # reduced otherwise, or a piece too small: not compressed
-    return (dataclasses.replace(backward[0], nbytes=low_rank_bytes(local, compression.rank,
-                                                                    dtype.itemsize)),)
+    return (*transfers[:-1], dataclasses.replace(transfers[-1], nbytes=low_rank_bytes(
+        local, compression.rank, dtype.itemsize)))
 
 
 def quantized_bytes(nbytes, itemsize: int, n: int):

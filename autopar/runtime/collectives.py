@@ -163,7 +163,7 @@ class Collective(nn.Module):
         # check and look up here is fixed when the program is built.
         if overlapped:
             assert reducible(redistribution), redistribution
-            self._reduction = redistribution.backward_steps[0]
+            self._reduction = redistribution.backward_steps
         self._slice = _local_slice(redistribution, context.mesh)
         self.prefetched = False  # its gather is started by the edge before it (`chain`)
         self._upcoming: tuple[Collective, ...] = ()  # a tuple: not a registered submodule

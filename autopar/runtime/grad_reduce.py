@@ -85,11 +85,13 @@ def owns_gradient(consumer_target) -> bool:
 
 def reducible(redistribution: Redistribution) -> bool:
     """Edges whose only collective is one backward all-reduce (a replicated tensor used by a
-    split computation): the ones `reduce_later` carries out for parameters."""
+    split computation), or backward all-reduces alone of which the last is PowerSGD's
+    (`Step.low_rank`): the ones `reduce_later` carries out for parameters."""
     # (A regathered edge without forward steps gathers nothing: the flag changes nothing.)
     steps = redistribution.backward_steps
-    return (not redistribution.forward_steps and len(steps) == 1
-            and steps[0].kind == "all_reduce")
+    return (not redistribution.forward_steps and bool(steps)
+            and all(step.kind == "all_reduce" for step in steps)
+            and (len(steps) == 1 or steps[-1].low_rank > 0))
 
 
 def scatterable(redistribution: Redistribution) -> bool:
@@ -142,12 +144,14 @@ class GradientReducer:
 
     def start(self, parameter: torch.Tensor, grad: torch.Tensor, axis: int,
               mesh: DeviceMesh, counter: CommCounter, *, owned: bool = False,
-              reduce_dtype: torch.dtype | None = None, low_rank: int = 0) -> None:
+              reduce_dtype: torch.dtype | None = None, low_rank: int = 0,
+              before: tuple[Step, ...] = ()) -> None:
         """Take `parameter`'s gradient `grad` to all-reduce over mesh axis `axis` (in
-        `reduce_dtype` when given, as PowerSGD of rank `low_rank` when set: compressed);
-        `owned`: nothing else holds `grad` (see `owns_gradient`), so it may be summed in
-        place. While `deferring`, only add it to the sum reduced with the first gradient
-        of `parameter` that arrives after."""
+        `reduce_dtype` when given, as PowerSGD of rank `low_rank` when set: compressed),
+        after the exact all-reduce `before` steps, run here; `owned`: nothing else holds
+        `grad` (see `owns_gradient`), so it may be summed in place. While `deferring`,
+        only add it to the sum reduced with the first gradient of `parameter` that
+        arrives after."""
         held = self._deferred.pop(id(parameter), None)
         if held is not None:  # a copy of the earlier micro-batches' sum: ours to add into
             grad, owned = held[1].add_(grad), True
@@ -156,6 +160,8 @@ class GradientReducer:
                                              else grad.clone())
             return
         self._watch()
+        if before:
+            grad, owned = apply_steps(grad, before, mesh, counter, "backward"), True
         if low_rank:
             self.low_rank.start(parameter, grad, axis, low_rank, mesh, counter)
             return
@@ -292,31 +298,33 @@ def _hand_out(bucket: list[tuple[torch.Tensor, torch.Size]], flat: torch.Tensor)
 
 class _ReduceLater(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, parameter: torch.Tensor, step: Step, mesh: DeviceMesh,
+    def forward(ctx, parameter: torch.Tensor, steps: tuple[Step, ...], mesh: DeviceMesh,
                 counter: CommCounter, reducer: GradientReducer, owned: bool) -> torch.Tensor:
         # A leaf parameter held on ctx: no reference cycle through a grad_fn.
-        ctx.parameter, ctx.step, ctx.mesh = parameter, step, mesh
+        ctx.parameter, ctx.steps, ctx.mesh = parameter, steps, mesh
         ctx.counter, ctx.reducer, ctx.owned = counter, reducer, owned
         return parameter.view_as(parameter)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        ctx.reducer.start(ctx.parameter, grad, ctx.step.axis, ctx.mesh, ctx.counter,
-                          owned=ctx.owned, reduce_dtype=ctx.step.reduce_dtype,
-                          low_rank=ctx.step.low_rank)
+        *before, step = ctx.steps
+        ctx.reducer.start(ctx.parameter, grad, step.axis, ctx.mesh, ctx.counter,
+                          owned=ctx.owned, reduce_dtype=step.reduce_dtype,
+                          low_rank=step.low_rank, before=tuple(before))
         return None, None, None, None, None, None
 
 
-def reduce_later(parameter: torch.Tensor, step: Step, mesh: DeviceMesh, counter: CommCounter,
-                 reducer: GradientReducer, *, owned: bool = False) -> torch.Tensor:
-    """`parameter` itself, whose gradient through this use `reducer` all-reduces as `step`
-    does (over its axis, in its `reduce_dtype` when set; see the module docstring): the
-    use's edge is `reducible`, `step` its one backward step (by PowerSGD when it has a
-    `low_rank`), as the caller checked once
-    when it built the program. `owned`: the use's consumer op `owns_gradient`."""
+def reduce_later(parameter: torch.Tensor, steps: tuple[Step, ...], mesh: DeviceMesh,
+                 counter: CommCounter, reducer: GradientReducer, *, owned: bool = False
+                 ) -> torch.Tensor:
+    """`parameter` itself, whose gradient through this use `reducer` all-reduces as `steps`
+    do (see the module docstring): the use's edge is `reducible`, `steps` its backward
+    steps (the last over its axis, in its `reduce_dtype` when set, by PowerSGD when it has
+    a `low_rank`; those before it exact, at once), as the caller checked once when it
+    built the program. `owned`: the use's consumer op `owns_gradient`."""
     if not (parameter.requires_grad and torch.is_grad_enabled()):
         return parameter
-    return _ReduceLater.apply(parameter, step, mesh, counter, reducer, owned)
+    return _ReduceLater.apply(parameter, steps, mesh, counter, reducer, owned)
 
 
 class _GatherKept(torch.autograd.Function):

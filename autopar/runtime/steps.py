@@ -150,8 +150,9 @@ def _compressed(steps: tuple[Step, ...], compression: Compression, backward: boo
     if compression.kind == "gather" and not backward:
         return tuple(dataclasses.replace(s, quantized=True) if s.kind == "all_gather" else s
                      for s in steps)
-    if compression.kind == "low-rank" and backward and kinds == ["all_reduce"] \
-            and len(steps) == 1 and compresses_matrix(local_shape(
-                steps[0].shape, steps[0].before, mesh_shape), compression.rank):
-        return (dataclasses.replace(steps[0], low_rank=compression.rank),)
+    if compression.kind == "low-rank" and backward and steps \
+            and kinds == ["all_reduce"] * len(steps) and compresses_matrix(local_shape(
+                steps[-1].shape, steps[-1].before, mesh_shape), compression.rank):
+        # The last all-reduce (the outermost axis) approximated, those before it exact.
+        return (*steps[:-1], dataclasses.replace(steps[-1], low_rank=compression.rank))
     return steps

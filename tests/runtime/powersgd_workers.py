@@ -106,3 +106,31 @@ def resumed(rank: int, plan: dict, directory: str) -> dict:
             _steps(pm, optimizer, inputs, STEPS - stop)
         finals[run] = pm.full_state_dict()
     return finals
+
+
+def hierarchical(rank: int, plan: dict) -> dict:
+    """`STEPS` SGD steps under `plan`, on a (node, gpu) mesh of 2 x 2 whose weights'
+    gradients are summed exactly over "gpu" and by PowerSGD over "node", and under DDP with
+    the hook over the two ranks of this rank's "node" group, each fed its node's half of
+    the batch (what the gpu all-reduce sums): both runs' final full parameters."""
+    torch.manual_seed(0)
+    model, (x, target) = build()
+    reference = copy.deepcopy(model)
+    planned = autopar.Plan.from_dict(plan)
+    low_rank = next(int(n.compression.split("-")[1]) for n in planned.nodes
+                    if n.compression.startswith("powersgd"))
+    pm = autopar.compile(model, planned.mesh, (x, target), plan=planned)
+    node, gpu = divmod(rank, 2)
+    groups = [dist.new_group([g, 2 + g]) for g in range(2)]  # every rank makes every group
+    ddp = DistributedDataParallel(reference, process_group=groups[gpu],
+                                  bucket_cap_mb=POWERSGD_BUCKET_BYTES / (1 << 20))
+    ddp.register_comm_hook(PowerSGDState(
+        groups[gpu], matrix_approximation_rank=low_rank, start_powerSGD_iter=POWERSGD_WARMUP,
+        min_compression_rate=POWERSGD_MIN_RATE, use_error_feedback=True, warm_start=True),
+        powerSGD_hook)
+    here = (x.chunk(2)[node], target.chunk(2)[node])
+    for module, inputs in ((pm, (x, target)), (ddp, here)):
+        _steps(module, torch.optim.SGD(module.parameters(), lr=LR), inputs, STEPS)
+    return {"params": pm.full_state_dict(),
+            "reference": {k: v.detach().clone() for k, v in reference.named_parameters()},
+            "measured": dict(pm.counter.totals()), "predicted": pm.plan.comm_bytes()}

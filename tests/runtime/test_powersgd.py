@@ -89,3 +89,22 @@ def _off(finals: dict, run: str, name: str) -> float:
     straight run's took it (relative to the straight run's steps)."""
     saved, straight = finals["saved"][name], finals["straight"][name]
     return float((finals[run][name] - straight).norm() / (straight - saved).norm())
+
+
+def test_a_node_by_gpu_mesh_approximates_across_nodes_only():
+    # Summed exactly inside each node, then PowerSGD across the nodes: as DDP with the
+    # hook over the node axis, fed each node's half of the batch.
+    mesh = autopar.Mesh((2, 2), ("node", "gpu"), hardware="h100-ethernet",
+                        links=("ethernet", "nvlink"))
+    model, inputs = powersgd_workers.build()
+    plan = autopar.plan(model, mesh, inputs, strategy="data parallel",
+                        compression=("powersgd-2",), time_limit=10.0)
+    assert sum(n.compression == "powersgd-2" for n in plan.nodes) == 2
+    bytes_moved = plan.comm_bytes()
+    hidden, ffn = powersgd_workers.SIZES["hidden"], powersgd_workers.SIZES["ffn"]
+    assert bytes_moved[("all_reduce", "gpu", "backward")] > 2 * hidden * ffn * 4  # exact
+    assert bytes_moved[("all_reduce", "node", "backward")] < hidden * ffn * 4  # P and Q
+    for result in launch(powersgd_workers.hierarchical, 4, plan.to_dict(), timeout=300.0):
+        for name, want in result["reference"].items():
+            got = result["params"][name]
+            assert float((got - want).norm() / want.norm()) <= 1e-5, name
