@@ -122,10 +122,11 @@ def compression_named(name: str) -> Compression | None:
 def check_compression(compression: object, model: torch.nn.Module | None = None
                       ) -> tuple[Compression, ...]:
     """The compressions `compression` allows (module docstring); `PlanningError` for any
-    other value, an unknown name, a PowerSGD rank below 1, or one larger than every trained
-    matrix of `model` (when given)."""
+    other value, an unknown name, a PowerSGD rank below 1, or one named that is larger
+    than every trained matrix of `model` (when given; "auto" offers PowerSGD where it
+    fits)."""
     found = _named(compression)
-    if model is not None:
+    if model is not None and compression != "auto":
         check_rank_fits(found, [tuple(p.shape) for p in model.parameters() if p.requires_grad])
     return found
 

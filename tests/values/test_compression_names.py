@@ -1,0 +1,47 @@
+"""`check_compression`: the names a plan's `compression=` takes, and what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from autopar.errors import PlanningError
+from autopar.values.compression import POWERSGD_RANK, check_compression, compression_named
+
+
+def test_auto_allows_each_kind_powersgd_at_its_default_rank():
+    found = check_compression("auto")
+    assert [c.kind for c in found] == ["reduce", "gather", "low-rank"]
+    assert found[-1].rank == POWERSGD_RANK
+
+
+@pytest.mark.parametrize(("name", "rank"), [("powersgd", POWERSGD_RANK), ("powersgd-2", 2),
+                                            ("powersgd-16", 16)])
+def test_powersgd_names_give_their_rank(name, rank):
+    (found,) = check_compression((name,))
+    assert found.rank == rank and found.name == f"powersgd-{rank}"
+    assert compression_named(found.name) == found  # a plan's record reads back
+
+
+@pytest.mark.parametrize("name", ["powersgd-0", "powersgd--1"])
+def test_a_rank_below_one_is_refused(name):
+    with pytest.raises(PlanningError, match="rank must be at least 1"):
+        check_compression(name)
+
+
+def test_a_named_rank_larger_than_every_matrix_is_refused_but_auto_fits():
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 3))  # matrices of sides 2 and 3
+    with pytest.raises(PlanningError, match="rank 4 is larger than every matrix"):
+        check_compression("powersgd", model)
+    assert check_compression(("powersgd-2",), model)[0].rank == 2
+    assert len(check_compression("auto", model)) == 3
+
+
+def test_compressions_apply_to_what_they_make_smaller():
+    bf16, int8, low_rank = check_compression("auto")
+    assert bf16.applies_to((4, 4), torch.float32) and not bf16.applies_to((4, 4), torch.bfloat16)
+    assert int8.applies_to((8,), torch.bfloat16) and not int8.applies_to((8,), torch.int64)
+    assert low_rank.applies_to((1024, 1024), torch.float32)
+    assert not low_rank.applies_to((16, 16), torch.float32)  # (16 + 16) x 4 x 2 >= 256
+    assert not low_rank.applies_to((4096,), torch.float32)
