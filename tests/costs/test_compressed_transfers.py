@@ -1,0 +1,56 @@
+"""`autopar.costs.compression`: the bytes compressed collectives move, against the
+formulas of its docstring."""
+
+from __future__ import annotations
+
+import torch
+
+from autopar.costs.compression import (
+    compressed_transfers,
+    low_rank_bytes,
+    quantized_bytes,
+    state_bytes,
+)
+from autopar.costs.formulas import Transfer
+from autopar.values.compression import BF16_REDUCE, INT8_GATHER, powersgd
+
+
+def test_bf16_halves_the_backward_reductions_only():
+    transfers = (Transfer("all_gather", 0, 4096, False), Transfer("reduce_scatter", 0, 4096, True))
+    out = compressed_transfers(transfers, BF16_REDUCE, torch.float32, (32, 32), (2,))
+    assert [t.nbytes for t in out] == [4096, 2048]
+
+
+def test_int8_gathers_move_one_byte_an_element_and_a_scale_a_block():
+    # 2 pieces of 300 fp32 elements: 300 int8 each and 2 fp32 scales (blocks of 256).
+    assert quantized_bytes(2 * 300 * 4, 4, 2) == 2 * (300 + 2 * 4)
+    gather = Transfer("all_gather", 0, 2400, False)
+    again = Transfer("all_gather", 0, 2400, True)
+    scatter = Transfer("reduce_scatter", 0, 2400, True)
+    regathered = compressed_transfers((gather, again, scatter), INT8_GATHER, torch.float32,
+                                      (300,), (2,), regather=True)
+    assert [t.nbytes for t in regathered] == [616, 616, 2400]
+    # Without a regather, a backward all-gather is a gradient's: not quantized.
+    kept = compressed_transfers((gather, again), INT8_GATHER, torch.float32, (300,), (2,))
+    assert [t.nbytes for t in kept] == [616, 2400]
+
+
+def test_powersgd_replaces_the_last_all_reduce_by_p_and_q():
+    local = (1024, 512)
+    assert low_rank_bytes(local, 4, 4) == (1024 + 512) * 4 * 4
+    inner = Transfer("all_reduce", 1, 1024 * 512 * 4, True)
+    outer = Transfer("all_reduce", 0, 1024 * 512 * 4, True)
+    out = compressed_transfers((inner, outer), powersgd(4), torch.float32, local, (2, 8))
+    assert out[0] == inner and out[1].axis == 0 and out[1].nbytes == (1024 + 512) * 16
+    # A forward collective, or a matrix too small to pay, leaves the edge exact.
+    gather = Transfer("all_gather", 1, 64, False)
+    assert compressed_transfers((gather, outer), powersgd(4), torch.float32, local,
+                                (2, 8)) == (gather, outer)
+    small = Transfer("all_reduce", 0, 16 * 16 * 4, True)
+    assert compressed_transfers((small,), powersgd(4), torch.float32, (16, 16),
+                                (2,)) == (small,)
+
+
+def test_powersgd_keeps_its_error_and_p_q_between_steps():
+    assert state_bytes(powersgd(2), (100, 50), 4) == (100 * 50 + 150 * 2) * 4
+    assert state_bytes(BF16_REDUCE, (100, 50), 4) == 0
