@@ -19,6 +19,7 @@ import numpy as np
 from autopar.costs import formulas, staging, uneven
 from autopar.passes.problem.edge_costs import Background, EdgeRef, edge_seconds
 from autopar.passes.strategies.find_strategies import Strategy
+from autopar.values.compression import compression_named
 from autopar.values.mesh import Mesh
 from autopar.values.placement import Partial, Replicate, Shard
 
@@ -206,7 +207,9 @@ class EdgeCache:
         parameter's, unless kept gathered); in the backward, at its consumer's backward,
         the gradient converted to the placement its producer needs, and a parameter's
         copy gathered again for the backward (not kept gathered: ZeRO-3); each conversion
-        with its staging buffers (`autopar.costs.staging`), a kept one's too."""
+        with its staging buffers (`autopar.costs.staging`), a kept one's too; an int8
+        gather's received int8 values besides (`compression.quantized_bytes`, less the
+        scales)."""
         nbytes = uneven.cost_bytes(ref.tensor, self.mesh)
         key = (id(src), id(dst), ref.position, nbytes, "transients", ref.keeps,
                ref.requires_grad, ref.producer_is_parameter, ref.producer_off_path)
@@ -214,7 +217,7 @@ class EdgeCache:
         if found is not None:
             return found[2]
         producers, consumers = self._producers_of(src), self._consumers_of(dst, ref.position)
-        out, gathered, _, _, needed, _ = producers.keys.T
+        out, gathered, _, _, needed, compression = producers.keys.T
         read, arriving, _ = consumers.keys.T
         copy = out[:, None] != read[None, :]
         if ref.producer_off_path:
@@ -223,6 +226,9 @@ class EdgeCache:
             copy &= (gathered < 0)[:, None]
         reads = np.where(copy, self._bytes(read, nbytes)[None, :], 0.0)
         staged = np.where(copy, self._staging(out, read, nbytes), 0.0)
+        if ref.producer_is_parameter:
+            staged = staged + np.where(self._quantized(compression)[:, None], reads, 0.0) \
+                / ref.tensor.itemsize
         forward = staged if ref.keeps else reads + staged
         backward = reads + staged if ref.producer_is_parameter else np.zeros_like(reads)
         if ref.requires_grad:
@@ -264,6 +270,11 @@ class EdgeCache:
                 per_byte[row, column] = found
         scale = 1.0 if isinstance(nbytes, uneven.TensorBytes) else nbytes
         return scale * per_byte[np.ix_(src_at.ravel(), dst_at.ravel())]
+
+    def _quantized(self, ids: np.ndarray) -> np.ndarray:
+        """Per compression id, whether it gathers in int8."""
+        kinds = {i: compression_named(name).kind for name, i in self._compressions.items()}
+        return np.array([kinds.get(i) == "gather" for i in ids.tolist()], dtype=bool)
 
     def _compression_id(self, name: str | None) -> int:
         """The id of compression `name` in this cache, 0 for none."""
