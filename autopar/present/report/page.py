@@ -21,12 +21,18 @@ from autopar.present.report.overview import overview_section
 from autopar.present.report.palette import placement_colour, split_axes
 from autopar.present.report.pipeline import pipeline_section
 from autopar.present.report.units import esc
+from autopar.values.compression import compression_named
 from autopar.values.measurement import Measurement
 from autopar.values.plan import Plan
 
 
 def _asset(name: str) -> str:
     return resources.files("autopar.present.report").joinpath(name).read_text(encoding="utf-8")
+
+
+def _compression(name: str) -> str:
+    """A node's compression as its panel shows it: the name and its expected error."""
+    return f"{name}: {compression_named(name).error}" if name else ""
 
 
 def _data(plan: Plan) -> str:
@@ -39,7 +45,7 @@ def _data(plan: Plan) -> str:
         "index": {n.name: i for i, n in enumerate(plan.nodes)},
         "nodes": [{"name": n.name, "op": n.op, "role": n.role, "module": n.module,
                    "layer": layer[i], "inputs": list(n.inputs), "output": n.output,
-                   "pieces": n.pieces, "compression": n.compression,
+                   "pieces": n.pieces, "compression": _compression(n.compression),
                    "compute_s": n.compute_s, "comm_s": n.comm_s,
                    "memory_bytes": n.memory_bytes, "formula": n.formula,
                    "transfers": [{"kind": t.kind, "axis": t.axis, "nbytes": t.nbytes,

@@ -96,7 +96,7 @@
     n.inputs.forEach(function (p, k) { row(t, "input " + k, chips(p)); });
     row(t, "output", chips(n.output));
     if (n.pieces) { row(t, "uneven pieces", n.pieces); }
-    if (n.compression) { row(t, "gradient compressed", n.compression); }
+    if (n.compression) { row(t, "compressed", n.compression); }
     row(t, "compute", ms(n.compute_s));
     row(t, "comm", ms(n.comm_s));
     row(t, "memory", size(n.memory_bytes));
