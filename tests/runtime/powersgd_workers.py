@@ -28,29 +28,38 @@ def build():
     return mlp.build(**SIZES)
 
 
-def _ddp(model: torch.nn.Module, rank: int) -> DistributedDataParallel:
-    """`model` under DDP with the hook as autopar configures it: buckets of autopar's
-    size (one here), which DDP also gives its first bucket when given a cap."""
-    ddp = DistributedDataParallel(model, bucket_cap_mb=POWERSGD_BUCKET_BYTES / (1 << 20))
+def _ddp(model: torch.nn.Module, rank: int, group=None) -> DistributedDataParallel:
+    """`model` under DDP over `group` (None: every rank) with the hook as autopar
+    configures it: buckets of autopar's size (one here), which DDP also gives its first
+    bucket when given a cap."""
+    ddp = DistributedDataParallel(model, process_group=group,
+                                  bucket_cap_mb=POWERSGD_BUCKET_BYTES / (1 << 20))
     ddp.register_comm_hook(PowerSGDState(
-        None, matrix_approximation_rank=rank, start_powerSGD_iter=POWERSGD_WARMUP,
+        group, matrix_approximation_rank=rank, start_powerSGD_iter=POWERSGD_WARMUP,
         min_compression_rate=POWERSGD_MIN_RATE, use_error_feedback=True, warm_start=True),
         powerSGD_hook)
     return ddp
+
+
+def _compiled(plan: dict):
+    """The MLP compiled under `plan` (a `Plan.to_dict()`), a copy of it as built, its
+    inputs, and the plan's PowerSGD rank."""
+    torch.manual_seed(0)
+    model, inputs = build()
+    reference = copy.deepcopy(model)
+    planned = autopar.Plan.from_dict(plan)
+    low_rank = next(int(n.compression.split("-")[1]) for n in planned.nodes
+                    if n.compression.startswith("powersgd"))
+    return autopar.compile(model, planned.mesh, inputs, plan=planned), reference, inputs, \
+        low_rank
 
 
 def train(rank: int, plan: dict) -> dict:
     """`STEPS` SGD steps under `plan` (a `Plan.to_dict()`), under DDP with PowerSGD of the
     plan's rank, and under DDP without: the runs' losses, the first two's final full
     parameters, the bytes the last step moved and the plan's."""
-    torch.manual_seed(0)
-    model, (x, target) = build()
-    reference = copy.deepcopy(model)
-    planned = autopar.Plan.from_dict(plan)
-    low_rank = next(int(n.compression.split("-")[1]) for n in planned.nodes
-                    if n.compression.startswith("powersgd"))
-    pm = autopar.compile(model, planned.mesh, (x, target), plan=planned)
-    exact = DistributedDataParallel(copy.deepcopy(model))
+    pm, reference, (x, target), low_rank = _compiled(plan)
+    exact = DistributedDataParallel(copy.deepcopy(reference))
     ddp = _ddp(reference, low_rank)
     here = (x.chunk(dist.get_world_size())[rank], target.chunk(dist.get_world_size())[rank])
     runs = {"autopar": (pm, (x, target)), "ddp": (ddp, here), "exact": (exact, here)}
@@ -113,21 +122,10 @@ def hierarchical(rank: int, plan: dict) -> dict:
     gradients are summed exactly over "gpu" and by PowerSGD over "node", and under DDP with
     the hook over the two ranks of this rank's "node" group, each fed its node's half of
     the batch (what the gpu all-reduce sums): both runs' final full parameters."""
-    torch.manual_seed(0)
-    model, (x, target) = build()
-    reference = copy.deepcopy(model)
-    planned = autopar.Plan.from_dict(plan)
-    low_rank = next(int(n.compression.split("-")[1]) for n in planned.nodes
-                    if n.compression.startswith("powersgd"))
-    pm = autopar.compile(model, planned.mesh, (x, target), plan=planned)
+    pm, reference, (x, target), low_rank = _compiled(plan)
     node, gpu = divmod(rank, 2)
     groups = [dist.new_group([g, 2 + g]) for g in range(2)]  # every rank makes every group
-    ddp = DistributedDataParallel(reference, process_group=groups[gpu],
-                                  bucket_cap_mb=POWERSGD_BUCKET_BYTES / (1 << 20))
-    ddp.register_comm_hook(PowerSGDState(
-        groups[gpu], matrix_approximation_rank=low_rank, start_powerSGD_iter=POWERSGD_WARMUP,
-        min_compression_rate=POWERSGD_MIN_RATE, use_error_feedback=True, warm_start=True),
-        powerSGD_hook)
+    ddp = _ddp(reference, low_rank, groups[gpu])
     here = (x.chunk(2)[node], target.chunk(2)[node])
     for module, inputs in ((pm, (x, target)), (ddp, here)):
         _steps(module, torch.optim.SGD(module.parameters(), lr=LR), inputs, STEPS)
