@@ -5,10 +5,10 @@
 buckets as DDP packs them (`POWERSGD_BUCKET_BYTES`, DDP's default cap), and hands each
 full bucket to `powerSGD_hook` with a `PowerSGDState` per (axis, rank) that lives as long
 as the reducer: error feedback and warm start carry over from step to step, keyed by the
-bucket's index in its pass, which the backward's fixed order keeps stable. The hook averages over the group, while the
-gradients here are partial sums (the loss is already divided by the global count): the
-result is scaled back by the group's size, exact for every rank and rank-R approximation
-alike (PowerSGD commutes with scaling). Every `PowerSGDState` runs `POWERSGD_WARMUP` exact
+bucket's index in its pass, which the backward's fixed order keeps stable. The hook
+averages over the group, while the gradients here are partial sums (the loss is already
+divided by the global count): the result is scaled back by the group's size, exact for
+every rank and rank-R approximation alike (PowerSGD commutes with scaling). Every `PowerSGDState` runs `POWERSGD_WARMUP` exact
 steps first (the hook's `start_powerSGD_iter`), counted here, once per pass.
 
 The hook chains its all-reduces in callbacks, which run on the backend's threads: two
