@@ -8,8 +8,9 @@ as the reducer: error feedback and warm start carry over from step to step, keye
 bucket's index in its pass, which the backward's fixed order keeps stable. The hook
 averages over the group, while the gradients here are partial sums (the loss is already
 divided by the global count): the result is scaled back by the group's size, exact for
-every rank and rank-R approximation alike (PowerSGD commutes with scaling). Every `PowerSGDState` runs `POWERSGD_WARMUP` exact
-steps first (the hook's `start_powerSGD_iter`), counted here, once per pass.
+every rank and rank-R approximation alike (PowerSGD commutes with scaling). Every
+`PowerSGDState` runs `POWERSGD_WARMUP` exact steps first (the hook's
+`start_powerSGD_iter`), counted here, once per pass.
 
 The hook chains its all-reduces in callbacks, which run on the backend's threads: two
 buckets in flight could issue them in another order on another rank (gloo then fails on a
