@@ -84,10 +84,11 @@ class LowRankReducer:
     def __init__(self, bucket_bytes: int = POWERSGD_BUCKET_BYTES) -> None:
         self.bucket_bytes = bucket_bytes
         self.states: dict[tuple[str, int], PowerSGDState] = {}  # by (axis name, rank)
-        self._meshes: dict[tuple[str, int], tuple[DeviceMesh, int]] = {}
         self._buckets: dict[tuple[str, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._launched: dict[tuple[str, int], int] = {}  # buckets started in this pass
-        self._in_flight: list[tuple[list, object, int]] = []
+        # The one bucket in flight (its parameters with their gradients' shapes, the hook's
+        # future, the group's size), and those done: (the same with the result).
+        self._in_flight: tuple[list, object, int] | None = None
         self._done: list[tuple[list, torch.Tensor, int]] = []
         self._restored: dict[tuple[str, int], dict[str, torch.Tensor]] = {}  # not yet made
 
@@ -114,7 +115,6 @@ class LowRankReducer:
                 mesh.get_group(axis), matrix_approximation_rank=rank,
                 start_powerSGD_iter=POWERSGD_WARMUP, min_compression_rate=POWERSGD_MIN_RATE,
                 use_error_feedback=True, warm_start=True)
-            self._meshes[key] = (mesh, axis)
             _restore(state, self._restored.pop(key, {}))
         return state
 
@@ -154,15 +154,16 @@ class LowRankReducer:
         bucket = self._buckets.pop(key)
         index = self._launched.get(key, 0)
         self._launched[key] = index + 1
-        future = powerSGD_hook(self.states[key], _Bucket(index, [g for _, g in bucket]))
-        mesh, axis = self._meshes[key]
-        self._in_flight.append(([(p, g.shape) for p, g in bucket], future,
-                                mesh.size(axis)))
+        state = self.states[key]
+        future = powerSGD_hook(state, _Bucket(index, [g for _, g in bucket]))
+        self._in_flight = ([(p, g.shape) for p, g in bucket], future,
+                           state.process_group.size())
 
     def _wait(self) -> None:
-        for bucket, future, size in self._in_flight:
+        if self._in_flight is not None:
+            bucket, future, size = self._in_flight
             self._done.append((bucket, future.wait(), size))
-        self._in_flight.clear()
+            self._in_flight = None
 
     def finish(self) -> None:
         """Reduce what is left, wait, add the sums to the gradients, count the pass."""

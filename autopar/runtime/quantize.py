@@ -32,12 +32,14 @@ def quantize(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
                ) -> torch.Tensor:
-    """The 1-D tensor of `dtype` that `quantize` encoded as `values` and `scales`."""
-    numel = values.numel()
-    padded = values.new_zeros(scales.numel() * QUANT_BLOCK)
-    padded[:numel] = values
-    out = padded.view(-1, QUANT_BLOCK).to(SCALE_DTYPE) * scales.view(-1, 1)
-    return out.view(-1)[:numel].to(dtype)
+    """The tensor of `dtype` that `quantize` encoded as `values` and `scales`: 1-D, or
+    one row per piece where both have a leading dim of pieces."""
+    numel, blocks = values.shape[-1], scales.shape[-1]
+    padded = values.new_zeros((*values.shape[:-1], blocks * QUANT_BLOCK))
+    padded[..., :numel] = values
+    out = padded.view(*values.shape[:-1], blocks, QUANT_BLOCK).to(SCALE_DTYPE) \
+        * scales.unsqueeze(-1)
+    return out.flatten(-2)[..., :numel].to(dtype)
 
 
 def round_trip(piece: torch.Tensor) -> torch.Tensor:
@@ -59,6 +61,5 @@ class DequantizingWork:
         for work in self._works:
             work.wait()
         n = self._out.shape[0]
-        for rank, (values, scales) in enumerate(zip(self._values.view(n, -1),
-                                                    self._scales.view(n, -1))):
-            self._out[rank] = dequantize(values, scales, self._out.dtype)
+        self._out.copy_(dequantize(self._values.view(n, -1), self._scales.view(n, -1),
+                                   self._out.dtype))

@@ -26,6 +26,7 @@ is loaded back where the ranks are as many as saved it, and starts afresh otherw
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import warnings
@@ -41,6 +42,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.tensor import DTensor
 
 from autopar.errors import CheckpointError
@@ -63,9 +65,6 @@ class CheckpointInfo:
     plan: dict | None = None
     groups: tuple[dict, ...] = ()
     states: dict[str, dict[str, bool]] = field(default_factory=dict)
-    # Per rank (its number as a string): the compression state's names -> shape, dtype.
-    compression: dict[str, dict[str, tuple[tuple[int, ...], str]]] = \
-        field(default_factory=dict)
 
 
 class PendingSave:
@@ -197,15 +196,13 @@ def save(path: str | os.PathLike, pm, optimizer: torch.optim.Optimizer | None = 
         shutil.rmtree(staging, ignore_errors=True)
     _barrier()
     state, kinds = _dcp_state(pm, optimizer)
-    compression = _compression_state(pm)
-    state.update(compression)
+    state.update(_compression_state(pm))
     tensors = {slot.names[0]: (tuple(slot.shape), str(slot.dtype)) for slot in _slots(pm)}
     tensors, kinds = _everyones(tensors), _everyones(kinds)  # a pipeline rank has its stages'
     info = CheckpointInfo(
         tensors=tensors, optimizer=type(optimizer).__name__ if optimizer is not None else None,
         step=step, extra=dict(extra or {}), plan=pm.plan.to_dict(),
-        groups=_groups(optimizer), states=kinds, compression=_everyones({str(_rank()): {
-            k: (tuple(v.shape), str(v.dtype)) for k, v in compression.items()}}))
+        groups=_groups(optimizer), states=kinds)
 
     def commit() -> None:
         if _rank() == 0:
@@ -247,8 +244,7 @@ def _everyones(mine: dict) -> dict:
 def _info_dict(info: CheckpointInfo) -> dict:
     return {"format": FORMAT, "tensors": {k: [list(s), d] for k, (s, d) in info.tensors.items()},
             "optimizer": info.optimizer, "step": info.step, "extra": info.extra,
-            "plan": info.plan, "groups": list(info.groups), "states": info.states,
-            "compression": info.compression}
+            "plan": info.plan, "groups": list(info.groups), "states": info.states}
 
 
 def info(path: str | os.PathLike) -> CheckpointInfo:
@@ -273,8 +269,7 @@ def info(path: str | os.PathLike) -> CheckpointInfo:
         return CheckpointInfo(
             tensors={k: (tuple(s), d) for k, (s, d) in data["tensors"].items()},
             optimizer=data["optimizer"], step=data["step"], extra=data["extra"],
-            plan=data["plan"], groups=tuple(data["groups"]), states=data["states"],
-            compression=data.get("compression", {}))
+            plan=data["plan"], groups=tuple(data["groups"]), states=data["states"])
     except (ValueError, KeyError, TypeError) as error:
         raise CheckpointError(f"{manifest} is corrupt", expected="the JSON save wrote",
                               got=str(error), fix="load an earlier checkpoint") from error
@@ -327,7 +322,7 @@ def load(path: str | os.PathLike, pm, optimizer: torch.optim.Optimizer | None = 
                  complete=pm.plan.pipeline is None)
     _check_optimizer(saved, optimizer, path)
     state, _ = _dcp_state(pm, optimizer, saved.states)
-    compression = _saved_compression(pm, saved)
+    compression = _saved_compression(pm, saved, path)
     state.update(compression)
     _read(state, path, no_dist=not _in_process_group())
     if compression:
@@ -358,19 +353,19 @@ def _compression_state(pm) -> dict[str, torch.Tensor]:
     return {f"compression/{_rank()}/{k}": v for k, v in low_rank.state_dict().items()}
 
 
-def _saved_compression(pm, saved: CheckpointInfo) -> dict[str, torch.Tensor]:
-    """Tensors to read this rank's saved compression state into: none where the
-    checkpoint was saved by another number of ranks (or `pm` has no such state)."""
+def _saved_compression(pm, saved: CheckpointInfo, path: Path) -> dict[str, torch.Tensor]:
+    """Tensors to read this rank's saved compression state into, as DCP's metadata
+    lists them: none where the checkpoint's plan ran on another number of ranks (or `pm`
+    has no such state)."""
     world = dist.get_world_size() if _in_process_group() else 1
-    mine = saved.compression.get(str(_rank()), {})
-    if getattr(pm, "low_rank", None) is None or len(saved.compression) != world:
+    if getattr(pm, "low_rank", None) is None or saved.plan is None \
+            or math.prod(saved.plan["mesh"]["shape"]) != world:
         return {}
-    return {k: torch.empty(tuple(shape), dtype=_dtype(dtype))
-            for k, (shape, dtype) in mine.items()}
-
-
-def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name.removeprefix("torch."))
+    prefix = f"compression/{_rank()}/"
+    metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    return {name: torch.empty(held.size, dtype=held.properties.dtype)
+            for name, held in metadata.items()
+            if name.startswith(prefix) and isinstance(held, TensorStorageMetadata)}
 
 
 def _restore_groups(optimizer: torch.optim.Optimizer | None, saved: CheckpointInfo) -> None:

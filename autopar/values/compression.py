@@ -26,6 +26,7 @@ a tuple of names those.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -107,9 +108,11 @@ COMPRESSIONS = {c.name: c for c in (BF16_REDUCE, INT8_GATHER)}
 NAMES = (*COMPRESSIONS, "powersgd", "powersgd-R")
 
 
+@functools.lru_cache(maxsize=64)
 def compression_named(name: str) -> Compression | None:
     """The compression `name` stands for (a plan's record of it), None for an unknown name
-    or a PowerSGD rank below 1."""
+    or a PowerSGD rank below 1. Memoized: the cost passes and the lowering ask it per
+    edge."""
     if name in COMPRESSIONS:
         return COMPRESSIONS[name]
     found = _POWERSGD.match(name)
