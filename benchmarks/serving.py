@@ -7,6 +7,9 @@ tokens it holds, and how long planning took.
     python benchmarks/serving.py --case 405b-2x8  # one case
     python benchmarks/serving.py --quick          # a 2-layer Llama of width 256, 5 s solves
 
+Then each case's throughput (`objective="throughput"`): the batch, grown from the case's,
+whose plan serves the most tokens a second, planned freely and under the rule of thumb.
+
 Each model is `autopar.CachedLM(lm, batch, max_len=context)` in bfloat16, planned for
 decoding one token per sequence with `training=False` and `prefill=` the case's prompt
 length, at default options otherwise: the time printed is that call's, its plan's prefill
@@ -107,11 +110,37 @@ def report(case: Case, prompt: int, time_limit: float) -> None:
     print()
 
 
+def throughput(case: Case, time_limit: float) -> None:
+    """The batch serving the most tokens a second (`objective="throughput"`), planned freely
+    and under the rule of thumb (its own batch search), side by side."""
+    served = build(case)
+    mesh = autopar.Mesh(case.mesh, case.axes, hardware="h100-sxm")
+    inputs = (torch.zeros(case.batch, 1, dtype=torch.long, device="meta"),
+              torch.zeros(1, dtype=torch.long, device="meta"))
+    rule = RULES_OF_THUMB[0] if len(case.mesh) == 1 else RULES_OF_THUMB[1]
+    print(f"### throughput, from batch {case.batch} (context {case.seq})")
+    print(f"{'strategy':<42} {'batch':>6} {'tokens/s':>10} {'ms/token':>9} {'peak GiB':>9} "
+          f"{'planned s':>10}")
+    for name, strategy in (("planned", None), (f"{rule} (rule of thumb)", rule)):
+        start = time.monotonic()
+        try:
+            plan = autopar.plan(served, mesh, inputs, training=False, objective="throughput",
+                                strategy=strategy, time_limit=time_limit)
+        except autopar.AutoparError as exc:
+            print(f"{name:<42} {'-':>6} {'-':>10}  {str(exc).splitlines()[0]}")
+            continue
+        batch, tokens = max(plan.serving, key=lambda tried: tried[1])
+        print(f"{name:<42} {batch:>6} {tokens:10,.0f} {plan.step_time_s * 1e3:9.1f} "
+              f"{plan.peak_memory_bytes / 2 ** 30:9.1f} {time.monotonic() - start:10.1f}")
+    print()
+
+
 def main() -> None:
     args = parse_cases(case_parser(__doc__.splitlines()[0], CASES, 30.0,
                                    (QUICK_CASES, QUICK_TIME_LIMIT)))
     for name in args.case or ("70b-8", "405b-2x8"):
         report(CASES[name], PROMPTS[name], args.time_limit)
+        throughput(CASES[name], args.time_limit)
 
 
 if __name__ == "__main__":

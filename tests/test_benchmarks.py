@@ -126,6 +126,9 @@ def test_serving() -> None:
     for rule in ("Megatron tensor parallel", "Megatron 3D"):
         assert has_line(rf"^{rule}\s+\d+\.\d\s+\d+\.\d\s+yes\s+\d\.\d{{3}} \(rule of thumb\)$",
                         out), rule
+    assert "### throughput, from batch 4 (context 256)" in out
+    for name in ("planned", r"Megatron 3D \(rule of thumb\)"):
+        assert has_line(rf"^{name}\s+\d+\s+[\d,]+\s+\d+\.\d\s+\d+\.\d\s+\d+\.\d$", out), name
 
 
 def test_uneven() -> None:

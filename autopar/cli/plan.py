@@ -69,6 +69,10 @@ def progress_lines() -> Iterator[Callable[[str], None]]:
               help="with --inference, for a decode program (an autopar.CachedLM fed one "
                    "token): also plan its prefill of this many prompt tokens, to predict the "
                    "time to first token")
+@click.option("--objective", type=click.Choice(["latency", "throughput"]), default="latency",
+              show_default=True,
+              help="with --inference: the step's latency at the given batch, or (a CachedLM "
+                   "on the meta device) the batch and plan serving the most tokens a second")
 @click.option("--shares", "shares_text", default=None,
               help="how each axis cuts: 'even' (DTensor's chunks), or per axis, "
                    "comma-separated, '-' or the weights of its indices (3:3:1:1); by default "
@@ -82,7 +86,7 @@ def progress_lines() -> Iterator[Callable[[str], None]]:
               help="write the plan's HTML report (see `autopar report`)")
 def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, time_limit,
                  settings, hand_strategies, microbatch_text, pipeline_text, inference,
-                 sharded_outputs, prefill, shares_text, compression_text, out,
+                 sharded_outputs, prefill, objective, shares_text, compression_text, out,
                  report_out) -> None:
     """Plan MODEL_FILE (a .py file with build() -> (model, example_inputs))."""
     from autopar.planning.entry import plan
@@ -104,7 +108,8 @@ def plan_command(model_file, mesh_text, axis_names, hardware, memory_budget, tim
                           time_limit=time_limit, hand_strategies=hand_strategies,
                           microbatches=count, pipeline=layout, training=not inference,
                           outputs="sharded" if sharded_outputs else "whole", prefill=prefill,
-                          compression=compression_names(compression_text), progress=progress)
+                          objective=objective, compression=compression_names(compression_text),
+                          progress=progress)
     except AutoparError as exc:
         for message in dict.fromkeys(str(w.message) for w in caught):
             click.echo(f"warning: {message}", err=True)

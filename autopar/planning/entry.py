@@ -4,6 +4,7 @@ layout is `autopar.planning.layout`'s, one graph's plan `autopar.planning.graph`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import warnings
 from collections import defaultdict
@@ -32,6 +33,7 @@ from autopar.planning.layout import plan_layout
 from autopar.planning.prefill import check_prefill, with_prefill
 from autopar.planning.shares import speed_shares
 from autopar.planning.strategy_names import check_hand_strategy_names
+from autopar.planning.throughput import check_objective, most_tokens
 from autopar.solver.budget import PLANNER_GAP
 from autopar.values.compression import check_compression
 from autopar.values.mesh import Mesh
@@ -54,7 +56,7 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
          recompute: bool = True, microbatches: int | str = "auto",
          pipeline: Pipeline | str | bool = "auto", training: bool = True,
          outputs: str = "whole", prefill: int | None = None, compression: object = None,
-         progress: Callable[[str], None] | None = None) -> Plan:
+         objective: str = "latency", progress: Callable[[str], None] | None = None) -> Plan:
     """Choose how every op and tensor of `model` is split over `mesh`.
 
     The model and `example_inputs` may live on the meta device. The plan minimises the modelled
@@ -72,39 +74,87 @@ def plan(model: nn.Module, mesh: Mesh, example_inputs: tuple, *,
     parameter element (default AdamW; `autopar.costs.optimizer_state`), stepping a
     `master_weights` copy (e.g. torch.float32 for a bfloat16 model) when given. `recompute`
     lets the solver recompute activations in the backward instead of keeping them.
-    `microbatches` runs a step as that many micro-batches one after the other (gradient
-    accumulation); "auto" tries more of them while the plan of fewer holds most of the memory
-    budget, and keeps the fastest (`layout.plan_unpipelined`). `pipeline` cuts the model into
-    stages of consecutive blocks over one mesh axis (`autopar.Pipeline`;
+    `microbatches` runs a step as that many micro-batches (gradient accumulation); "auto"
+    tries more while fewer hold most of the budget (`layout.plan_unpipelined`). `pipeline`
+    cuts the model into stages of consecutive blocks over one mesh axis (`autopar.Pipeline`;
     `autopar.planning.pipeline.plan`); "auto" (the default) also plans one over the axis named
     "pp" when the mesh has it and keeps it when faster, False never pipelines. `training=False`
     plans the forward alone, as the model serves (one batch, run whole by a pipeline), its
     `outputs` "whole" on every rank or "sharded" as placed (compiled: DTensors; no pipeline);
     a decode program's plan with the `prefill` of that many prompt tokens predicts the time
-    to first token (`autopar.planning.prefill`). `compression` ("auto" or names:
-    `autopar.values.compression`; None keeps the plan exact) lets the solver reduce
-    gradients compressed. `progress` receives a message as each pass starts (prefixed
-    `STAGE`) and the solver's progress lines. Warnings are issued once each, at the end, and
-    kept in `warnings`. Raises `InfeasiblePlanError`, `OptimizerError`, `MicrobatchError`."""
+    to first token (`autopar.planning.prefill`); `objective="throughput"` plans the batch of
+    a `CachedLM` serving the most tokens a second (`autopar.planning.throughput`). With
+    `compression` (`autopar.values.compression`) the solver may compress. `progress` gets
+    a message as each pass starts (prefixed `STAGE`) and the solver's progress lines.
+    Warnings are issued once each, at the end, and kept in `warnings`. Raises
+    `InfeasiblePlanError`, `OptimizerError`, `MicrobatchError`."""
     deadline = Deadline(check_time_limit(time_limit))
-    state = optimizer_state(optimizer, master_weights=master_weights)  # bad input: fail early
-    sharded = check_outputs(outputs, check_training(training))
-    prompt = check_prefill(prefill, example_inputs, training)
+    sharded, prompt = _serving_options(model, example_inputs, training, outputs, prefill,
+                                       objective)
     check_hand_strategy_names(hand_strategies, mesh, strategy, microbatches=microbatches,
                               pipeline=pipeline, constraints=constraints)
-    raised: list[str] = []
-    with _warned_once(raised):
-        gm = _traced(model, example_inputs, dynamic_shapes, training, sharded, progress)
-        if dynamic_shapes is not None and microbatches == "auto":
-            microbatches = 1  # a symbolic batch has no divisors to try
-        made = plan_model(model, gm, tuple(example_inputs), mesh,
-                          microbatches=microbatches, model_name=type(model).__name__,
-                          memory_budget=memory_budget, deadline=deadline,
-                          constraints=constraints, fold_layers=fold_layers, seed=seed,
-                          hand_strategies=hand_strategies, strategy=strategy, optimizer=state,
-                          recompute=recompute, pipeline=pipeline, progress=progress,
-                          prefill=prompt, compression=check_compression(compression, model))
+    symbolic = dynamic_shapes is not None and microbatches == "auto"  # no divisors to try
+    options = dict(microbatches=1 if symbolic else microbatches, model_name=type(model).__name__,
+                   memory_budget=memory_budget, constraints=constraints,
+                   fold_layers=fold_layers, seed=seed, hand_strategies=hand_strategies,
+                   strategy=strategy, recompute=recompute, pipeline=pipeline,
+                   optimizer=optimizer_state(optimizer, master_weights=master_weights),
+                   progress=progress, compression=check_compression(compression, model))
+    plan_at = functools.partial(_plan_at, mesh=mesh, dynamic_shapes=dynamic_shapes,
+                                training=training, sharded=sharded, options=options)
+    with _warned_once() as raised:
+        planner = plan_at if objective == "latency" else functools.partial(
+            _most_tokens, plan_at=plan_at, options=options)
+        made = planner(model, tuple(example_inputs), deadline, prompt)
     return dataclasses.replace(made, warnings=_merge_warnings(made.warnings, raised))
+
+
+def _serving_options(model: nn.Module, example_inputs: tuple, training: object,
+                     outputs: object, prefill: object, objective: object
+                     ) -> tuple[bool, int | None]:
+    """Whether the outputs stay sharded and the prompt length to plan a prefill for, after
+    checking `training`, `outputs`, `prefill` and `objective` (`PlanningError`)."""
+    sharded = check_outputs(outputs, check_training(training))
+    prompt = check_prefill(prefill, example_inputs, training)
+    check_objective(objective, training, model, example_inputs)
+    return sharded, prompt
+
+
+def _plan_at(module: nn.Module, inputs: tuple, within: Deadline, prompt: int | None, *,
+             mesh: Mesh, dynamic_shapes, training: bool, sharded: bool,
+             options: Mapping) -> Plan:
+    """`module` captured at `inputs` and planned within `within`, with the prefill of
+    `prompt` tokens when given: one planning of `plan`'s, with its `options`."""
+    gm = _traced(module, inputs, dynamic_shapes, training, sharded, options["progress"])
+    return plan_model(module, gm, inputs, mesh, deadline=within, prefill=prompt, **options)
+
+
+def _most_tokens(model: nn.Module, example_inputs: tuple, deadline: Deadline,
+                 prompt: int | None,
+                 plan_at: Callable[[nn.Module, tuple, Deadline, int | None], Plan],
+                 options: Mapping[str, object]) -> Plan:
+    """The throughput search of `autopar.planning.throughput` over `model` (a `CachedLM`)
+    at larger batches, `plan_at(module, inputs, deadline, prompt)` planning each, the
+    whole search's time recorded; the prefill planned for the batch kept only."""
+    ids, position = example_inputs
+
+    def inputs_of(batch: int) -> tuple:
+        return (torch.zeros(batch, 1, dtype=ids.dtype, device=ids.device), position)
+
+    def plan_batch(batch: int, within: Deadline) -> Plan:
+        with model.resized(batch) as module:
+            return plan_at(module, inputs_of(batch), within, None)
+
+    def finish(made: Plan, batch: int) -> Plan:
+        made = dataclasses.replace(made, solver=dataclasses.replace(
+            made.solver, planning_s=deadline.spent(), time_limit_s=deadline.seconds))
+        if prompt is None:
+            return made
+        with model.resized(batch) as module:
+            return prefilled(made, module, inputs_of(batch), prompt, deadline.seconds,
+                             options)
+
+    return most_tokens(plan_batch, ids.shape[0], deadline, finish)
 
 
 def _traced(model: nn.Module, example_inputs: tuple, dynamic_shapes, training: bool,
@@ -158,8 +208,7 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
         options["memory_budget"] = device_budget(options["memory_budget"], mesh)
     if not training:
         microbatches, pipeline = _forward_only_layout(microbatches, pipeline)
-    raised: list[str] = []
-    with _warned_once(raised):
+    with _warned_once() as raised:
         made = plan_layout(model, gm, example_inputs, mesh, microbatches=microbatches,
                            pipeline=pipeline, time_limit=deadline.seconds, deadline=deadline,
                            **options)
@@ -176,10 +225,17 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
                                warnings=_merge_warnings(made.warnings, raised))
     if prefill is None:
         return made
-    # Planned as compile_prefill compiles it, after the decode plan (its `planning_s`).
-    return with_prefill(made, prefill, example_inputs, lambda inputs, pins, layout: plan(
-        model, mesh, inputs, training=False, constraints=pins, pipeline=layout,
-        time_limit=deadline.seconds,
+    return prefilled(made, model, example_inputs, prefill, deadline.seconds, options)
+
+
+def prefilled(decode: Plan, model: nn.Module, example_inputs: tuple, prompt: int,
+              time_limit: float, options: Mapping[str, object]) -> Plan:
+    """`decode` (of `model` at `example_inputs`) with its prefill of `prompt` tokens, planned
+    as `compile_prefill` compiles it, after the decode plan (whose `planning_s` it is not
+    in), with a `time_limit` of its own and `options`' budget, seed and progress."""
+    return with_prefill(decode, prompt, example_inputs, lambda inputs, pins, layout: plan(
+        model, decode.mesh, inputs, training=False, constraints=pins, pipeline=layout,
+        time_limit=time_limit,
         **{k: v for k, v in options.items() if k in ("memory_budget", "seed", "progress")}))
 
 
@@ -249,15 +305,16 @@ def check_time_limit(time_limit: object) -> float:
 
 
 @contextmanager
-def _warned_once(raised: list[str]) -> Iterator[None]:
+def _warned_once() -> Iterator[list[str]]:
     """Hold back the warnings raised inside; at the end issue each distinct one once (every
-    solve finds the strategies again, and warns again) and append its message to `raised`,
-    for the plan's `warnings` (`_merge_warnings`)."""
+    solve finds the strategies again, and warns again) and append its message to the list
+    yielded, for the plan's `warnings` (`_merge_warnings`)."""
     caught: list[warnings.WarningMessage] = []
+    raised: list[str] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            yield
+            yield raised
     finally:
         for category, message in dict.fromkeys((w.category, str(w.message)) for w in caught):
             # 4: past this generator and contextlib, to the caller of the function using it.

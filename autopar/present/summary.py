@@ -158,6 +158,7 @@ def _totals_table(plan: Plan) -> Table:
         *((("KV cache", f"{_size(plan.kv_cache_bytes)} per device, "
                         f"{plan.kv_cache_tokens:,} tokens in all"),)
           if plan.kv_cache_bytes else ()),
+        *((("objective: throughput", _throughput(plan)),) if plan.serving else ()),
         *((("predicted time to first token", f"{_ms_text(plan.prefill_s)} for "
             f"{plan.prefill_tokens:,}-token prompts, peak {_size(plan.prefill_peak_bytes)}"),)
           if plan.prefill_tokens else ()),
@@ -187,6 +188,14 @@ def _latency_label(plan: Plan) -> str:
         return "predicted step time"
     return "predicted latency, per output token" if plan.kv_cache_bytes else \
         "predicted latency"
+
+
+def _throughput(plan: Plan) -> str:
+    """The tokens a second each batch tried serves, the plan's batch marked."""
+    kept = max(plan.serving, key=lambda tried: tried[1])[0]
+    return ", ".join(f"{'*' if batch == kept else ''}{batch} sequences: "
+                     + (f"{served:,.0f} tokens/s" if served else "does not fit")
+                     for batch, served in plan.serving)
 
 
 def _memory_free(solver: SolverReport) -> str:

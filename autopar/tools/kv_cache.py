@@ -21,7 +21,9 @@ same positions, the model's input, rather than a counter of its own.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -61,6 +63,24 @@ class CachedLM(nn.Module):
         for holder, layer in zip(self.holders, self.cache.layers):
             holder.register_buffer(KEYS, layer.keys, persistent=False)
             holder.register_buffer(VALUES, layer.values, persistent=False)
+
+    @contextlib.contextmanager
+    def resized(self, batch: int) -> Iterator[CachedLM]:
+        """A `CachedLM` of the same `lm` and `max_len` with a cache for `batch` sequences,
+        on the device of `lm`'s weights, for the block's duration; this one's buffers are
+        back in `lm`'s blocks after it (the throughput search plans one per batch it tries,
+        `autopar.planning.throughput`)."""
+        if batch == self.batch:
+            yield self
+            return
+        held = [(holder, getattr(holder, KEYS), getattr(holder, VALUES))
+                for holder in self.holders]
+        try:
+            yield CachedLM(self.lm, batch=batch, max_len=self.max_len)
+        finally:
+            for holder, keys, values in held:
+                holder.register_buffer(KEYS, keys, persistent=False)
+                holder.register_buffer(VALUES, values, persistent=False)
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         for holder, layer in zip(self.holders, self.cache.layers):

@@ -28,8 +28,9 @@ from autopar.values.mesh import Mesh
 # (False: a forward-only plan; older plans read as training ones) and its KV cache; 8:
 # outputs ("sharded": a forward-only plan's outputs as its placements leave them) and a
 # decode plan's prefill (prompt tokens, predicted time and peak); 9: the pieces of an
-# output split unevenly; 10: a parameter's gradient compression.
-FORMAT_VERSION = 10
+# output split unevenly; 10: a parameter's gradient compression; 11: a serving plan's
+# objective and the batches its throughput search tried.
+FORMAT_VERSION = 11
 # The hand strategy record of the same step on one device: the scaling reference.
 SINGLE_DEVICE = "single device"
 
@@ -214,7 +215,11 @@ class Plan:
     rank, or "sharded": left as the output node's input placements say. A decode plan
     planned with its prefill (`plan(..., prefill=P)`) records the prefill of `prefill_tokens`
     tokens per sequence, with the weights and cache where this plan stores them: its
-    latency `prefill_s` (the time to first token) and its peak `prefill_peak_bytes`.
+    latency `prefill_s` (the time to first token) and its peak `prefill_peak_bytes`. Its
+    `objective` is "latency" (the step at the given batch) or "throughput": then `serving`
+    lists each batch the planner tried with the tokens a second its plan serves (0: it did
+    not fit), and the plan is of the batch that serves the most
+    (`autopar.planning.throughput`).
 
     A pipelined plan (`pipeline` set) holds every stage's nodes, each with its `stage`, and
     their placements on the whole mesh: replicated on the pipeline axis, which places
@@ -243,6 +248,8 @@ class Plan:
     prefill_tokens: int = 0
     prefill_s: float = 0.0
     prefill_peak_bytes: float = 0.0
+    objective: str = "latency"
+    serving: tuple[tuple[int, float], ...] = ()
     version: int = FORMAT_VERSION
 
     @property
@@ -386,8 +393,9 @@ class Plan:
                                                      "microbatches", "training",
                                                      "kv_cache_bytes", "kv_cache_tokens",
                                                      "outputs", "prefill_tokens", "prefill_s",
-                                                     "prefill_peak_bytes")
+                                                     "prefill_peak_bytes", "objective")
                           if key in data},
+                       serving=tuple((int(b), float(t)) for b, t in data.get("serving", ())),
                        version=version)
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanFormatError(f"plan file is corrupt: {exc!r}",

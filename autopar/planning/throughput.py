@@ -1,0 +1,143 @@
+"""A serving plan's objective: the latency of one step, or the tokens a second it serves.
+
+A decode program of a `CachedLM` at batch B gives every one of its B sequences a token
+per step, so a plan whose step takes t(B) serves
+
+    throughput(B) = B / t(B)  tokens a second.
+
+t grows slower than B: every step reads each weight once, whatever B, and only the cache's
+reads and the compute grow with it. So throughput rises with B until the KV cache fills
+the memory budget, or the step turns compute-bound and B / t(B) levels off. That is
+what a serving engine does with memory left after the weights (vLLM: as many cache
+tokens as fit). `objective="throughput"` plans the model's decode program at B0, 2 B0,
+4 B0, ... (B0 the example inputs' batch), each batch planned for its own step time,
+hence free to place the weights and the cache its own way (more sequences favour a
+cache split over more devices), until a batch does not fit, or doubling it raises the
+throughput by less than `LEVELLED` (then larger batches only add latency per token), or
+`MAX_DOUBLINGS`. The plan kept is the batch serving the most tokens a second, with every
+batch tried and its figure (`Plan.serving`).
+
+The batches share the call's time limit: each gets its part of what is left, as if
+`EXPECTED_BATCHES` were to be planned, so that the first ones, where the answer usually
+lies, are not starved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from autopar.errors import InfeasiblePlanError, PlanningError
+from autopar.planning.deadline import Deadline
+from autopar.values.plan import Plan
+
+OBJECTIVES = ("latency", "throughput")
+MAX_DOUBLINGS = 12
+EXPECTED_BATCHES = 4
+
+
+def check_objective(objective: object, training: bool, model: nn.Module,
+                    example_inputs: tuple) -> str:
+    """`objective` itself; `PlanningError`, before any planning, unless it is "latency",
+    or "throughput" for a forward-only plan of a `CachedLM` decode program on the meta
+    device (each batch tried is a cache of its own: on the meta device it takes no
+    memory)."""
+    from autopar.tools.kv_cache import CachedLM
+
+    if objective not in OBJECTIVES:
+        raise PlanningError("objective must be 'latency' or 'throughput'",
+                            expected=" or ".join(map(repr, OBJECTIVES)), got=repr(objective),
+                            fix="leave the default 'latency', or pass objective='throughput' "
+                                "to a serving plan")
+    if objective == "latency":
+        return objective
+    weights = next(iter(model.parameters()), None)
+    if training or not isinstance(model, CachedLM) or weights is None \
+            or weights.device != torch.device("meta"):
+        raise PlanningError(
+            "objective='throughput' chooses how many sequences a decode program serves at "
+            "once, so it plans an autopar.CachedLM on the meta device with training=False",
+            expected="training=False, an autopar.CachedLM whose weights are on the meta device",
+            got=f"training={training!r}, a {type(model).__name__} on "
+                f"{'no device' if weights is None else weights.device}",
+            fix="build the model under torch.device('meta'), wrap it in autopar.CachedLM and "
+                "pass training=False; then compile a CachedLM of the batch the plan chose")
+    from autopar.planning.prefill import decode_shape
+
+    decode_shape(example_inputs)
+    return objective
+
+
+def most_tokens(plan_batch: Callable[[int, Deadline], Plan], batch: int,
+                deadline: Deadline,
+                finish: Callable[[Plan, int], Plan] = lambda made, batch: made) -> Plan:
+    """The plan serving the most tokens a second of those `plan_batch(b, deadline)` makes
+    for the batches `_next_batch` picks (module docstring), completed by `finish(plan, b)`
+    (the prefill), marked with the objective and the batches tried. A batch whose plan or
+    `finish` raises `InfeasiblePlanError` serves nothing (the next best is taken); the
+    given `batch` not fitting raises as a latency plan would: there is nothing to serve."""
+    served: dict[int, float] = {}
+    plans: dict[int, Plan] = {}
+    size: int | None = batch
+    while size is not None and not (plans and deadline.passed()):
+        part = Deadline(deadline.left() / max(1, EXPECTED_BATCHES - len(served)))
+        try:
+            plans[size] = plan_batch(size, part)
+            served[size] = size / plans[size].step_time_s
+        except InfeasiblePlanError:
+            if size == batch:
+                raise
+            served[size] = 0.0
+        finally:
+            deadline.charge(part.allotted, optimal=False)
+        size = _next_batch(batch, plans, served)
+    for size in sorted(plans, key=lambda size: -served[size]):
+        try:
+            kept = finish(plans[size], size)
+        except InfeasiblePlanError:
+            if size == batch:
+                raise
+            served[size] = 0.0
+            continue
+        return dataclasses.replace(kept, objective="throughput",
+                                   serving=tuple(sorted(served.items())))
+    raise AssertionError("the given batch is kept or raises")
+
+
+def _next_batch(batch: int, plans: dict[int, Plan], served: dict[int, float]) -> int | None:
+    """The next batch to plan (None: done), a power-of-two multiple of `batch`, at most
+    `MAX_DOUBLINGS` doublings of it: after the given batch alone, the largest that its
+    plan's memory suggests holds (`_fitting`); then twice the largest that fitted, while
+    the one above it has not been tried, or half the smallest that did not, while that
+    is above every batch that fitted."""
+    top = batch << MAX_DOUBLINGS
+    if len(served) == 1:
+        guess = batch << max(0, int(math.log2(max(_fitting(plans[batch], batch), batch)
+                                              / batch)))
+        return min(guess, top) if guess > batch else batch * 2
+    fitted = max(plans)
+    failed = min((size for size, tokens in served.items() if not tokens), default=None)
+    if failed is None:
+        return fitted * 2 if fitted < top and fitted * 2 not in served else None
+    if failed // 2 > fitted:
+        return failed // 2
+    return None
+
+
+def _fitting(made: Plan, batch: int) -> float:
+    """The batch that would fill the memory budget if everything but the weights grew
+    with the sequences as it does from none to `batch` in `made` (the cache does; one
+    forward's activations mostly do), or, where the weights are not all on one device (a
+    pipeline's stages), the cache alone. An overestimate only where a larger batch's plan
+    splits more of them, which the search's halving then corrects."""
+    weights = sum(node.memory_bytes for node in made.nodes if node.role == "parameter")
+    if made.pipeline is not None or not 0 <= weights < made.peak_memory_bytes:
+        weights = made.peak_memory_bytes - made.kv_cache_bytes
+    per_sequence = (made.peak_memory_bytes - weights) / batch
+    if per_sequence <= 0:
+        return float(batch)
+    return (made.memory_limit_bytes - weights) / per_sequence
