@@ -4,7 +4,20 @@ the same pipeline stages where it is pipelined (`prefill_layout`), as
 `autopar.compile_prefill` compiles it, so that the two programs hold one copy of both.
 Its latency is the predicted time to first token, and its peak is held to the same budget
 as the decode program's: a decode plan whose prefill does not fit is refused
-(`InfeasiblePlanError`, from the prefill's own planning)."""
+(`InfeasiblePlanError`, from the prefill's own planning).
+
+Where the weights and the cache go is chosen for both programs (`with_prefill`), by the
+time of a request: its prefill, then a token per step until its cache is full,
+
+    request = prefill + (positions - prompt) x decode step.
+
+The decode program runs that many times, so its own best placements usually win; but
+with long prompts and short outputs, the prefill's may. So when the prefill (planned on the
+decode plan's placements) is more than `PREFILL_SHARE` of the request, the prefill is
+also planned freely, the decode program pinned to its placements, and the pair with the
+shorter request kept (`Plan.placed_for` says whose placements they are). Below that share,
+no placement of the prefill could shorten the request by more than it.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +26,11 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from autopar.errors import PlanningError
+from autopar.errors import InfeasiblePlanError, PlanningError
 from autopar.values.pipeline import Pipeline
 from autopar.values.plan import Plan
+
+PREFILL_SHARE = 0.01
 
 
 def check_prefill(prefill: object, example_inputs: tuple, training: bool) -> int | None:
@@ -73,9 +88,11 @@ def pinned_state(decode: Plan) -> dict[str, str]:
 def with_prefill(decode: Plan, prompt_length: int, example_inputs: tuple,
                  plan_forward: Callable[[tuple, Mapping[str, str], Pipeline | bool], Plan]
                  ) -> Plan:
-    """`decode` with its prefill of `prompt_length` tokens per sequence (module
-    docstring): `plan_forward(inputs, constraints, pipeline)` plans the same model
-    forward-only at `inputs` with `constraints` pinned, pipelined as `pipeline` says."""
+    """`decode` with its prefill of `prompt_length` tokens per sequence, or the decode
+    program replanned on the placements of a prefill planned freely where that makes a
+    request shorter (module docstring): `plan_forward(inputs, constraints, pipeline)` plans
+    the same model forward-only at `inputs` with `constraints` pinned, pipelined as
+    `pipeline` says."""
     ids, _ = example_inputs
     positions = decode.kv_cache_tokens // ids.shape[0]
     if not 1 <= prompt_length <= positions:
@@ -85,7 +102,30 @@ def with_prefill(decode: Plan, prompt_length: int, example_inputs: tuple,
                             fix="a shorter prompt, or a CachedLM with a larger max_len")
     inputs = (torch.zeros(ids.shape[0], prompt_length, dtype=ids.dtype, device=ids.device),
               torch.arange(prompt_length, device=ids.device))
-    prefill = plan_forward(inputs, pinned_state(decode), prefill_layout(decode))
+    layout = prefill_layout(decode)
+    steps = positions - prompt_length
+    prefill = plan_forward(inputs, pinned_state(decode), layout)
+    kept = _prefilled(decode, prefill, prompt_length)
+    if prefill.step_time_s <= PREFILL_SHARE * request_s(kept, steps):
+        return kept
+    try:
+        free = plan_forward(inputs, {}, layout)
+        other = _prefilled(plan_forward(example_inputs, pinned_state(free), layout), free,
+                           prompt_length)
+    except InfeasiblePlanError:
+        return kept
+    if request_s(other, steps) < request_s(kept, steps):
+        return dataclasses.replace(other, placed_for="prefill")
+    return kept
+
+
+def request_s(plan: Plan, steps: int) -> float:
+    """Predicted seconds of a request on a decode `plan` with its prefill: the prompt,
+    then `steps` tokens."""
+    return plan.prefill_s + steps * plan.step_time_s
+
+
+def _prefilled(decode: Plan, prefill: Plan, prompt_length: int) -> Plan:
     return dataclasses.replace(decode, prefill_tokens=prompt_length,
                                prefill_s=prefill.step_time_s,
                                prefill_peak_bytes=prefill.peak_memory_bytes)

@@ -160,7 +160,9 @@ def _totals_table(plan: Plan) -> Table:
           if plan.kv_cache_bytes else ()),
         *((("objective: throughput", _throughput(plan)),) if plan.serving else ()),
         *((("predicted time to first token", f"{_ms_text(plan.prefill_s)} for "
-            f"{plan.prefill_tokens:,}-token prompts, peak {_size(plan.prefill_peak_bytes)}"),)
+            f"{plan.prefill_tokens:,}-token prompts, peak {_size(plan.prefill_peak_bytes)}"
+            + ("; weights and cache placed for the prefill" if plan.placed_for == "prefill"
+               else "")),)
           if plan.prefill_tokens else ()),
         *((("outputs", "whole on every device" if plan.outputs == "whole" else
             "left split as placed (DTensors)"),) if not training else ()),

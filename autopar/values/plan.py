@@ -29,7 +29,8 @@ from autopar.values.mesh import Mesh
 # outputs ("sharded": a forward-only plan's outputs as its placements leave them) and a
 # decode plan's prefill (prompt tokens, predicted time and peak); 9: the pieces of an
 # output split unevenly; 10: a parameter's gradient compression; 11: a serving plan's
-# objective and the batches its throughput search tried.
+# objective and the batches its throughput search tried, and whose placements of the
+# weights and cache a decode plan with its prefill took.
 FORMAT_VERSION = 11
 # The hand strategy record of the same step on one device: the scaling reference.
 SINGLE_DEVICE = "single device"
@@ -215,7 +216,9 @@ class Plan:
     rank, or "sharded": left as the output node's input placements say. A decode plan
     planned with its prefill (`plan(..., prefill=P)`) records the prefill of `prefill_tokens`
     tokens per sequence, with the weights and cache where this plan stores them: its
-    latency `prefill_s` (the time to first token) and its peak `prefill_peak_bytes`. Its
+    latency `prefill_s` (the time to first token) and its peak `prefill_peak_bytes`, the
+    weights and cache placed for the "decode" program or for the "prefill"
+    (`placed_for`: whichever makes a request shorter, `autopar.planning.prefill`). Its
     `objective` is "latency" (the step at the given batch) or "throughput": then `serving`
     lists each batch the planner tried with the tokens a second its plan serves (0: it did
     not fit), and the plan is of the batch that serves the most
@@ -248,6 +251,7 @@ class Plan:
     prefill_tokens: int = 0
     prefill_s: float = 0.0
     prefill_peak_bytes: float = 0.0
+    placed_for: str = "decode"
     objective: str = "latency"
     serving: tuple[tuple[int, float], ...] = ()
     version: int = FORMAT_VERSION
@@ -393,7 +397,8 @@ class Plan:
                                                      "microbatches", "training",
                                                      "kv_cache_bytes", "kv_cache_tokens",
                                                      "outputs", "prefill_tokens", "prefill_s",
-                                                     "prefill_peak_bytes", "objective")
+                                                     "prefill_peak_bytes", "placed_for",
+                                                     "objective")
                           if key in data},
                        serving=tuple((int(b), float(t)) for b, t in data.get("serving", ())),
                        version=version)

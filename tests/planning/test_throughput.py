@@ -1,10 +1,12 @@
-"""objective="throughput": the batch of a decode program and its plan serving the most
-tokens a second (`autopar.planning.throughput`)."""
+"""Serving plans weighed as they serve: objective="throughput", the batch of a decode
+program serving the most tokens a second (`autopar.planning.throughput`), and the weights
+placed for whichever program makes a request shorter (`autopar.planning.prefill`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import types
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ import torch
 import autopar
 from autopar.errors import InfeasiblePlanError, PlanningError
 from autopar.planning.deadline import Deadline
+from autopar.planning.prefill import pinned_state, request_s, with_prefill
 from autopar.planning.throughput import MAX_DOUBLINGS, most_tokens
 
 MESH = autopar.Mesh((2, 2), ("dp", "tp"), hardware="h100-sxm")
@@ -131,3 +134,67 @@ def test_throughput_needs_a_cached_lm_on_the_meta_device():
         autopar.plan(served, MESH, inputs, training=False, objective="throughput")
     with pytest.raises(PlanningError, match="CachedLM"):
         autopar.plan(served.lm, MESH, (inputs[0],), training=False, objective="throughput")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Program:
+    """What `with_prefill` reads of a plan."""
+
+    step_time_s: float
+    kv_cache_tokens: int = 4 * 256
+    peak_memory_bytes: float = 1.0
+    nodes: tuple = (types.SimpleNamespace(name="w", role="parameter", output="S(0)"),)
+    mesh: autopar.Mesh = autopar.Mesh((2,), ("tp",))
+    pipeline: None = None
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    prefill_peak_bytes: float = 0.0
+    placed_for: str = "decode"
+
+
+def _programs(times: dict[tuple[bool, bool], float | None], calls: list):
+    """A `plan_forward` whose plans take `times[(prefill?, pinned?)]` (None: does not fit)."""
+    def plan_forward(inputs, pins, layout):
+        key = (inputs[0].shape[1] > 1, bool(pins))
+        calls.append(key)
+        if times[key] is None:
+            raise InfeasiblePlanError("no fit", expected="", got="", fix="")
+        return _Program(step_time_s=times[key])
+    return plan_forward
+
+
+@pytest.mark.parametrize("times, prompt, placed_for, calls", [
+    # Short prompts: the prefill is under 1% of a request; its placements can't pay.
+    ({(True, True): 1.0, (True, False): 0.1, (False, True): 1.0}, 16, "decode", 1),
+    # A long prompt, 6 tokens out: the prefill's placements save 9 s, the decode pays 6.
+    ({(True, True): 10.0, (True, False): 1.0, (False, True): 2.0}, 250, "prefill", 3),
+    # ... but not when decoding on them costs more than that.
+    ({(True, True): 10.0, (True, False): 1.0, (False, True): 3.0}, 250, "decode", 3),
+    # ... nor when the decode program does not fit on them.
+    ({(True, True): 10.0, (True, False): 1.0, (False, True): None}, 250, "decode", 3),
+])
+def test_the_weights_are_placed_for_the_program_that_shortens_a_request(times, prompt,
+                                                                          placed_for, calls):
+    log: list = []
+    decode = _Program(step_time_s=1.0)
+    made = with_prefill(decode, prompt, (torch.zeros(4, 1, dtype=torch.long),
+                                         torch.zeros(1, dtype=torch.long)),
+                        _programs(times, log))
+    assert made.placed_for == placed_for and len(log) == calls
+    prefill = times[(True, placed_for == "decode")]
+    assert made.prefill_s == prefill and made.prefill_tokens == prompt
+    decoded = 1.0 if placed_for == "decode" else times[(False, True)]
+    assert request_s(made, 256 - prompt) == prefill + (256 - prompt) * decoded
+
+
+def test_a_decode_plan_with_a_long_prompt_weighs_both_programs():
+    served, inputs = _served()
+    made = autopar.plan(served, MESH, inputs, training=False, prefill=250, time_limit=5.0)
+    decode_first = autopar.plan(served, MESH, inputs, training=False, time_limit=5.0)
+    assert made.placed_for in ("decode", "prefill") and made.prefill_tokens == 250
+    # Never a longer request than the decode program's own placements give.
+    pinned = autopar.plan(served, MESH, (torch.zeros(4, 250, dtype=torch.long, device="meta"),
+                                         torch.arange(250, device="meta")),
+                          training=False, constraints=pinned_state(decode_first),
+                          time_limit=5.0)
+    assert request_s(made, 6) <= pinned.step_time_s + 6 * decode_first.step_time_s + 1e-12
