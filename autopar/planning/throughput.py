@@ -7,19 +7,22 @@ per step, so a plan whose step takes t(B) serves
 
 t grows slower than B: every step reads each weight once, whatever B, and only the cache's
 reads and the compute grow with it. So throughput rises with B until the KV cache fills
-the memory budget, or the step turns compute-bound and B / t(B) levels off. That is
-what a serving engine does with memory left after the weights (vLLM: as many cache
-tokens as fit). `objective="throughput"` plans the model's decode program at B0, 2 B0,
-4 B0, ... (B0 the example inputs' batch), each batch planned for its own step time,
-hence free to place the weights and the cache its own way (more sequences favour a
-cache split over more devices), until a batch does not fit, or doubling it raises the
-throughput by less than `LEVELLED` (then larger batches only add latency per token), or
-`MAX_DOUBLINGS`. The plan kept is the batch serving the most tokens a second, with every
-batch tried and its figure (`Plan.serving`).
+the memory budget, or the step turns compute-bound and B / t(B) levels off: what a serving
+engine does with the memory left after the weights (vLLM: as many cache tokens as fit).
+
+`objective="throughput"` plans the model's decode program at power-of-two multiples of
+B0 (the example inputs' batch, up to `MAX_DOUBLINGS` doublings), each batch planned for its
+own step, hence free to place the weights and the cache its own way (more sequences
+favour a cache split over more devices). After B0, the largest batch its plan's memory
+suggests fits (everything but the weights growing per sequence); above a batch that fits,
+its double; between one that fits and one that does not, the middle in doublings, until
+they are one doubling apart. The plan kept is the batch serving the most tokens a second,
+with every batch tried and its figure (`Plan.serving`).
 
 The batches share the call's time limit: each gets its part of what is left, as if
-`EXPECTED_BATCHES` were to be planned, so that the first ones, where the answer usually
-lies, are not starved.
+`EXPECTED_BATCHES` were to be planned. Once it is spent, a search upwards stops, but a
+bisection runs its last few steps (at most four, over twelve doublings): stopping there
+would keep a batch far below what fits.
 """
 
 from __future__ import annotations
@@ -78,54 +81,57 @@ def most_tokens(plan_batch: Callable[[int, Deadline], Plan], batch: int,
     """The plan serving the most tokens a second of those `plan_batch(b, deadline)` makes
     for the batches `_next_batch` picks (module docstring), completed by `finish(plan, b)`
     (the prefill), marked with the objective and the batches tried. A batch whose plan or
-    `finish` raises `InfeasiblePlanError` serves nothing (the next best is taken); the
-    given `batch` not fitting raises as a latency plan would: there is nothing to serve."""
+    `finish` raises `InfeasiblePlanError` does not fit (and the search goes on below it);
+    the given `batch` not fitting raises as a latency plan would: nothing to serve."""
     served: dict[int, float] = {}
     plans: dict[int, Plan] = {}
     size: int | None = batch
-    while size is not None and not (plans and deadline.passed()):
-        part = Deadline(deadline.left() / max(1, EXPECTED_BATCHES - len(served)))
+    while True:
+        while size is not None:
+            part = Deadline(deadline.left() / max(1, EXPECTED_BATCHES - len(served)))
+            try:
+                plans[size] = plan_batch(size, part)
+                served[size] = size / plans[size].step_time_s
+            except InfeasiblePlanError:
+                if size == batch:
+                    raise
+                served[size] = 0.0
+            finally:
+                deadline.charge(part.allotted, optimal=False)
+            size = _next_batch(batch, plans, served, late=deadline.passed())
+        best = max(plans, key=served.__getitem__)
         try:
-            plans[size] = plan_batch(size, part)
-            served[size] = size / plans[size].step_time_s
+            kept = finish(plans[best], best)
         except InfeasiblePlanError:
-            if size == batch:
+            if best == batch:
                 raise
-            served[size] = 0.0
-        finally:
-            deadline.charge(part.allotted, optimal=False)
-        size = _next_batch(batch, plans, served)
-    for size in sorted(plans, key=lambda size: -served[size]):
-        try:
-            kept = finish(plans[size], size)
-        except InfeasiblePlanError:
-            if size == batch:
-                raise
-            served[size] = 0.0
+            served[best] = 0.0
+            del plans[best]
+            size = _next_batch(batch, plans, served, late=deadline.passed())
             continue
         return dataclasses.replace(kept, objective="throughput",
                                    serving=tuple(sorted(served.items())))
-    raise AssertionError("the given batch is kept or raises")
 
 
-def _next_batch(batch: int, plans: dict[int, Plan], served: dict[int, float]) -> int | None:
+def _next_batch(batch: int, plans: dict[int, Plan], served: dict[int, float], *,
+                late: bool) -> int | None:
     """The next batch to plan (None: done), a power-of-two multiple of `batch`, at most
     `MAX_DOUBLINGS` doublings of it: after the given batch alone, the largest that its
-    plan's memory suggests holds (`_fitting`); then twice the largest that fitted, while
-    the one above it has not been tried, or half the smallest that did not, while that
-    is above every batch that fitted."""
+    plan's memory suggests holds (`_fitting`); then, once one has not fitted, the middle
+    (in doublings) between it and the largest that did, until they are one doubling apart;
+    else twice the largest that fitted, unless the call is `late` (its time spent: a
+    bisection still runs its few steps, a search upwards stops)."""
     top = batch << MAX_DOUBLINGS
     if len(served) == 1:
         guess = batch << max(0, int(math.log2(max(_fitting(plans[batch], batch), batch)
                                               / batch)))
-        return min(guess, top) if guess > batch else batch * 2
+        return min(guess, top) if guess > batch else None if late else batch * 2
     fitted = max(plans)
     failed = min((size for size, tokens in served.items() if not tokens), default=None)
     if failed is None:
-        return fitted * 2 if fitted < top and fitted * 2 not in served else None
-    if failed // 2 > fitted:
-        return failed // 2
-    return None
+        return fitted * 2 if fitted < top and not late else None
+    apart = int(math.log2(failed // fitted))
+    return fitted << (apart // 2) if apart > 1 else None
 
 
 def _fitting(made: Plan, batch: int) -> float:

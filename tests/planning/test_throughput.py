@@ -99,18 +99,31 @@ def test_the_search_bisects_down_from_its_memory_guess_and_falls_back_on_finish(
     log: list[int] = []
     made = most_tokens(_planner(24, log), 2, Deadline(60.0))
     # 2 fills 2 of 100 bytes: the guess is 64 (the largest power-of-two multiple under
-    # 100); then halving to the first that fits, and its double was already refused.
-    assert log == [2, 64, 32, 16]
-    assert dict(made.serving) == {2: pytest.approx(2 / (1 + 2 / 64)), 16: 16 / 1.25,
-                                  32: 0.0, 64: 0.0}
+    # 100), then the middle in doublings between what fitted and what did not: 8 (between
+    # 2 and 64), 16 (8 and 64), 32 (16 and 64), until one doubling apart.
+    assert log == [2, 64, 8, 16, 32]
+    assert dict(made.serving) == {2: pytest.approx(2 / (1 + 2 / 64)), 8: 8 / 1.125,
+                                  16: 16 / 1.25, 32: 0.0, 64: 0.0}
 
     def finish(plan: _Made, batch: int) -> _Made:
         if batch == 16:
             raise InfeasiblePlanError("prefill too big", expected="", got="", fix="")
         return plan
 
-    made = most_tokens(_planner(24, []), 2, Deadline(60.0), finish)
-    assert made.peak_memory_bytes == 2 and dict(made.serving)[16] == 0.0
+    log.clear()
+    made = most_tokens(_planner(24, log), 2, Deadline(60.0), finish)
+    # 16's prefill does not fit: 8, one doubling below it, is kept.
+    assert log == [2, 64, 8, 16, 32]
+    assert made.peak_memory_bytes == 8 and dict(made.serving)[16] == 0.0
+
+
+def test_a_late_search_stops_going_up_but_ends_its_bisection():
+    log: list[int] = []
+    made = most_tokens(_planner(24, log), 2, Deadline(1.0, allotted=1.0))
+    assert log == [2, 64, 8, 16, 32] and made.peak_memory_bytes == 16
+    log.clear()
+    most_tokens(_planner(10_000, log), 2, Deadline(1.0, allotted=1.0))
+    assert log == [2, 64]  # it fitted: no doubling past the time limit
 
 
 def test_the_given_batch_not_fitting_is_an_error():
