@@ -27,8 +27,10 @@ from autopar.passes.capturing.capture import (
     outputs_sharded,
 )
 from autopar.passes.capturing.write_back import written_buffers
+from autopar.passes.problem.edge_costs import Background
 from autopar.planning.deadline import Deadline
 from autopar.planning.graph import NO_RULE, STAGE, device_budget
+from autopar.planning.joint import plan_both
 from autopar.planning.layout import plan_layout
 from autopar.planning.prefill import check_prefill, with_prefill
 from autopar.planning.shares import speed_shares
@@ -225,18 +227,49 @@ def plan_model(model: nn.Module, gm: fx.GraphModule, example_inputs: tuple, mesh
                                warnings=_merge_warnings(made.warnings, raised))
     if prefill is None:
         return made
-    return prefilled(made, model, example_inputs, prefill, deadline.seconds, options)
+    return prefilled(made, model, example_inputs, prefill, deadline.seconds, options, gm=gm)
 
 
 def prefilled(decode: Plan, model: nn.Module, example_inputs: tuple, prompt: int,
-              time_limit: float, options: Mapping[str, object]) -> Plan:
-    """`decode` (of `model` at `example_inputs`) with its prefill of `prompt` tokens, planned
-    as `compile_prefill` compiles it, after the decode plan (whose `planning_s` it is not
-    in), with a `time_limit` of its own and `options`' budget, seed and progress."""
+              time_limit: float, options: Mapping[str, object],
+              gm: fx.GraphModule | None = None) -> Plan:
+    """`decode` (of `model` at `example_inputs`, captured as `gm` when given) with its
+    prefill of `prompt` tokens, planned as `compile_prefill` compiles it, after the decode
+    plan (whose `planning_s` it is not in), with a `time_limit` of its own and `options`'
+    budget, seed and progress; where the prefill weighs in a request, also the two planned
+    as one problem (`autopar.planning.prefill`)."""
+    kept = {k: v for k, v in options.items() if k in ("memory_budget", "seed", "progress")}
+
+    def both(inputs: tuple, steps: int) -> Plan | None:
+        prefill_gm = _traced(model, inputs, None, False, False, kept.get("progress"))
+        return planned_together(decode, gm, prefill_gm, inputs, steps, time_limit, kept)
+
     return with_prefill(decode, prompt, example_inputs, lambda inputs, pins, layout: plan(
         model, decode.mesh, inputs, training=False, constraints=pins, pipeline=layout,
-        time_limit=time_limit,
-        **{k: v for k, v in options.items() if k in ("memory_budget", "seed", "progress")}))
+        time_limit=time_limit, **kept), both if gm is not None else None)
+
+
+def planned_together(decode: Plan, gm: fx.GraphModule, prefill_gm: fx.GraphModule,
+                     prefill_inputs: tuple, steps: int, time_limit: float,
+                     options: Mapping[str, object]) -> Plan | None:
+    """`decode` (a plan of `gm`) replanned with its prefill (`prefill_gm`, captured at
+    `prefill_inputs`) as one problem (`autopar.planning.joint`): the decode plan, marked as
+    `decode` is, with its prefill's latency and peak; None when the solve found none."""
+    planned = plan_both(gm, prefill_gm, decode.mesh, steps=steps,
+                        memory_budget=decode.memory_limit_bytes,
+                        charges=Background(decode.solver.exposed_reductions,
+                                           decode.solver.exposed_gathers),
+                        time_limit=time_limit, seed=int(options.get("seed", 0)),
+                        model_name=decode.model, progress=options.get("progress"))
+    if planned is None:
+        return None
+    together, prefill = planned
+    return dataclasses.replace(
+        together, training=False, optimizer=FORWARD_ONLY, outputs=decode.outputs,
+        **_kv_cache(gm, together), inputs=decode.inputs, graph=decode.graph,
+        warnings=decode.warnings, hand_strategies=decode.hand_strategies,
+        prefill_tokens=int(prefill_inputs[0].shape[1]), prefill_s=prefill.step_time_s,
+        prefill_peak_bytes=prefill.peak_memory_bytes, placed_for="both")
 
 
 def _kv_cache(gm: fx.GraphModule, made: Plan) -> dict:

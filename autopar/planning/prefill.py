@@ -14,9 +14,11 @@ time of a request: its prefill, then a token per step until its cache is full,
 The decode program runs that many times, so its own best placements usually win; but
 with long prompts and short outputs, the prefill's may. So when the prefill (planned on the
 decode plan's placements) is more than `PREFILL_SHARE` of the request, the prefill is
-also planned freely, the decode program pinned to its placements, and the pair with the
-shorter request kept (`Plan.placed_for` says whose placements they are). Below that share,
-no placement of the prefill could shorten the request by more than it.
+also planned freely, the decode program pinned to its placements, and, unless the decode
+program is pipelined, both are planned as one problem (`autopar.planning.joint`); the pair
+with the shortest request is kept (`Plan.placed_for` says whose placements they are:
+"decode", "prefill" or "both"). Below that share, no placement of the prefill could
+shorten the request by more than it.
 """
 
 from __future__ import annotations
@@ -86,13 +88,14 @@ def pinned_state(decode: Plan) -> dict[str, str]:
 
 
 def with_prefill(decode: Plan, prompt_length: int, example_inputs: tuple,
-                 plan_forward: Callable[[tuple, Mapping[str, str], Pipeline | bool], Plan]
-                 ) -> Plan:
+                 plan_forward: Callable[[tuple, Mapping[str, str], Pipeline | bool], Plan],
+                 plan_both: Callable[[tuple, int], Plan | None] | None = None) -> Plan:
     """`decode` with its prefill of `prompt_length` tokens per sequence, or the decode
-    program replanned on the placements of a prefill planned freely where that makes a
-    request shorter (module docstring): `plan_forward(inputs, constraints, pipeline)` plans
-    the same model forward-only at `inputs` with `constraints` pinned, pipelined as
-    `pipeline` says."""
+    program replanned where that makes a request shorter (module docstring):
+    `plan_forward(inputs, constraints, pipeline)` plans the same model forward-only at
+    `inputs` with `constraints` pinned, pipelined as `pipeline` says; `plan_both(inputs,
+    steps)`, where given, plans an unpipelined decode program and its prefill at `inputs`
+    as one problem (`autopar.planning.joint`): the decode plan with its prefill, or None."""
     ids, _ = example_inputs
     positions = decode.kv_cache_tokens // ids.shape[0]
     if not 1 <= prompt_length <= positions:
@@ -108,15 +111,18 @@ def with_prefill(decode: Plan, prompt_length: int, example_inputs: tuple,
     kept = _prefilled(decode, prefill, prompt_length)
     if prefill.step_time_s <= PREFILL_SHARE * request_s(kept, steps):
         return kept
+    candidates = [kept]
     try:
         free = plan_forward(inputs, {}, layout)
         other = _prefilled(plan_forward(example_inputs, pinned_state(free), layout), free,
                            prompt_length)
+        candidates.append(dataclasses.replace(other, placed_for="prefill"))
     except InfeasiblePlanError:
-        return kept
-    if request_s(other, steps) < request_s(kept, steps):
-        return dataclasses.replace(other, placed_for="prefill")
-    return kept
+        pass
+    if plan_both is not None and decode.pipeline is None:
+        both = plan_both(inputs, steps)
+        candidates += [both] if both is not None else []
+    return min(candidates, key=lambda plan: request_s(plan, steps))
 
 
 def request_s(plan: Plan, steps: int) -> float:

@@ -46,11 +46,9 @@ EXPECTED_BATCHES = 4
 def check_objective(objective: object, training: bool, model: nn.Module,
                     example_inputs: tuple) -> str:
     """`objective` itself; `PlanningError`, before any planning, unless it is "latency",
-    or "throughput" for a forward-only plan of a `CachedLM` decode program on the meta
-    device (each batch tried is a cache of its own: on the meta device it takes no
-    memory)."""
-    from autopar.tools.kv_cache import CachedLM
-
+    or "throughput" for a forward-only plan of a decode program that can be `resized` to
+    another batch (`autopar.CachedLM`) on the meta device (each batch tried is a cache of
+    its own: on the meta device it takes no memory)."""
     if objective not in OBJECTIVES:
         raise PlanningError("objective must be 'latency' or 'throughput'",
                             expected=" or ".join(map(repr, OBJECTIVES)), got=repr(objective),
@@ -59,7 +57,7 @@ def check_objective(objective: object, training: bool, model: nn.Module,
     if objective == "latency":
         return objective
     weights = next(iter(model.parameters()), None)
-    if training or not isinstance(model, CachedLM) or weights is None \
+    if training or not callable(getattr(model, "resized", None)) or weights is None \
             or weights.device != torch.device("meta"):
         raise PlanningError(
             "objective='throughput' chooses how many sequences a decode program serves at "

@@ -161,8 +161,7 @@ def _totals_table(plan: Plan) -> Table:
         *((("objective: throughput", _throughput(plan)),) if plan.serving else ()),
         *((("predicted time to first token", f"{_ms_text(plan.prefill_s)} for "
             f"{plan.prefill_tokens:,}-token prompts, peak {_size(plan.prefill_peak_bytes)}"
-            + ("; weights and cache placed for the prefill" if plan.placed_for == "prefill"
-               else "")),)
+            + _placed_for(plan)),)
           if plan.prefill_tokens else ()),
         *((("outputs", "whole on every device" if plan.outputs == "whole" else
             "left split as placed (DTensors)"),) if not training else ()),
@@ -190,6 +189,14 @@ def _latency_label(plan: Plan) -> str:
         return "predicted step time"
     return "predicted latency, per output token" if plan.kv_cache_bytes else \
         "predicted latency"
+
+
+def _placed_for(plan: Plan) -> str:
+    """Whose placements of the weights and the cache a decode plan with its prefill took,
+    when not the decode program's own."""
+    return {"prefill": "; weights and cache placed for the prefill",
+            "both": "; weights and cache placed for both, planned as one problem"}.get(
+        plan.placed_for, "")
 
 
 def _throughput(plan: Plan) -> str:

@@ -211,3 +211,45 @@ def test_a_decode_plan_with_a_long_prompt_weighs_both_programs():
                           training=False, constraints=pinned_state(decode_first),
                           time_limit=5.0)
     assert request_s(made, 6) <= pinned.step_time_s + 6 * decode_first.step_time_s + 1e-12
+
+
+def test_a_decode_program_and_its_prefill_planned_as_one_problem_share_their_state():
+    from autopar.passes.capturing.annotate import annotate
+    from autopar.passes.capturing.capture import capture
+    from autopar.passes.problem.edge_costs import Background
+    from autopar.planning.joint import plan_both
+
+    served, inputs = _served()
+    prompt = (torch.zeros(4, 250, dtype=torch.long, device="meta"),
+              torch.arange(250, device="meta"))
+    gms = [annotate(capture(served, x, training=False)) for x in (inputs, prompt)]
+    decode, prefill = plan_both(*gms, MESH, steps=6, memory_budget=BUDGET,
+                                charges=Background(), time_limit=10.0, seed=0,
+                                model_name="served")
+    state = {n.name: n.output for n in decode.nodes if n.role in ("parameter", "buffer")}
+    assert state and state == {n.name: n.output for n in prefill.nodes
+                               if n.role in ("parameter", "buffer")}
+    assert max(decode.peak_memory_bytes, prefill.peak_memory_bytes) <= BUDGET
+    # No request is shorter with either program's own placements.
+    alone = autopar.plan(served, MESH, inputs, training=False, memory_budget=BUDGET,
+                         time_limit=5.0)
+    pinned = autopar.plan(served, MESH, prompt, training=False, memory_budget=BUDGET,
+                          constraints=pinned_state(alone), time_limit=5.0)
+    together = prefill.step_time_s + 6 * decode.step_time_s
+    assert together <= (pinned.step_time_s + 6 * alone.step_time_s) * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("joint, placed_for", [(0.5, "both"), (2.5, "prefill"), (None, "prefill")])
+def test_the_programs_planned_as_one_are_kept_where_their_request_is_shortest(joint,
+                                                                              placed_for):
+    times = {(True, True): 10.0, (True, False): 1.0, (False, True): 2.0}
+
+    def plan_both(inputs, steps):
+        assert inputs[0].shape == (4, 250) and steps == 6
+        return None if joint is None else _Program(step_time_s=joint, prefill_s=1.0,
+                                                   placed_for="both")
+
+    made = with_prefill(_Program(step_time_s=1.0), 250,
+                        (torch.zeros(4, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long)),
+                        _programs(times, []), plan_both)
+    assert made.placed_for == placed_for
