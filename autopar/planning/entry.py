@@ -238,15 +238,15 @@ def prefilled(decode: Plan, model: nn.Module, example_inputs: tuple, prompt: int
     plan (whose `planning_s` it is not in), with a `time_limit` of its own and `options`'
     budget, seed and progress; where the prefill weighs in a request, also the two planned
     as one problem (`autopar.planning.prefill`)."""
-    kept = {k: v for k, v in options.items() if k in ("memory_budget", "seed", "progress")}
+    passed = {k: v for k, v in options.items() if k in ("memory_budget", "seed", "progress")}
 
     def both(inputs: tuple, steps: int) -> Plan | None:
-        prefill_gm = _traced(model, inputs, None, False, False, kept.get("progress"))
-        return planned_together(decode, gm, prefill_gm, inputs, steps, time_limit, kept)
+        prefill_gm = _traced(model, inputs, None, False, False, passed.get("progress"))
+        return planned_together(decode, gm, prefill_gm, inputs, steps, time_limit, passed)
 
     return with_prefill(decode, prompt, example_inputs, lambda inputs, pins, layout: plan(
         model, decode.mesh, inputs, training=False, constraints=pins, pipeline=layout,
-        time_limit=time_limit, **kept), both if gm is not None else None)
+        time_limit=time_limit, **passed), both if gm is not None else None)
 
 
 def planned_together(decode: Plan, gm: fx.GraphModule, prefill_gm: fx.GraphModule,
@@ -268,6 +268,8 @@ def planned_together(decode: Plan, gm: fx.GraphModule, prefill_gm: fx.GraphModul
         together, training=False, optimizer=FORWARD_ONLY, outputs=decode.outputs,
         **_kv_cache(gm, together), inputs=decode.inputs, graph=decode.graph,
         warnings=decode.warnings, hand_strategies=decode.hand_strategies,
+        solver=dataclasses.replace(together.solver, planning_s=decode.solver.planning_s,
+                                   time_limit_s=decode.solver.time_limit_s),
         prefill_tokens=int(prefill_inputs[0].shape[1]), prefill_s=prefill.step_time_s,
         prefill_peak_bytes=prefill.peak_memory_bytes, placed_for="both")
 

@@ -36,6 +36,7 @@ from torch import nn
 
 from autopar.errors import InfeasiblePlanError, PlanningError
 from autopar.planning.deadline import Deadline
+from autopar.planning.prefill import decode_shape
 from autopar.values.plan import Plan
 
 OBJECTIVES = ("latency", "throughput")
@@ -67,8 +68,6 @@ def check_objective(objective: object, training: bool, model: nn.Module,
                 f"{'no device' if weights is None else weights.device}",
             fix="build the model under torch.device('meta'), wrap it in autopar.CachedLM and "
                 "pass training=False; then compile a CachedLM of the batch the plan chose")
-    from autopar.planning.prefill import decode_shape
-
     decode_shape(example_inputs)
     return objective
 
