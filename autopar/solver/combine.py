@@ -42,20 +42,26 @@ def combined(first: ShardingProblem, second: ShardingProblem, *,
 
     equal = [np.where(same, 0.0, math.inf) for _, _, same in shared]
     return ShardingProblem(
-        node_costs=tuple(a * c for c in first.node_costs)
-        + tuple(b * c for c in second.node_costs),
+        node_costs=tuple(_scaled(c, a) for c in first.node_costs)
+        + tuple(_scaled(c, b) for c in second.node_costs),
         node_usages=first.node_usages + second.node_usages,
         intervals=first.intervals + tuple(moved(iv) for iv in second.intervals),
         edges=first.edges + tuple((i + n, j + n) for i, j in second.edges)
         + tuple((i, j + n) for i, j, _ in shared),
-        edge_costs=tuple(a * m for m in first.edge_costs)
-        + tuple(b * m for m in second.edge_costs) + tuple(equal),
+        edge_costs=tuple(_scaled(m, a) for m in first.edge_costs)
+        + tuple(_scaled(m, b) for m in second.edge_costs) + tuple(equal),
         usage_limit=first.usage_limit,
         ties=first.ties + tuple(tuple(i + n for i in group) for group in second.ties),
         name=f"{first.name} + {second.name}",
         edge_usages=first.edge_usages + tuple(
             EdgeUsage((u.nodes[0] + n, u.nodes[1] + n), u.usages, moved(u.interval))
             for u in second.edge_usages))
+
+
+def _scaled(costs: np.ndarray, weight: float) -> np.ndarray:
+    """`costs` times `weight`, forbidden (inf) entries kept forbidden even at weight 0 (a
+    program that does not run: its choices cost nothing, but stay allowed or not)."""
+    return np.where(np.isinf(costs), costs, weight * costs)
 
 
 def split(solution: Solution, first: ShardingProblem, second: ShardingProblem

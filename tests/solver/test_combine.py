@@ -68,3 +68,13 @@ def test_pairs_placed_differently_are_forbidden():
     tied = solve(combined(first, second, shared=[(0, 0, SAME)]), time_limit=5.0)
     assert free.choices[0] != free.choices[2] and free.cost == pytest.approx(1.0)
     assert tied.choices[0] == tied.choices[2] and tied.cost == pytest.approx(6.0)
+
+
+def test_a_program_weighed_zero_costs_nothing_but_keeps_what_it_forbids():
+    first = ShardingProblem(node_costs=([math.inf, 5.0],), node_usages=([0.0, 0.0],),
+                            intervals=((0, 1),), edges=(), edge_costs=())
+    problem = combined(first, _program([0.0, 1.0]), weights=(0.0, 1.0), shared=[(0, 0, SAME)])
+    solution = solve(problem, time_limit=5.0)
+    # The first program's placement 0 stays forbidden; its cost of 5 counts for nothing.
+    assert solution.choices[0] == solution.choices[1] == 1
+    assert solution.cost == pytest.approx(1.5)
