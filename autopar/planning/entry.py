@@ -240,13 +240,18 @@ def prefilled(decode: Plan, model: nn.Module, example_inputs: tuple, prompt: int
     as one problem (`autopar.planning.prefill`)."""
     passed = {k: v for k, v in options.items() if k in ("memory_budget", "seed", "progress")}
 
-    def both(inputs: tuple, steps: int) -> Plan | None:
+    def both(inputs: tuple, steps: int, share: float) -> Plan | None:
         prefill_gm = _traced(model, inputs, None, False, False, passed.get("progress"))
-        return planned_together(decode, gm, prefill_gm, inputs, steps, time_limit, passed)
+        return planned_together(decode, gm, prefill_gm, inputs, steps, share * time_limit,
+                                passed)
 
-    return with_prefill(decode, prompt, example_inputs, lambda inputs, pins, layout: plan(
-        model, decode.mesh, inputs, training=False, constraints=pins, pipeline=layout,
-        time_limit=time_limit, **passed), both if gm is not None else None)
+    def forward(inputs: tuple, pins: Mapping[str, str], layout: Pipeline | bool,
+                share: float) -> Plan:
+        return plan(model, decode.mesh, inputs, training=False, constraints=pins,
+                    pipeline=layout, time_limit=share * time_limit, **passed)
+
+    return with_prefill(decode, prompt, example_inputs, forward,
+                        both if gm is not None else None)
 
 
 def planned_together(decode: Plan, gm: fx.GraphModule, prefill_gm: fx.GraphModule,

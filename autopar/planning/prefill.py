@@ -33,6 +33,9 @@ from autopar.values.pipeline import Pipeline
 from autopar.values.plan import Plan
 
 PREFILL_SHARE = 0.01
+# The plans past the first (a free prefill, the decode program on its placements, both
+# as one problem) share one time limit: the prefill's.
+EXTRA_PLANS = 3
 
 
 def check_prefill(prefill: object, example_inputs: tuple, training: bool) -> int | None:
@@ -88,14 +91,18 @@ def pinned_state(decode: Plan) -> dict[str, str]:
 
 
 def with_prefill(decode: Plan, prompt_length: int, example_inputs: tuple,
-                 plan_forward: Callable[[tuple, Mapping[str, str], Pipeline | bool], Plan],
-                 plan_both: Callable[[tuple, int], Plan | None] | None = None) -> Plan:
+                 plan_forward: Callable[[tuple, Mapping[str, str], Pipeline | bool, float],
+                                        Plan],
+                 plan_both: Callable[[tuple, int, float], Plan | None] | None = None
+                 ) -> Plan:
     """`decode` with its prefill of `prompt_length` tokens per sequence, or the decode
     program replanned where that makes a request shorter (module docstring):
-    `plan_forward(inputs, constraints, pipeline)` plans the same model forward-only at
-    `inputs` with `constraints` pinned, pipelined as `pipeline` says; `plan_both(inputs,
-    steps)`, where given, plans an unpipelined decode program and its prefill at `inputs`
-    as one problem (`autopar.planning.joint`): the decode plan with its prefill, or None."""
+    `plan_forward(inputs, constraints, pipeline, share)` plans the same model forward-only
+    at `inputs` with `constraints` pinned, pipelined as `pipeline` says, within `share` of
+    the prefill's time limit (the plans past the first share one limit, `EXTRA_PLANS`
+    ways); `plan_both(inputs, steps, share)`, where given, plans an unpipelined decode
+    program and its prefill at `inputs` as one problem (`autopar.planning.joint`): the
+    decode plan with its prefill, or None."""
     ids, _ = example_inputs
     positions = decode.kv_cache_tokens // ids.shape[0]
     if not 1 <= prompt_length <= positions:
@@ -107,20 +114,20 @@ def with_prefill(decode: Plan, prompt_length: int, example_inputs: tuple,
               torch.arange(prompt_length, device=ids.device))
     layout = prefill_layout(decode)
     steps = positions - prompt_length
-    prefill = plan_forward(inputs, pinned_state(decode), layout)
+    prefill = plan_forward(inputs, pinned_state(decode), layout, 1.0)
     kept = _prefilled(decode, prefill, prompt_length)
     if prefill.step_time_s <= PREFILL_SHARE * request_s(kept, steps):
         return kept
     candidates = [kept]
     try:
-        free = plan_forward(inputs, {}, layout)
-        other = _prefilled(plan_forward(example_inputs, pinned_state(free), layout), free,
-                           prompt_length)
+        free = plan_forward(inputs, {}, layout, 1 / EXTRA_PLANS)
+        other = _prefilled(plan_forward(example_inputs, pinned_state(free), layout,
+                                        1 / EXTRA_PLANS), free, prompt_length)
         candidates.append(dataclasses.replace(other, placed_for="prefill"))
     except InfeasiblePlanError:
         pass
     if plan_both is not None and decode.pipeline is None:
-        both = plan_both(inputs, steps)
+        both = plan_both(inputs, steps, 1 / EXTRA_PLANS)
         candidates += [both] if both is not None else []
     return min(candidates, key=lambda plan: request_s(plan, steps))
 

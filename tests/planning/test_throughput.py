@@ -167,7 +167,7 @@ class _Program:
 
 def _programs(times: dict[tuple[bool, bool], float | None], calls: list):
     """A `plan_forward` whose plans take `times[(prefill?, pinned?)]` (None: does not fit)."""
-    def plan_forward(inputs, pins, layout):
+    def plan_forward(inputs, pins, layout, share):
         key = (inputs[0].shape[1] > 1, bool(pins))
         calls.append(key)
         if times[key] is None:
@@ -244,8 +244,8 @@ def test_the_programs_planned_as_one_are_kept_where_their_request_is_shortest(jo
                                                                               placed_for):
     times = {(True, True): 10.0, (True, False): 1.0, (False, True): 2.0}
 
-    def plan_both(inputs, steps):
-        assert inputs[0].shape == (4, 250) and steps == 6
+    def plan_both(inputs, steps, share):
+        assert inputs[0].shape == (4, 250) and steps == 6 and share == pytest.approx(1 / 3)
         return None if joint is None else _Program(step_time_s=joint, prefill_s=1.0,
                                                    placed_for="both")
 
