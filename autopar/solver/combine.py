@@ -61,7 +61,8 @@ def combined(first: ShardingProblem, second: ShardingProblem, *,
 def _scaled(costs: np.ndarray, weight: float) -> np.ndarray:
     """`costs` times `weight`, forbidden (inf) entries kept forbidden even at weight 0 (a
     program that does not run: its choices cost nothing, but stay allowed or not)."""
-    return np.where(np.isinf(costs), costs, weight * costs)
+    with np.errstate(invalid="ignore"):  # 0 x inf, computed and then not taken
+        return np.where(np.isinf(costs), costs, weight * costs)
 
 
 def split(solution: Solution, first: ShardingProblem, second: ShardingProblem
