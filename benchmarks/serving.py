@@ -129,7 +129,8 @@ def throughput(case: Case, time_limit: float) -> None:
         except autopar.AutoparError as exc:
             print(f"{name:<42} {'-':>6} {'-':>10}  {str(exc).splitlines()[0]}")
             continue
-        batch, tokens = max(plan.serving, key=lambda tried: tried[1])
+        batch = plan.serving_batch
+        tokens = dict(plan.serving)[batch]
         print(f"{name:<42} {batch:>6} {tokens:10,.0f} {plan.step_time_s * 1e3:9.1f} "
               f"{plan.peak_memory_bytes / 2 ** 30:9.1f} {time.monotonic() - start:10.1f}")
     print()

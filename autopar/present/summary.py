@@ -201,7 +201,7 @@ def _placed_for(plan: Plan) -> str:
 
 def _throughput(plan: Plan) -> str:
     """The tokens a second each batch tried serves, the plan's batch marked."""
-    kept = max(plan.serving, key=lambda tried: tried[1])[0]
+    kept = plan.serving_batch
     return ", ".join(f"{'*' if batch == kept else ''}{batch} sequences: "
                      + (f"{served:,.0f} tokens/s" if served else "does not fit")
                      for batch, served in plan.serving)

@@ -257,6 +257,12 @@ class Plan:
     version: int = FORMAT_VERSION
 
     @property
+    def serving_batch(self) -> int | None:
+        """The batch a throughput search kept: the one of `serving` with the most tokens a
+        second (None for a plan made for its latency)."""
+        return max(self.serving, key=lambda tried: tried[1])[0] if self.serving else None
+
+    @property
     def compute_s(self) -> float:
         return sum(n.compute_s for n in self.nodes)
 

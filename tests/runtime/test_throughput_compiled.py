@@ -20,7 +20,7 @@ def test_a_throughput_plan_compiles_at_the_batch_it_chose():
     # A budget of a few sequences' cache beyond the weights: the batch is chosen by memory.
     plan = autopar.plan(served, mesh, inputs, training=False, objective="throughput",
                         memory_budget=0.6 * cases.one_device_peak("llama"), time_limit=5.0)
-    batch = max(plan.serving, key=lambda tried: tried[1])[0]
+    batch = plan.serving_batch
     assert batch > 2 and dict(plan.serving).get(2 * batch) == 0.0
     results = launch(workers.decode_at_planned_batch, 2, plan.to_dict(), (2,), ("tp",),
                      timeout=600.0)

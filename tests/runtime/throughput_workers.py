@@ -15,7 +15,7 @@ def decode_at_planned_batch(rank: int, plan: dict, shape: tuple[int, ...],
                             axes: tuple[str, ...]) -> tuple[list, list]:
     """Ids `autopar.generate` appends to prompts of the plan's batch, and transformers'."""
     made = autopar.Plan.from_dict(plan)
-    batch = max(made.serving, key=lambda tried: tried[1])[0]
+    batch = made.serving_batch
     lm = cases.build("llama")
     reference = copy.deepcopy(lm)
     served = autopar.CachedLM(lm, batch=batch, max_len=cases.MAX_LEN)
