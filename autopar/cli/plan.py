@@ -79,7 +79,7 @@ def progress_lines() -> Iterator[Callable[[str], None]]:
                    "an axis whose kinds differ is cut by their speed")
 @click.option("--compression", "compression_text", default=None,
               help="let the solver compress: 'auto', or comma-separated names "
-                   "(bf16-reduce, int8-gather, powersgd, powersgd-R); by default nothing "
+                   "(bf16-reduce, int8-gather, hpz, powersgd, powersgd-R); by default nothing "
                    "is compressed")
 @click.option("--out", type=click.Path(), default=None, help="write the plan as JSON")
 @click.option("--report", "report_out", type=click.Path(), default=None,

@@ -236,7 +236,7 @@ def _recovering(run: TrainingRun, nproc: int, planned: Callable[[TrainingRun], T
                    "keeps failing (default: --nproc, never fewer)")
 @click.option("--compression", "compression_text", default=None,
               help="let the solver compress: 'auto', or comma-separated names (bf16-reduce, "
-                   "int8-gather, powersgd, powersgd-R); --verify then applies the same "
+                   "int8-gather, hpz, powersgd, powersgd-R); --verify then applies the same "
                    "rounding to the single-process model")
 @click.option("--measure", is_flag=True,
               help="after training, time --steps more steps on every rank (after 2 warm-up "

@@ -17,10 +17,20 @@ n devices:
                             N M (torch's hook sends smaller ones whole): P then Q, charged
                             as one transfer (the second call's latency with the codec's
                             time); the all-reduces before it stay exact
+    secondary (hpz)         a parameter gathered into `read` over two axes or more keeps
+                            a copy at `secondary_copy(output, read)` (`read` cut n ways
+                            on the innermost of those axes) from the forward to the
+                            backward, which gathers it back over that axis alone: one
+                            all-gather of the read's local bytes on that axis's link
+                            (the node's fast one) instead of every forward gather again.
+                            The copy holds 1/n of the read's local bytes per use that
+                            saves the parameter, cut out of the gathered tensor (read
+                            and written once)
 
-Encoding and decoding are memory-bound passes over the tensor (`codec_bytes`); PowerSGD's
-two products and its orthogonalisation are FLOPs (`codec_flops`). PowerSGD keeps an error
-of the local gradient's size and its P and Q between steps (`state_bytes`).
+Encoding and decoding (and hpz's cut) are memory-bound passes over the tensor
+(`codec_bytes`); PowerSGD's two products and its orthogonalisation are FLOPs
+(`codec_flops`). PowerSGD keeps an error of the local gradient's size and its P and Q
+between steps (`state_bytes`).
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from autopar.values.compression import (
     compresses_matrix,
     matrix_of,
 )
+from autopar.values.placement import Placements, Replicate, Shard
 
 
 def compressed_transfers(transfers: tuple[Transfer, ...], compression: Compression,
@@ -47,6 +58,8 @@ def compressed_transfers(transfers: tuple[Transfer, ...], compression: Compressi
     """`transfers` of one edge out of a parameter of `dtype`, whose local piece (as its
     reductions see it) has shape `local`, with `compression` applied (module docstring);
     `regather`: the backward starts with a repeat of the forward's all-gathers."""
+    if compression.kind == "secondary":
+        return transfers  # the regather's own transfers (`edge_transfers(regather_from=)`)
     if compression.kind == "reduce":
         ratio = compression.reduce_dtype.itemsize / dtype.itemsize
         return tuple(dataclasses.replace(t, nbytes=t.nbytes * ratio)
@@ -83,11 +96,15 @@ def low_rank_bytes(local: tuple[int, ...], rank: int, itemsize: int) -> int:
     return (n + m) * min(n, m, rank) * itemsize
 
 
-def codec_bytes(compression: Compression, numel: int, itemsize: int, gathers: int) -> float:
+def codec_bytes(compression: Compression, numel: int, itemsize: int, gathers: int,
+                pieces: int = 1) -> float:
     """Bytes read and written encoding and decoding one parameter of `numel` elements per
     step: reduce, a cast in and out (each pass reads one dtype, writes the other); gather,
-    `gathers` quantize-dequantize round trips; low-rank, the error added and kept, the
+    `gathers` quantize-dequantize round trips; secondary, the copy of `numel / pieces`
+    elements cut out at the forward's gather; low-rank, the error added and kept, the
     decompressed gradient written (three passes)."""
+    if compression.kind == "secondary":
+        return 2 * numel * itemsize / pieces if pieces > 1 else 0.0
     if compression.kind == "reduce":
         return 2 * numel * (itemsize + compression.reduce_dtype.itemsize)
     if compression.kind == "gather":
@@ -112,3 +129,27 @@ def state_bytes(compression: Compression, local: tuple[int, ...], itemsize: int)
         return 0.0
     n, m = matrix_of(local)
     return (n * m + (n + m) * min(n, m, compression.rank)) * itemsize
+
+
+def secondary_copy(output: Placements, read: Placements, mesh_shape: tuple[int, ...]
+                   ) -> Placements | None:
+    """The placements of the copy "hpz" keeps of a parameter stored as `output` and
+    gathered into `read` (module docstring): `read`, cut as `output` on the innermost axis
+    the gather runs on; None where the gather runs on fewer than two axes (the copy would
+    then be the stored piece itself, or the gathered tensor: ZeRO-3 or ZeRO-2)."""
+    gathered = [axis for axis, (o, r, n) in enumerate(zip(output, read, mesh_shape))
+                if n > 1 and o != r]
+    if len(gathered) < 2:
+        return None
+    inner = gathered[-1]
+    if not (isinstance(output[inner], Shard) and isinstance(read[inner], Replicate)):
+        return None
+    return tuple(output[inner] if axis == inner else r for axis, r in enumerate(read))
+
+
+def secondary_pieces(output: Placements, mesh_shape: tuple[int, ...]) -> int:
+    """How many pieces "hpz"'s copy of a parameter stored as `output` and gathered whole
+    is cut into (the innermost axis it is sharded on; 1 where it has no copy)."""
+    whole = tuple(Replicate() for _ in output)
+    copy = secondary_copy(output, whole, mesh_shape)
+    return 1 if copy is None else next(n for p, n in zip(copy, mesh_shape) if p != Replicate())

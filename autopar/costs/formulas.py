@@ -393,7 +393,8 @@ def needed_grad(output_placements: Placements) -> Placements:
 
 def edge_transfers(nbytes, src: Placements, dst: Placements, consumer_output: Placements,
                    mesh_shape: tuple[int, ...], *, requires_grad: bool,
-                   regather: bool = False, recompute: bool = False
+                   regather: bool = False, recompute: bool = False,
+                   regather_from: Placements | None = None
                    ) -> tuple[Transfer, ...] | None:
     """Forward and (for tensors on the gradient path) backward collectives of one edge, or
     None when the edge can't be carried out by single-axis collectives.
@@ -404,6 +405,8 @@ def edge_transfers(nbytes, src: Placements, dst: Placements, consumer_output: Pl
     gathers can be repeated that way: other conversions of such an edge are refused).
     `recompute` is for a consumer whose output is computed again in the backward: its
     inputs' forward collectives run again there (once, shared with a regather).
+    `regather_from`: where a regather gathers from instead of `src`, a copy kept since the
+    forward (`autopar.costs.compression.secondary_copy`); its gathers alone are repeated.
     """
     forward = redistribute(nbytes, src, dst, mesh_shape)
     if forward is None:
@@ -411,8 +414,13 @@ def edge_transfers(nbytes, src: Placements, dst: Placements, consumer_output: Pl
     regather = regather and requires_grad
     if regather and any(t.kind != "all_gather" for t in forward):
         return None
-    again = (tuple(Transfer(t.kind, t.axis, t.nbytes, True) for t in forward)
-             if regather or recompute else ())
+    if regather and regather_from is not None and not recompute:
+        again = redistribute(nbytes, regather_from, dst, mesh_shape, backward=True)
+        if again is None or any(t.kind != "all_gather" for t in again):
+            return None
+    else:
+        again = (tuple(Transfer(t.kind, t.axis, t.nbytes, True) for t in forward)
+                 if regather or recompute else ())
     if not requires_grad:
         return forward + again
     backward = redistribute(nbytes, arriving_grad(dst, consumer_output), needed_grad(src),

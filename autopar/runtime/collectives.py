@@ -7,7 +7,8 @@ is docs/DESIGN.md's backward table made code: Megatron's copy/reduce/scatter/gat
 axis and any pair of placements. Each collective is counted on the caller's `CommCounter`.
 
 Regathered parameter edges (`redistribution.regather`) also need a `Regather` scope: the
-forward's gathered tensor is then not kept for backward but gathered again when needed.
+forward's gathered tensor is then not kept for backward but gathered again when needed,
+from the stored piece or ("hpz") from a copy cut out of it (`redistribution.keep_steps`).
 """
 
 from __future__ import annotations
@@ -106,8 +107,21 @@ def redistribute(x: torch.Tensor, redistribution: Redistribution, mesh: DeviceMe
     out = _Redistribute.apply(x, redistribution, mesh, counter, converted)
     if differentiable and redistribution.regather and regather is not None and any(
             s.kind == "all_gather" for s in redistribution.forward_steps):
-        regather.track(out, x, redistribution.forward_steps, mesh, counter)
+        track_regather(out, x, redistribution, regather, mesh, counter)
     return out
+
+
+def track_regather(out: torch.Tensor, x: torch.Tensor, redistribution: Redistribution,
+                   regather: Regather, mesh: DeviceMesh, counter: CommCounter) -> None:
+    """Let `regather` rebuild `out` (gathered from this rank's piece `x` by
+    `redistribution`) in the backward: from `x` again, or ("hpz") from a copy cut out of
+    `out` now (`redistribution.keep_steps`), gathered back by `.regather_steps`."""
+    if redistribution.regather_from is None:
+        regather.track(out, x, redistribution.forward_steps, mesh, counter)
+        return
+    with torch.no_grad():
+        kept = apply_steps(out, redistribution.keep_steps, mesh, counter, "forward")
+    regather.track(out, kept, redistribution.regather_steps, mesh, counter)
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,8 +209,8 @@ class Collective(nn.Module):
             out = gather_kept(x, self.redistribution, self.context.mesh, self.context.counter,
                               self.context.reducer, converted=converted)
             if self.redistribution.regather and out.requires_grad:
-                self.context.regather.track(out, x, self.redistribution.forward_steps,
-                                            self.context.mesh, self.context.counter)
+                track_regather(out, x, self.redistribution, self.context.regather,
+                               self.context.mesh, self.context.counter)
             return out
         if self.overlapped:
             return reduce_later(x, self._reduction, self.context.mesh, self.context.counter,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from autopar.costs import formulas, uneven
-from autopar.costs.compression import compressed_transfers
+from autopar.costs.compression import compressed_transfers, secondary_copy
 from autopar.runtime.errors import RedistributionError, UnsupportedRedistributionError
 from autopar.runtime.steps import Step, redistribution_steps
 from autopar.values.compression import Compression
@@ -33,6 +33,10 @@ class Redistribution:
     transfers and must not be differentiated through. `forward_steps`/`backward_steps` are
     derived. Build one with `Redistribution.for_edge`. `compression`: a parameter's edge
     whose collectives run compressed (`autopar.values.compression`), their steps marked so.
+    `regather_from`: where the backward gathers a regathered parameter from ("hpz": a copy
+    kept since the forward, `autopar.costs.compression.secondary_copy`; None: the stored
+    piece); `keep_steps` (local) cut that copy out of the forward's result and
+    `regather_steps` gather it back.
     """
 
     shape: tuple[int, ...]
@@ -48,8 +52,11 @@ class Redistribution:
     regather: bool = False
     shares: Shares = None
     compression: Compression | None = None
+    regather_from: Placements | None = None
     forward_steps: tuple[Step, ...] = field(init=False, repr=False, compare=False)
     backward_steps: tuple[Step, ...] = field(init=False, repr=False, compare=False)
+    keep_steps: tuple[Step, ...] = field(init=False, repr=False, compare=False)
+    regather_steps: tuple[Step, ...] = field(init=False, repr=False, compare=False)
 
     @classmethod
     def for_edge(cls, shape: tuple[int, ...], dtype: torch.dtype, src: Placements,
@@ -69,8 +76,12 @@ class Redistribution:
                 expected="a float16, bfloat16 or float32 tensor", got=f"a {dtype} tensor",
                 fix="plan again from this model: a plan compresses float parameters only")
         nbytes = uneven.tensor_bytes(TensorSpec(shape, dtype), mesh_shape, shares)
+        regather_from = secondary_copy(src, dst, mesh_shape) if (
+            regather and requires_grad and compression is not None
+            and compression.kind == "secondary") else None
         transfers = formulas.edge_transfers(nbytes, src, dst, tuple(consumer_output), mesh_shape,
-                                            requires_grad=requires_grad, regather=regather)
+                                            requires_grad=requires_grad, regather=regather,
+                                            regather_from=regather_from)
         # None: not executable; the step checks of __post_init__ then say why.
         transfers = transfers or ()
         if compression is not None:
@@ -82,7 +93,7 @@ class Redistribution:
                    tuple(t for t in transfers if not t.backward),
                    tuple(t for t in transfers if t.backward),
                    requires_grad=requires_grad, regather=regather, shares=shares,
-                   compression=compression)
+                   compression=compression, regather_from=regather_from)
 
     def __post_init__(self) -> None:
         forward_steps = redistribution_steps(self.src, self.dst, self.shape, self.mesh_shape,
@@ -99,9 +110,30 @@ class Redistribution:
                 expected="forward collectives that are all all_gather",
                 got=self._describe(), fix="store the parameter in a placement that only "
                 "needs all-gathers to reach its use, or do not regather it")
-        again = gathers if self.regather and self.requires_grad else []
+        again = self._regather_steps(gathers)
         self._check(self.forward, forward_steps, "forward")
         self._check(self.backward, again + list(backward_steps), "backward")
+
+    def _regather_steps(self, gathers: list[Step]) -> list[Step]:
+        """The backward's gathers of a regathered parameter (the forward's `gathers` again,
+        or those from `regather_from`), with `keep_steps` and `regather_steps` set."""
+        keep: tuple[Step, ...] = ()
+        again = gathers if self.regather and self.requires_grad else []
+        if again and self.regather_from is not None:
+            keep = redistribution_steps(self.dst, self.regather_from, self.shape,
+                                        self.mesh_shape, self.shares)
+            again = list(redistribution_steps(self.regather_from, self.dst, self.shape,
+                                              self.mesh_shape, self.shares))
+            if any(s.kind is not None for s in keep) or \
+                    any(s.kind not in (None, "all_gather") for s in again):
+                raise UnsupportedRedistributionError(
+                    "an in-node copy must be cut out locally and gathered back",
+                    expected="local cuts to the copy, all-gathers from it",
+                    got=f"{self._describe()} kept as {format_placements(self.regather_from)}",
+                    fix="regather this edge from the stored piece (no hpz)")
+        object.__setattr__(self, "keep_steps", keep)
+        object.__setattr__(self, "regather_steps", tuple(again))
+        return again
 
     def _check(self, transfers: tuple[formulas.Transfer, ...], steps: list[Step] | tuple[Step, ...],
                direction: str) -> None:

@@ -12,6 +12,8 @@ it still holds.
   bfloat16's rounding of the n ranks' partial sums (`bf16_bound`), then the reference
   steps with the compiled gradient, so that both start the next step from the same
   weights.
+- "hpz": exact (the backward gathers the same values from another copy): nothing rounded,
+  every gradient checked.
 - PowerSGD: the compiled gradient is a low-rank approximation with no bound per step; the
   reference steps with it, unchecked.
 """
@@ -102,7 +104,7 @@ def take_compressed(reference: nn.Module, grads: dict, slots: dict[str, StateSlo
     parameters = dict(reference.named_parameters())
     for name, slot in slots.items():
         kind = compression_named(slot.compression).kind
-        if kind == "gather" or grads.get(name) is None:
+        if kind in ("gather", "secondary") or grads.get(name) is None:
             continue
         param = parameters[name]
         if kind == "reduce" and param.grad is not None:

@@ -15,6 +15,12 @@ a tuple of names those.
   of the bytes of an fp32 parameter, plus the scales. The error is half a quantization step
   per element: at most 1/254 of the largest magnitude in its block. Gradients are exact
   for the rounded weights (the rounding is not differentiated: a straight-through copy).
+- "hpz": a parameter stored sharded over two axes or more (ZeRO-3 over (node, gpu)) that
+  is gathered again for the backward is gathered there from a copy of its own, cut over
+  the innermost axis it is gathered on alone (the node's fast link), kept from the
+  forward's gather to the backward (ZeRO++'s hpZ: hierarchical partitioning). The backward
+  then gathers over that axis only, at the price of the copy's memory. Exact: only where
+  the parameter is gathered from changes.
 - "powersgd" / "powersgd-R": a data-parallel gradient all-reduce of a matrix (a parameter
   of two dims or more, viewed as dim 0 by the rest) sends a rank-R approximation P Q^T
   instead: two all-reduces of (n + m) x R elements (torch's PowerSGD communication hook,
@@ -51,8 +57,8 @@ _POWERSGD = re.compile(r"powersgd(?:-(-?\d+))?$")
 class Compression:
     """One compressed collective: `name`, what it compresses (`compresses`, words), its
     expected error in words (`error`), and its `kind`: "reduce" (gradient reductions run
-    in `reduce_dtype`), "gather" (parameter gathers in int8 blocks) or "low-rank"
-    (PowerSGD of rank `rank`)."""
+    in `reduce_dtype`), "gather" (parameter gathers in int8 blocks), "secondary" (the
+    backward's gathers from an in-node copy) or "low-rank" (PowerSGD of rank `rank`)."""
 
     name: str
     kind: str
@@ -63,7 +69,10 @@ class Compression:
 
     def applies_to(self, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
         """Whether it makes a parameter of `shape` and `dtype` move fewer bytes (gather: an
-        fp16/bf16/fp32 tensor; low-rank: a matrix that PowerSGD compresses)."""
+        fp16/bf16/fp32 tensor; low-rank: a matrix that PowerSGD compresses; secondary:
+        any, its bytes move over a faster link instead)."""
+        if self.kind == "secondary":
+            return True
         if not dtype.is_floating_point:
             return False
         if self.kind == "reduce":
@@ -95,6 +104,10 @@ INT8_GATHER = Compression(
     f"int8 rounding in blocks of {QUANT_BLOCK}: at most 1/254 of each block's largest "
     "magnitude")
 
+HPZ = Compression(
+    "hpz", "secondary", "ZeRO-3 parameters' backward all-gathers, from a copy split over "
+    "the innermost axis only", "none: exact (only what the backward gathers from changes)")
+
 
 def powersgd(rank: int) -> Compression:
     """PowerSGD of `rank` (module docstring)."""
@@ -104,7 +117,7 @@ def powersgd(rank: int) -> Compression:
                        "into the next step's", rank=rank)
 
 
-COMPRESSIONS = {c.name: c for c in (BF16_REDUCE, INT8_GATHER)}
+COMPRESSIONS = {c.name: c for c in (BF16_REDUCE, INT8_GATHER, HPZ)}
 NAMES = (*COMPRESSIONS, "powersgd", "powersgd-R")
 
 

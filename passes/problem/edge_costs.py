@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autopar.costs import formulas
-from autopar.costs.compression import compressed_transfers
+from autopar.costs.compression import compressed_transfers, secondary_copy
 from autopar.passes.strategies.find_strategies import Strategy
 from autopar.values.compression import compression_named
 from autopar.values.mesh import Mesh
@@ -114,7 +114,8 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
     (None: forbidden). A parameter kept gathered (ZeRO-2) must reach its consumer from the
     gathered placement by local steps only (slices, partial reads) and is not gathered
     again for the backward; one gathered at each use (ZeRO-3) is, when its consumer saves
-    it.
+    it, from the copy "hpz" keeps where it has one (`compression.secondary_copy`; a
+    consumer that is recomputed gathers from the stored piece, so that pair is refused).
 
     A recomputed op reads recomputed inputs from its own region only (`recompute_region`).
     Its output is read in its own placement by a view of it (views carry their base's
@@ -140,17 +141,24 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
     # Only what the consumer keeps is gathered again (a linear keeps its weight, not its
     # bias).
     regather = ref.saved and ref.consumer_saves and src.gathered is None
+    compression = None if src.compression is None else compression_named(src.compression)
+    regather_from = None
+    if compression is not None and compression.kind == "secondary" and regather:
+        if dst.recompute:  # a recomputation gathers again from the stored piece
+            return None
+        regather_from = secondary_copy(src.output, read, mesh_shape)
     transfers = formulas.edge_transfers(nbytes, src.output, read, dst.output,
                                         mesh_shape, requires_grad=ref.requires_grad,
                                         regather=regather,
-                                        recompute=dst.recompute and not ref.consumer_is_view)
+                                        recompute=dst.recompute and not ref.consumer_is_view,
+                                        regather_from=regather_from)
     # ZeRO-1 keeps one gathered copy for the step: an edge that gathers it again (for a
     # recomputation) or moves it otherwise than one gather and one scatter can't share it.
     if transfers is not None and src.whole_gradient and (
             dst.recompute or not _gather_and_scatter(transfers)):
         return None
-    if transfers is not None and src.compression is not None:
-        return compressed_transfers(transfers, compression_named(src.compression),
+    if transfers is not None and compression is not None:
+        return compressed_transfers(transfers, compression,
                                     ref.tensor.dtype, local_shape(ref.tensor.shape, src.output,
                                                                   mesh_shape),
                                     mesh_shape, regather=regather)

@@ -13,7 +13,7 @@ import sympy
 import torch.fx as fx
 
 from autopar.costs import formulas, uneven
-from autopar.costs.compression import codec_bytes, codec_flops, state_bytes
+from autopar.costs.compression import codec_bytes, codec_flops, secondary_pieces, state_bytes
 from autopar.costs.optimizer_state import OptimizerState
 from autopar.costs.ring import Ring, ring_of
 from autopar.passes.capturing.gradient_path import tensor_outputs
@@ -139,7 +139,8 @@ def compression_time(spec: TensorSpec, strategy: Strategy, mesh: Mesh, *, traine
         return 0
     compression = compression_named(strategy.compression)
     local = local_shape(spec.shape, strategy.output, mesh.shape)
-    moved = codec_bytes(compression, spec.numel, spec.itemsize, 2 if trained else 1)
+    moved = codec_bytes(compression, spec.numel, spec.itemsize, 2 if trained else 1,
+                        secondary_pieces(strategy.output, mesh.shape))
     seconds = formulas.compute_time(codec_flops(compression, local), moved, spec.dtype,
                                     mesh.hardware)
     if compression.kind == "low-rank":
@@ -158,13 +159,19 @@ def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer:
     parameter, not `trained`, has only its piece), plus, when it is kept gathered, one
     gathered copy for each use that saves it for the backward (ZeRO-2), or a gathered copy
     and its whole gradient for each of its `uses` (ZeRO-1, kept for the step), and what a
-    compression keeps between steps (`compression.state_bytes`: PowerSGD's)."""
+    compression keeps between steps (`compression.state_bytes`: PowerSGD's) or for the
+    backward ("hpz": its copy, cut n ways, for each use that saves it, charged for the
+    step as ZeRO-2's are, and as if gathered whole: an upper bound where a use reads it
+    split otherwise too)."""
     stored, states = stored_parameter_bytes(spec, strategy.output, mesh.shape, optimizer)
     total = (2 if gradient else 1) * stored + states if trained else stored
     if strategy.compression is not None and trained:
-        total += state_bytes(compression_named(strategy.compression),
-                             local_shape(spec.shape, strategy.output, mesh.shape),
+        compression = compression_named(strategy.compression)
+        total += state_bytes(compression, local_shape(spec.shape, strategy.output, mesh.shape),
                              spec.itemsize)
+        pieces = secondary_pieces(strategy.output, mesh.shape)
+        if compression.kind == "secondary" and pieces > 1:
+            total += saving_uses * uneven.tensor_bytes(spec, mesh.shape) / pieces
     if strategy.gathered is not None:
         copies = (2 if trained else 1) * uses if strategy.whole_gradient else saving_uses
         total += copies * formulas.local_bytes(uneven.tensor_bytes(spec, mesh.shape),

@@ -6,6 +6,8 @@ compression that makes it move fewer bytes (`autopar.values.compression`):
 
 - "reduce" (bf16-reduce): every strategy of an fp32 parameter (its gradient's reductions);
 - "gather" (int8-gather): a strategy that stores the parameter sharded (its gathers);
+- "secondary" (hpz): a strategy that gathers it at each use (ZeRO-3) from a piece stored
+  sharded over two axes or more;
 - "low-rank" (PowerSGD): a strategy that replicates it over some axis (its gradient's
   all-reduce) where its piece is a matrix PowerSGD compresses.
 
@@ -56,6 +58,9 @@ def _applies(compression: Compression, spec: TensorSpec, strategy: Strategy,
     axes = [p for p, n in zip(strategy.output, mesh_shape) if n > 1]
     if compression.kind == "gather":
         shape, moved = spec.shape, any(isinstance(p, Shard) for p in axes)
+    elif compression.kind == "secondary":
+        shape = spec.shape
+        moved = strategy.gathered is None and sum(isinstance(p, Shard) for p in axes) >= 2
     elif compression.kind == "low-rank":
         shape = local_shape(spec.shape, strategy.output, mesh_shape)
         moved = any(isinstance(p, Replicate) for p in axes)

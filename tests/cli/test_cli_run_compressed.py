@@ -47,3 +47,26 @@ def test_verify_applies_the_plans_rounding(compression, tmp_path):
                       out, re.M)
     if not compression.startswith("powersgd"):  # PowerSGD's warm-up moves more
         assert rows and all(match == "yes" for *_, match in rows), out
+
+
+def test_verify_of_hpz_checks_every_gradient_exactly(tmp_path):
+    # Exact: nothing is rounded or taken from the compiled model, every gradient is checked.
+    model, inputs = load_model_file(MLP, hidden=512, ffn=2048)
+    mesh = autopar.Mesh((2, 2), ("node", "gpu"), hardware="h100-ethernet",
+                        links=("ethernet", "nvlink"))
+    plan = autopar.plan(model, mesh, inputs, strategy="fully sharded (ZeRO-3)",
+                        compression=("hpz",), time_limit=10.0)
+    assert any(n.compression == "hpz" for n in plan.nodes)
+    plan.save(tmp_path / "plan.json")
+    settings = [part for size in SIZES for part in ("--set", size)]
+    result = CliRunner().invoke(main, [
+        "run", str(MLP), "--mesh", "2x2", "--axis-names", "node,gpu", "--hardware",
+        "h100-ethernet", "--steps", "3", "--verify", "--plan", str(tmp_path / "plan.json"),
+        *settings])
+    assert result.exit_code == 0, result.output
+    diffs = re.findall(r"^step +\d+/\d+ +loss \S+ +reference \S+ +loss diff (\S+)",
+                       result.stdout, re.M)
+    assert len(diffs) == 3 and all(float(d) <= 1e-5 for d in diffs), result.stdout
+    rows = re.findall(r"^(\w+) +(\w+) +(forward|backward) +([0-9,]+) +([0-9,]+) +(\w+)$",
+                      result.stdout, re.M)
+    assert rows and all(match == "yes" for *_, match in rows), result.stdout

@@ -6,13 +6,17 @@ from __future__ import annotations
 import torch
 
 from autopar.costs.compression import (
+    codec_bytes,
     compressed_transfers,
     low_rank_bytes,
     quantized_bytes,
+    secondary_copy,
+    secondary_pieces,
     state_bytes,
 )
-from autopar.costs.formulas import Transfer
-from autopar.values.compression import BF16_REDUCE, INT8_GATHER, powersgd
+from autopar.costs.formulas import Transfer, edge_transfers
+from autopar.values.compression import BF16_REDUCE, HPZ, INT8_GATHER, powersgd
+from autopar.values.placement import Replicate, Shard
 
 
 def test_bf16_halves_the_backward_reductions_only():
@@ -54,3 +58,28 @@ def test_powersgd_replaces_the_last_all_reduce_by_p_and_q():
 def test_powersgd_keeps_its_error_and_p_q_between_steps():
     assert state_bytes(powersgd(2), (100, 50), 4) == (100 * 50 + 150 * 2) * 4
     assert state_bytes(BF16_REDUCE, (100, 50), 4) == 0
+
+
+def test_hpz_copies_the_read_cut_over_the_innermost_gathered_axis():
+    r, s0, s1 = Replicate(), Shard(0), Shard(1)
+    assert secondary_copy((s0, s0), (r, r), (2, 8)) == (r, s0)
+    assert secondary_copy((s0, s0, s1), (r, r, r), (2, 4, 8)) == (r, r, s1)
+    # A size-1 axis gathers nothing; one axis gathered leaves nothing to copy.
+    assert secondary_copy((s0, s0), (r, r), (1, 8)) is None
+    assert secondary_copy((s0, s1), (r, s1), (2, 8)) is None
+    assert secondary_pieces((s0, s1), (2, 8)) == 8
+    assert secondary_pieces((r, s1), (2, 8)) == 1
+
+
+def test_hpz_regathers_once_over_the_inner_axis_the_whole_read():
+    # A 4 MiB parameter stored S(0), S(0) on (2, 8): the forward gathers over both axes;
+    # the backward, from the copy, over the gpu axis alone, the whole read (4 MiB).
+    nbytes, r, s0 = 4 * 2**20, Replicate(), Shard(0)
+    plain = edge_transfers(nbytes, (s0, s0), (r, r), (r, r), (2, 8), requires_grad=False,
+                           regather=False)
+    copied = edge_transfers(nbytes, (s0, s0), (r, r), (r, r), (2, 8), requires_grad=True,
+                            regather=True, regather_from=(r, s0))
+    again = [(t.kind, t.axis, t.nbytes) for t in copied if t.backward and t.kind == "all_gather"]
+    assert again == [("all_gather", 1, nbytes)]
+    assert [t for t in copied if not t.backward] == list(plain)
+    assert codec_bytes(HPZ, 2**20, 4, 2, pieces=8) == 2 * 2**20 * 4 / 8

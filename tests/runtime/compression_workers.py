@@ -118,3 +118,24 @@ def gathered_step(rank: int, plan: dict) -> dict:
         result["expected_loss"] = expected.detach()
         result["expected"] = {name: p.grad.clone() for name, p in reference.named_parameters()}
     return result
+
+
+def exact_step(rank: int, plan: dict) -> dict:
+    """One forward and backward under `plan`, whose compressions are exact ("hpz"): the
+    loss, full gradients, bytes moved and the plan's; on rank 0 also the single-process
+    model's loss and gradients."""
+    torch.manual_seed(0)
+    model, inputs = build()
+    reference = copy.deepcopy(model)
+    planned = autopar.Plan.from_dict(plan)
+    pm = autopar.compile(model, planned.mesh, inputs, plan=planned)
+    loss = pm(*inputs)
+    loss.backward()
+    result = {"loss": loss.detach(), "grads": pm.full_grads(),
+              "measured": dict(pm.counter.totals()), "predicted": pm.plan.comm_bytes()}
+    if rank == 0:
+        expected = reference(*inputs)
+        expected.backward()
+        result["expected_loss"] = expected.detach()
+        result["expected"] = {name: p.grad.clone() for name, p in reference.named_parameters()}
+    return result

@@ -12,7 +12,7 @@ from autopar.values.compression import POWERSGD_RANK, check_compression, compres
 
 def test_auto_allows_each_kind_powersgd_at_its_default_rank():
     found = check_compression("auto")
-    assert [c.kind for c in found] == ["reduce", "gather", "low-rank"]
+    assert [c.kind for c in found] == ["reduce", "gather", "secondary", "low-rank"]
     assert found[-1].rank == POWERSGD_RANK
 
 
@@ -35,11 +35,12 @@ def test_a_named_rank_larger_than_every_matrix_is_refused_but_auto_fits():
     with pytest.raises(PlanningError, match="rank 4 is larger than every matrix"):
         check_compression("powersgd", model)
     assert check_compression(("powersgd-2",), model)[0].rank == 2
-    assert len(check_compression("auto", model)) == 3
+    assert len(check_compression("auto", model)) == 4
 
 
 def test_compressions_apply_to_what_they_make_smaller():
-    bf16, int8, low_rank = check_compression("auto")
+    bf16, int8, hpz, low_rank = check_compression("auto")
+    assert hpz.applies_to((8,), torch.int64)  # its bytes go over the faster link instead
     assert bf16.applies_to((4, 4), torch.float32) and not bf16.applies_to((4, 4), torch.bfloat16)
     assert int8.applies_to((8,), torch.bfloat16) and not int8.applies_to((8,), torch.int64)
     assert low_rank.applies_to((1024, 1024), torch.float32)
