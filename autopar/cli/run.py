@@ -39,7 +39,6 @@ from autopar.cli.options import (
     process_count,
 )
 from autopar.errors import AutoparError
-from autopar.tools.rounded_reference import check_verifiable
 from autopar.tools.training import (
     ABSOLUTE_TOLERANCE,
     BF16_TOLERANCE,
@@ -298,8 +297,6 @@ def _planned(run: TrainingRun) -> TrainingRun:
 
     mesh = run.build_mesh()
     plan = plan_run(run, progress=lambda message: click.echo(f"... {message}", err=True))
-    if run.verify:
-        check_verifiable(plan)
     click.echo(f"{plan.model} on mesh {mesh.describe()}: modelled step "
                f"{units.ms(plan.step_time_s)}, peak memory "
                f"{units.size(plan.peak_memory_bytes)} per device"

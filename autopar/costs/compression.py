@@ -100,15 +100,16 @@ def codec_bytes(compression: Compression, numel: int, itemsize: int, gathers: in
                 pieces: int = 1) -> float:
     """Bytes read and written encoding and decoding one parameter of `numel` elements per
     step: reduce, a cast in and out (each pass reads one dtype, writes the other); gather,
-    `gathers` quantize-dequantize round trips; secondary, the copy of `numel / pieces`
-    elements cut out at the forward's gather; low-rank, the error added and kept, the
-    decompressed gradient written (three passes)."""
+    `gathers` quantize-dequantize round trips; with hpz's copy (`keeps_copy`), the copy
+    of `numel / pieces` elements cut out at the forward's gather; low-rank, the error
+    added and kept, the decompressed gradient written (three passes)."""
+    copy = 2 * numel * itemsize / pieces if compression.keeps_copy and pieces > 1 else 0.0
     if compression.kind == "secondary":
-        return 2 * numel * itemsize / pieces if pieces > 1 else 0.0
+        return copy
+    if compression.kind == "gather":
+        return copy + 2 * gathers * numel * (itemsize + 1)
     if compression.kind == "reduce":
         return 2 * numel * (itemsize + compression.reduce_dtype.itemsize)
-    if compression.kind == "gather":
-        return 2 * gathers * numel * (itemsize + 1)
     return 3 * 2 * numel * itemsize
 
 

@@ -78,7 +78,7 @@ class Redistribution:
         nbytes = uneven.tensor_bytes(TensorSpec(shape, dtype), mesh_shape, shares)
         regather_from = secondary_copy(src, dst, mesh_shape) if (
             regather and requires_grad and compression is not None
-            and compression.kind == "secondary") else None
+            and compression.keeps_copy) else None
         transfers = formulas.edge_transfers(nbytes, src, dst, tuple(consumer_output), mesh_shape,
                                             requires_grad=requires_grad, regather=regather,
                                             regather_from=regather_from)
@@ -87,7 +87,7 @@ class Redistribution:
         if compression is not None:
             transfers = compressed_transfers(transfers, compression, dtype,
                                              local_shape(shape, src, mesh_shape), mesh_shape,
-                                             regather=regather)
+                                             regather=regather and regather_from is None)
         return cls(shape, dtype, mesh_shape, src, dst,
                    formulas.arriving_grad(dst, tuple(consumer_output)), formulas.needed_grad(src),
                    tuple(t for t in transfers if not t.backward),

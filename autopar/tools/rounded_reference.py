@@ -3,8 +3,10 @@
 model's own gradients taken where it can't, so that exactness is still checked wherever
 it still holds.
 
-- "int8-gather": the reference's weight is rounded as each rank's piece is
-  (`autopar.runtime.quantize.round_trip`) for its forward and backward, then put back for
+- "int8-gather": the reference's weight is rounded as the ranks' gathers round it
+  (`autopar.runtime.quantize.round_trip`; over two axes or more, each gather rounds again
+  what the one before made: `gathered_in_int8`, for a use that gathers it whole) for its forward
+  and backward, then put back for
   the optimizer's step (the gradient of the rounded weight steps the weight, as the
   runtime's straight-through copy does). Every gradient and the loss are then checked as
   without compression.
@@ -21,18 +23,19 @@ it still holds.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from autopar.errors import AutoparError
 from autopar.runtime.program import StateSlot
 from autopar.runtime.quantize import round_trip
+from autopar.runtime.shards import chunk_of
+from autopar.runtime.steps import redistribution_steps
 from autopar.values.compression import compression_named
-from autopar.values.placement import Shard, chunk_extent, parse_placements
-from autopar.values.plan import Plan
+from autopar.values.placement import Placements, Replicate
 
 
 def bf16_bound(ranks: int) -> float:
@@ -48,31 +51,26 @@ def compressed_slots(slots: tuple[StateSlot, ...]) -> dict[str, StateSlot]:
     return {slot.names[0]: slot for slot in slots if slot.compression}
 
 
-def check_verifiable(plan: Plan) -> None:
-    """`AutoparError` for a parameter `plan` compresses whose rounding one process can't
-    repeat: int8 gathers of a parameter stored split over more than one axis. Cheap, run
-    before any rank starts."""
-    for node in plan.nodes:
-        if not node.compression or compression_named(node.compression).kind != "gather":
+def gathered_in_int8(weight: torch.Tensor, placements: Placements,
+                     mesh_shape: tuple[int, ...]) -> torch.Tensor:
+    """`weight` as the ranks gather it in int8: the gathers from its stored `placements` to
+    replicated run one axis at a time (`redistribution_steps`, the runtime's order), and
+    each rounds every piece it sends (`round_trip`, over the piece with the gathered dim
+    first, as `axis_ops.start_all_gather` lays it out): over two axes, the second rounds
+    what the first made."""
+    placements = tuple(placements)
+    replicated = tuple(Replicate() for _ in placements)
+    steps = redistribution_steps(placements, replicated, tuple(weight.shape), mesh_shape)
+    coordinates = list(itertools.product(*map(range, mesh_shape)))
+    pieces = {c: chunk_of(weight, placements, mesh_shape, c) for c in coordinates}
+    for step in steps:
+        if step.kind != "all_gather":
             continue
-        placements = parse_placements(node.output)
-        if sum(isinstance(p, Shard) and n > 1
-               for p, n in zip(placements, plan.mesh.shape)) > 1:
-            raise AutoparError(
-                f"--verify can't repeat the int8 rounding of {node.name}, gathered over "
-                "several mesh axes", expected="int8-gather parameters stored split over "
-                "one axis", got=f"{node.name} stored {node.output}",
-                fix="verify without --compression int8-gather, or on a mesh of one axis")
-
-
-def _rounded(weight: torch.Tensor, slot: StateSlot, mesh_shape: tuple[int, ...]) -> torch.Tensor:
-    """`weight` as the ranks gather it in int8: each piece rounded (`round_trip`) along the
-    one axis that splits it (`check_verifiable`)."""
-    axis = next(a for a, p in enumerate(slot.placements)
-                if isinstance(p, Shard) and mesh_shape[a] > 1)
-    dim, n = slot.placements[axis].dim, mesh_shape[axis]
-    pieces = [weight.narrow(dim, *chunk_extent(weight.shape[dim], n, i)) for i in range(n)]
-    return torch.cat([round_trip(p.movedim(dim, 0)).movedim(0, dim) for p in pieces], dim)
+        dim, axis = step.src.dim, step.axis
+        pieces = {c: torch.cat([round_trip(pieces[(*c[:axis], i, *c[axis + 1:])].movedim(
+            dim, 0)).movedim(0, dim) for i in range(mesh_shape[axis])], dim)
+            for c in coordinates}
+    return pieces[coordinates[0]]
 
 
 @contextlib.contextmanager
@@ -86,7 +84,7 @@ def rounded_weights(reference: nn.Module, slots: dict[str, StateSlot],
         if compression_named(slot.compression).kind == "gather":
             weight = parameters[name]
             held[name] = weight.data
-            weight.data = _rounded(weight.data, slot, mesh_shape)
+            weight.data = gathered_in_int8(weight.data, slot.placements, mesh_shape)
     try:
         yield
     finally:

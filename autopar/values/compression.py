@@ -20,7 +20,9 @@ a tuple of names those.
   the innermost axis it is gathered on alone (the node's fast link), kept from the
   forward's gather to the backward (ZeRO++'s hpZ: hierarchical partitioning). The backward
   then gathers over that axis only, at the price of the copy's memory. Exact: only where
-  the parameter is gathered from changes.
+  the parameter is gathered from changes. Where both are allowed, a parameter may take
+  both: "int8-gather+hpz" (int8 gathers in the forward, the copy, cut from the
+  dequantized weight, gathered whole in the backward: ZeRO++'s qwZ with its hpZ).
 - "powersgd" / "powersgd-R": a data-parallel gradient all-reduce of a matrix (a parameter
   of two dims or more, viewed as dim 0 by the rest) sends a rank-R approximation P Q^T
   instead: two all-reduces of (n + m) x R elements (torch's PowerSGD communication hook,
@@ -32,6 +34,7 @@ a tuple of names those.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -58,7 +61,10 @@ class Compression:
     """One compressed collective: `name`, what it compresses (`compresses`, words), its
     expected error in words (`error`), and its `kind`: "reduce" (gradient reductions run
     in `reduce_dtype`), "gather" (parameter gathers in int8 blocks), "secondary" (the
-    backward's gathers from an in-node copy) or "low-rank" (PowerSGD of rank `rank`)."""
+    backward's gathers from an in-node copy) or "low-rank" (PowerSGD of rank `rank`).
+    `keeps_copy`: the backward regathers from hpz's copy ("hpz", and "int8-gather+hpz":
+    int8 gathers in the forward, the copy gathered whole in the backward, as ZeRO++ runs
+    its qwZ with its hpZ)."""
 
     name: str
     kind: str
@@ -66,6 +72,7 @@ class Compression:
     error: str
     reduce_dtype: torch.dtype | None = None
     rank: int = 0
+    keeps_copy: bool = False
 
     def applies_to(self, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
         """Whether it makes a parameter of `shape` and `dtype` move fewer bytes (gather: an
@@ -106,7 +113,16 @@ INT8_GATHER = Compression(
 
 HPZ = Compression(
     "hpz", "secondary", "ZeRO-3 parameters' backward all-gathers, from a copy split over "
-    "the innermost axis only", "none: exact (only what the backward gathers from changes)")
+    "the innermost axis only", "none: exact (only what the backward gathers from changes)",
+    keeps_copy=True)
+COPY_SUFFIX = "+hpz"
+
+
+def with_copy(compression: Compression) -> Compression:
+    """`compression` (int8 gathers) with hpz's copy for the backward: "int8-gather+hpz"."""
+    return dataclasses.replace(compression, name=compression.name + COPY_SUFFIX,
+                               compresses=f"{compression.compresses}, and {HPZ.compresses}",
+                               keeps_copy=True)
 
 
 def powersgd(rank: int) -> Compression:
@@ -118,7 +134,7 @@ def powersgd(rank: int) -> Compression:
 
 
 COMPRESSIONS = {c.name: c for c in (BF16_REDUCE, INT8_GATHER, HPZ)}
-NAMES = (*COMPRESSIONS, "powersgd", "powersgd-R")
+NAMES = (*COMPRESSIONS, INT8_GATHER.name + COPY_SUFFIX, "powersgd", "powersgd-R")
 
 
 @functools.lru_cache(maxsize=64)
@@ -128,6 +144,9 @@ def compression_named(name: str) -> Compression | None:
     edge."""
     if name in COMPRESSIONS:
         return COMPRESSIONS[name]
+    if name.endswith(COPY_SUFFIX):
+        base = compression_named(name[:-len(COPY_SUFFIX)])
+        return with_copy(base) if base is not None and base.kind == "gather" else None
     found = _POWERSGD.match(name)
     if found is None:
         return None

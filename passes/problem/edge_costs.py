@@ -143,7 +143,7 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
     regather = ref.saved and ref.consumer_saves and src.gathered is None
     compression = None if src.compression is None else compression_named(src.compression)
     regather_from = None
-    if compression is not None and compression.kind == "secondary" and regather:
+    if compression is not None and compression.keeps_copy and regather:
         if dst.recompute:  # a recomputation gathers again from the stored piece
             return None
         regather_from = secondary_copy(src.output, read, mesh_shape)
@@ -161,7 +161,7 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
         return compressed_transfers(transfers, compression,
                                     ref.tensor.dtype, local_shape(ref.tensor.shape, src.output,
                                                                   mesh_shape),
-                                    mesh_shape, regather=regather)
+                                    mesh_shape, regather=regather and regather_from is None)
     return transfers
 
 

@@ -133,13 +133,15 @@ def compression_time(spec: TensorSpec, strategy: Strategy, mesh: Mesh, *, traine
     """Seconds a parameter's compressed collectives add to a step besides their bytes (0
     without one, `autopar.costs.compression`): encoding and decoding, memory-bound passes
     over the whole tensor (an upper bound where it is split otherwise too; a `trained`
-    parameter gathered in int8 twice, for the forward and again for the backward), and for
-    PowerSGD its products and the latency of its second all-reduce."""
+    parameter gathered in int8 twice, for the forward and again for the backward, unless
+    the backward gathers hpz's copy), hpz's cut, and for PowerSGD its products and the
+    latency of its second all-reduce."""
     if strategy.compression is None:
         return 0
     compression = compression_named(strategy.compression)
     local = local_shape(spec.shape, strategy.output, mesh.shape)
-    moved = codec_bytes(compression, spec.numel, spec.itemsize, 2 if trained else 1,
+    moved = codec_bytes(compression, spec.numel, spec.itemsize,
+                        2 if trained and not compression.keeps_copy else 1,
                         secondary_pieces(strategy.output, mesh.shape))
     seconds = formulas.compute_time(codec_flops(compression, local), moved, spec.dtype,
                                     mesh.hardware)
@@ -170,7 +172,7 @@ def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer:
         total += state_bytes(compression, local_shape(spec.shape, strategy.output, mesh.shape),
                              spec.itemsize)
         pieces = secondary_pieces(strategy.output, mesh.shape)
-        if compression.kind == "secondary" and pieces > 1:
+        if compression.keeps_copy and pieces > 1:
             total += saving_uses * uneven.tensor_bytes(spec, mesh.shape) / pieces
     if strategy.gathered is not None:
         copies = (2 if trained else 1) * uses if strategy.whole_gradient else saving_uses

@@ -1,7 +1,8 @@
 """`autopar run --verify` of plans that compress: the single-process model gets the same
-rounding (int8 gathers), or checks the compiled gradient within bfloat16's bound and
-steps with it (bf16-reduce), or steps with the compiled approximation (PowerSGD), so that
-every other gradient and the loss are still checked to 1e-5 at every step."""
+rounding (int8 gathers, over one mesh axis or two), or checks the compiled gradient within
+bfloat16's bound and steps with it (bf16-reduce), or steps with the compiled approximation
+(PowerSGD), so that every other gradient and the loss are still checked to 1e-5 at every
+step."""
 
 from __future__ import annotations
 
@@ -49,14 +50,17 @@ def test_verify_applies_the_plans_rounding(compression, tmp_path):
         assert rows and all(match == "yes" for *_, match in rows), out
 
 
-def test_verify_of_hpz_checks_every_gradient_exactly(tmp_path):
-    # Exact: nothing is rounded or taken from the compiled model, every gradient is checked.
+@pytest.mark.parametrize(("allowed", "chosen"), [
+    (("hpz",), "hpz"), (("int8-gather", "hpz"), "int8-gather+hpz")])
+def test_verify_over_two_axes_checks_every_gradient(allowed, chosen, tmp_path):
+    # hpz is exact: nothing rounded or taken from the compiled model. int8 gathers over
+    # (node, gpu) round twice, once per axis: the reference rounds as they do.
     model, inputs = load_model_file(MLP, hidden=512, ffn=2048)
     mesh = autopar.Mesh((2, 2), ("node", "gpu"), hardware="h100-ethernet",
                         links=("ethernet", "nvlink"))
     plan = autopar.plan(model, mesh, inputs, strategy="fully sharded (ZeRO-3)",
-                        compression=("hpz",), time_limit=10.0)
-    assert any(n.compression == "hpz" for n in plan.nodes)
+                        compression=allowed, time_limit=10.0)
+    assert any(n.compression == chosen for n in plan.nodes)
     plan.save(tmp_path / "plan.json")
     settings = [part for size in SIZES for part in ("--set", size)]
     result = CliRunner().invoke(main, [

@@ -6,7 +6,8 @@ least 1.4x faster: in bfloat16 when that is all it may do, by PowerSGD across th
 under "auto" (faster still); inside one NVLink node of 8 the gradients' all-reduce hides
 behind the backward, compressing it gains nothing, and nothing is compressed. Stored as
 ZeRO-3 over both axes, the backward's gathers across nodes go where "hpz" may keep an
-in-node copy: the step is faster, for the copies' memory.
+in-node copy: the step is faster, for the copies' memory, and faster still with int8
+gathers in the forward as well.
 """
 
 from __future__ import annotations
@@ -49,12 +50,16 @@ def test_nothing_is_compressed_inside_an_nvlink_node(model):
 def test_zero3_across_nodes_regathers_from_in_node_copies(model):
     module, inputs = model
     mesh = autopar.Mesh((2, 8), ("node", "gpu"), hardware="h100-ethernet")
-    exact, hpz = (autopar.plan(module, mesh, inputs, strategy="fully sharded (ZeRO-3)",
-                               compression=compression, time_limit=20.0)
-                  for compression in (None, ("hpz",)))
+    exact, hpz, int8, auto = (
+        autopar.plan(module, mesh, inputs, strategy="fully sharded (ZeRO-3)",
+                     compression=compression, time_limit=20.0)
+        for compression in (None, ("hpz",), ("int8-gather",), "auto"))
     copied = [n for n in hpz.nodes if n.compression == "hpz"]
     assert len(copied) >= 40  # the weights of 20 blocks at least
     assert exact.step_time_s >= 1.2 * hpz.step_time_s
     assert hpz.peak_memory_bytes > exact.peak_memory_bytes
     backward = ("all_gather", "node", "backward")
     assert hpz.comm_bytes().get(backward, 0) < exact.comm_bytes()[backward] / 2
+    # "auto" takes both on a weight (ZeRO++'s qwZ with hpZ), faster than either alone.
+    assert len([n for n in auto.nodes if n.compression == "int8-gather+hpz"]) >= 40
+    assert auto.step_time_s < min(hpz.step_time_s, int8.step_time_s)

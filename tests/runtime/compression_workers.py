@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import autopar
-from autopar.runtime.quantize import round_trip
-from autopar.values.placement import Shard, parse_placements
+from autopar.tools.rounded_reference import gathered_in_int8
+from autopar.values.placement import parse_placements
 from examples import mlp
 
 SIZES = {"batch": 8, "hidden": 256, "ffn": 1024}
@@ -78,28 +78,27 @@ def compressed_step(rank: int, plan: dict) -> dict:
     return result
 
 
-def quantized_weights(model: torch.nn.Module, stored: dict[str, str], pieces: int) -> dict:
+def quantized_weights(model: torch.nn.Module, stored: dict[str, str],
+                      mesh_shape: tuple[int, ...]) -> dict:
     """Each parameter of `model` as the ranks of a plan gather it: for those in `stored`
-    (name: the placement it is stored in on a 1-D mesh of `pieces`, e.g. "S(0)"), each
-    rank's piece through int8 blocks and back (`autopar.runtime.quantize.round_trip`),
+    (name: the placements it is stored in on a mesh of `mesh_shape`, e.g. "S(0),S(0)"),
+    through int8 blocks and back at each gather (`rounded_reference.gathered_in_int8`),
     not differentiated (a straight-through copy); the others as they are."""
     weights = {}
     for name, p in model.named_parameters():
-        placement = parse_placements(stored[name])[0] if name in stored else None
-        if not isinstance(placement, Shard):
+        if name not in stored:
             weights[name] = p
             continue
-        rounded = torch.cat([round_trip(piece.movedim(placement.dim, 0)).movedim(
-            0, placement.dim) for piece in p.detach().chunk(pieces, placement.dim)],
-            placement.dim)
+        rounded = gathered_in_int8(p.detach(), parse_placements(stored[name]), mesh_shape)
         weights[name] = p + (rounded - p).detach()
     return weights
 
 
 def gathered_step(rank: int, plan: dict) -> dict:
-    """One forward and backward under `plan`, whose parameters are gathered in int8: the
+    """One forward and backward under `plan`, whose parameters may be gathered in int8: the
     loss, full gradients, bytes moved and the plan's; on rank 0 also the single-process
-    loss and gradients with the same rounding of the gathered weights."""
+    loss and gradients with the same rounding of the weights gathered so (an exact plan's,
+    "hpz" too: the single-process model's own)."""
     torch.manual_seed(0)
     model, inputs = build()
     reference = copy.deepcopy(model)
@@ -111,8 +110,8 @@ def gathered_step(rank: int, plan: dict) -> dict:
               "measured": dict(pm.counter.totals()), "predicted": pm.plan.comm_bytes()}
     if rank == 0:
         stored = {parameter_name(n): n.output for n in planned.nodes
-                  if n.compression == "int8-gather"}
-        weights = quantized_weights(reference, stored, planned.mesh.size)
+                  if n.compression.startswith("int8-gather")}
+        weights = quantized_weights(reference, stored, planned.mesh.shape)
         expected = torch.func.functional_call(reference, weights, inputs)
         expected.backward()
         result["expected_loss"] = expected.detach()
@@ -120,22 +119,21 @@ def gathered_step(rank: int, plan: dict) -> dict:
     return result
 
 
-def exact_step(rank: int, plan: dict) -> dict:
-    """One forward and backward under `plan`, whose compressions are exact ("hpz"): the
-    loss, full gradients, bytes moved and the plan's; on rank 0 also the single-process
-    model's loss and gradients."""
-    torch.manual_seed(0)
-    model, inputs = build()
-    reference = copy.deepcopy(model)
-    planned = autopar.Plan.from_dict(plan)
-    pm = autopar.compile(model, planned.mesh, inputs, plan=planned)
-    loss = pm(*inputs)
-    loss.backward()
-    result = {"loss": loss.detach(), "grads": pm.full_grads(),
-              "measured": dict(pm.counter.totals()), "predicted": pm.plan.comm_bytes()}
-    if rank == 0:
-        expected = reference(*inputs)
-        expected.backward()
-        result["expected_loss"] = expected.detach()
-        result["expected"] = {name: p.grad.clone() for name, p in reference.named_parameters()}
-    return result
+
+def int8_gathered(rank: int, shape: tuple[int, ...], stored: str) -> torch.Tensor:
+    """A weight of `shape` stored as `stored` on a (2, 2) mesh, all-gathered in int8 by the
+    runtime's own steps: what this rank receives."""
+    from autopar.runtime import CommCounter, Redistribution, device_mesh
+    from autopar.runtime.axis_ops import apply_steps
+    from autopar.runtime.shards import local_piece
+    from autopar.values.compression import INT8_GATHER
+    from autopar.values.placement import Replicate
+
+    mesh = device_mesh(autopar.Mesh((2, 2), ("node", "gpu")))
+    placements = parse_placements(stored)
+    weight = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    edge = Redistribution.for_edge(shape, weight.dtype, placements, (Replicate(),) * 2,
+                                   (Replicate(),) * 2, (2, 2), requires_grad=False,
+                                   compression=INT8_GATHER)
+    piece = local_piece(weight, placements, (2, 2), tuple(mesh.get_coordinate()))
+    return apply_steps(piece, edge.forward_steps, mesh, CommCounter(), "forward")

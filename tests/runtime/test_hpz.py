@@ -19,8 +19,9 @@ import torch
 import autopar
 from autopar.runtime.launch import launch
 from autopar.runtime.redistribution import Redistribution
+from autopar.tools.rounded_reference import gathered_in_int8
 from autopar.values.compression import HPZ
-from autopar.values.placement import Replicate, Shard
+from autopar.values.placement import Replicate, Shard, parse_placements
 
 MESH = autopar.Mesh((2, 2), ("node", "gpu"), hardware="h100-ethernet",
                     links=("ethernet", "nvlink"))
@@ -37,7 +38,7 @@ def _plan(compression) -> autopar.Plan:
 @pytest.fixture(scope="module")
 def ran():
     plan = _plan(("hpz",))
-    return plan, launch(compression_workers.exact_step, 4, plan.to_dict(), timeout=300.0)
+    return plan, launch(compression_workers.gathered_step, 4, plan.to_dict(), timeout=300.0)
 
 
 def test_the_saved_weight_is_regathered_from_its_in_node_copy(ran):
@@ -95,3 +96,41 @@ def test_the_edge_keeps_a_copy_over_the_inner_axis_and_gathers_it_there():
         [("all_gather", 0), ("all_gather", 1)]
     assert [(t.kind, t.axis, t.nbytes) for t in edge.backward if t.kind == "all_gather"] == \
         [("all_gather", 1, 1024 * 256 * 4)]
+
+
+@pytest.fixture(scope="module")
+def with_int8():
+    plan = _plan(("int8-gather", "hpz"))
+    return plan, launch(compression_workers.gathered_step, 4, plan.to_dict(), timeout=300.0)
+
+
+def test_int8_gathers_with_the_copy_train_as_the_twice_rounded_weights_do(with_int8):
+    # ZeRO++'s qwZ with its hpZ: the forward gathers int8 over each axis in turn (the node
+    # axis rounds again what the gpu axis made); the backward gathers the copy, cut from
+    # the dequantized weight, whole over the gpu axis.
+    plan, results = with_int8
+    chosen = {compression_workers.parameter_name(n): n.compression for n in plan.nodes}
+    assert chosen["fc2.weight"] == "int8-gather+hpz"
+    expected = results[0]
+    for rank, result in enumerate(results):
+        assert result["measured"] == {k: v for k, v in result["predicted"].items() if v}
+        assert torch.allclose(result["loss"], expected["expected_loss"], rtol=1e-6), rank
+        for name, want in expected["expected"].items():
+            got = result["grads"][name]
+            assert float((got - want).norm() / want.norm()) <= 1e-6, (rank, name)
+    int8 = _plan(("int8-gather",)).comm_bytes()
+    node, gpu = ("all_gather", "node", "backward"), ("all_gather", "gpu", "backward")
+    assert plan.comm_bytes()[node] < int8[node]
+    assert plan.comm_bytes()[gpu] > int8[gpu] + WEIGHT / 2  # the whole weight, not int8
+
+
+@pytest.mark.parametrize("stored", ["S(0),S(0)", "S(1),S(0)"])
+def test_the_reference_rounds_as_the_int8_gathers_over_two_axes_do(stored):
+    # Rows of 300 and pieces of 3 x 150: the second gather's blocks straddle the first's,
+    # so it rounds their values again.
+    received = launch(compression_workers.int8_gathered, 4, (6, 300), stored, timeout=120.0)
+    weight = torch.randn((6, 300), generator=torch.Generator().manual_seed(0))
+    expected = gathered_in_int8(weight, parse_placements(stored), (2, 2))
+    assert not torch.equal(expected, weight)
+    for got in received:
+        assert torch.equal(got, expected)
