@@ -56,31 +56,39 @@ def compressed_transfers(transfers: tuple[Transfer, ...], compression: Compressi
                          mesh_shape: tuple[int, ...], *, regather: bool = False
                          ) -> tuple[Transfer, ...]:
     """`transfers` of one edge out of a parameter of `dtype`, whose local piece (as its
-    reductions see it) has shape `local`, with `compression` applied (module docstring);
-    `regather`: the backward starts with a repeat of the forward's all-gathers."""
-    if compression.kind == "secondary":
-        return transfers  # the regather's own transfers (`edge_transfers(regather_from=)`)
-    if compression.kind == "reduce":
+    reductions see it) has shape `local`, with `compression` applied (module docstring;
+    a combination, each of its kinds; "secondary" leaves them: the regather's are its own,
+    `edge_transfers(regather_from=)`); `regather`: the backward starts with a repeat of
+    the forward's all-gathers."""
+    if "reduce" in compression.kinds:
         ratio = compression.reduce_dtype.itemsize / dtype.itemsize
-        return tuple(dataclasses.replace(t, nbytes=t.nbytes * ratio)
-                     if t.backward and t.kind in ("all_reduce", "reduce_scatter") else t
-                     for t in transfers)
-    if compression.kind == "gather":
-        gathers = sum(t.kind == "all_gather" and not t.backward for t in transfers)
-        repeats = gathers if regather else 0
-        out = []
-        for t in transfers:
-            if t.kind == "all_gather" and (not t.backward or repeats > 0):
-                repeats -= t.backward
-                t = dataclasses.replace(t, nbytes=quantized_bytes(
-                    t.nbytes, dtype.itemsize, mesh_shape[t.axis]))
-            out.append(t)
-        return tuple(out)
-    if not transfers or any(not t.backward or t.kind != "all_reduce" for t in transfers) \
+        transfers = tuple(dataclasses.replace(t, nbytes=t.nbytes * ratio)
+                          if t.backward and t.kind in ("all_reduce", "reduce_scatter") else t
+                          for t in transfers)
+    if "gather" in compression.kinds:
+        transfers = _quantized_gathers(transfers, dtype, mesh_shape, regather)
+    if "low-rank" not in compression.kinds or not transfers or any(
+            not t.backward or t.kind != "all_reduce" for t in transfers) \
             or not compresses_matrix(local, compression.rank):
         return transfers  # reduced otherwise, or a piece too small: not compressed
     return (*transfers[:-1], dataclasses.replace(transfers[-1], nbytes=low_rank_bytes(
         local, compression.rank, dtype.itemsize)))
+
+
+def _quantized_gathers(transfers: tuple[Transfer, ...], dtype: torch.dtype,
+                       mesh_shape: tuple[int, ...], regather: bool) -> tuple[Transfer, ...]:
+    """`transfers` with the forward's all-gathers, and their repeats in the backward where
+    the parameter is `regather`ed, in int8 blocks (`quantized_bytes`)."""
+    gathers = sum(t.kind == "all_gather" and not t.backward for t in transfers)
+    repeats = gathers if regather else 0
+    out = []
+    for t in transfers:
+        if t.kind == "all_gather" and (not t.backward or repeats > 0):
+            repeats -= t.backward
+            t = dataclasses.replace(t, nbytes=quantized_bytes(
+                t.nbytes, dtype.itemsize, mesh_shape[t.axis]))
+        out.append(t)
+    return tuple(out)
 
 
 def quantized_bytes(nbytes, itemsize: int, n: int):
@@ -102,21 +110,22 @@ def codec_bytes(compression: Compression, numel: int, itemsize: int, gathers: in
     step: reduce, a cast in and out (each pass reads one dtype, writes the other); gather,
     `gathers` quantize-dequantize round trips; with hpz's copy (`keeps_copy`), the copy
     of `numel / pieces` elements cut out at the forward's gather; low-rank, the error
-    added and kept, the decompressed gradient written (three passes)."""
-    copy = 2 * numel * itemsize / pieces if compression.keeps_copy and pieces > 1 else 0.0
-    if compression.kind == "secondary":
-        return copy
-    if compression.kind == "gather":
-        return copy + 2 * gathers * numel * (itemsize + 1)
-    if compression.kind == "reduce":
-        return 2 * numel * (itemsize + compression.reduce_dtype.itemsize)
-    return 3 * 2 * numel * itemsize
+    added and kept, the decompressed gradient written (three passes); a combination, the
+    sum of its kinds'."""
+    moved = 2 * numel * itemsize / pieces if compression.keeps_copy and pieces > 1 else 0.0
+    if "gather" in compression.kinds:
+        moved += 2 * gathers * numel * (itemsize + 1)
+    if "reduce" in compression.kinds:
+        moved += 2 * numel * (itemsize + compression.reduce_dtype.itemsize)
+    if "low-rank" in compression.kinds:
+        moved += 3 * 2 * numel * itemsize
+    return moved
 
 
 def codec_flops(compression: Compression, local: tuple[int, ...]) -> float:
     """FLOPs of PowerSGD's products M Q, M^T P and P Q^T with its Gram-Schmidt of P and Q
     (4 N R^2 + 4 M R^2); 0 for the other kinds."""
-    if compression.kind != "low-rank" or len(local) < 2:
+    if "low-rank" not in compression.kinds or len(local) < 2:
         return 0.0
     n, m = matrix_of(local)
     rank = min(n, m, compression.rank)
@@ -126,7 +135,7 @@ def codec_flops(compression: Compression, local: tuple[int, ...]) -> float:
 def state_bytes(compression: Compression, local: tuple[int, ...], itemsize: int) -> float:
     """Bytes kept between steps: PowerSGD's error feedback (the local gradient's size) and
     its P and Q (warm start); none for the other kinds."""
-    if compression.kind != "low-rank" or len(local) < 2:
+    if "low-rank" not in compression.kinds or len(local) < 2:
         return 0.0
     n, m = matrix_of(local)
     return (n * m + (n + m) * min(n, m, compression.rank)) * itemsize

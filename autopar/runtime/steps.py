@@ -144,13 +144,13 @@ def _compressed(steps: tuple[Step, ...], compression: Compression, backward: boo
     """`steps` marked to run as `compression` does (`Step`'s fields; the same collectives
     `autopar.costs.compression.compressed_transfers` charges compressed)."""
     kinds = [step.kind for step in steps if step.kind is not None]
-    if compression.kind == "reduce" and backward:
-        return tuple(dataclasses.replace(s, reduce_dtype=compression.reduce_dtype)
-                     if s.kind in ("all_reduce", "reduce_scatter") else s for s in steps)
-    if compression.kind == "gather" and not backward:
-        return tuple(dataclasses.replace(s, quantized=True) if s.kind == "all_gather" else s
-                     for s in steps)
-    if compression.kind == "low-rank" and backward and steps \
+    if "reduce" in compression.kinds and backward:
+        steps = tuple(dataclasses.replace(s, reduce_dtype=compression.reduce_dtype)
+                      if s.kind in ("all_reduce", "reduce_scatter") else s for s in steps)
+    if "gather" in compression.kinds and not backward:
+        steps = tuple(dataclasses.replace(s, quantized=True) if s.kind == "all_gather" else s
+                      for s in steps)
+    if "low-rank" in compression.kinds and backward and steps \
             and kinds == ["all_reduce"] * len(steps) and compresses_matrix(local_shape(
                 steps[-1].shape, steps[-1].before, mesh_shape), compression.rank):
         # The last all-reduce (the outermost axis) approximated, those before it exact.

@@ -81,7 +81,7 @@ def rounded_weights(reference: nn.Module, slots: dict[str, StateSlot],
     held = {}
     parameters = dict(reference.named_parameters())
     for name, slot in slots.items():
-        if compression_named(slot.compression).kind == "gather":
+        if "gather" in compression_named(slot.compression).kinds:
             weight = parameters[name]
             held[name] = weight.data
             weight.data = gathered_in_int8(weight.data, slot.placements, mesh_shape)
@@ -101,11 +101,11 @@ def take_compressed(reference: nn.Module, grads: dict, slots: dict[str, StateSlo
     worst: tuple[float, str | None] = (0.0, None)
     parameters = dict(reference.named_parameters())
     for name, slot in slots.items():
-        kind = compression_named(slot.compression).kind
-        if kind in ("gather", "secondary") or grads.get(name) is None:
+        kinds = compression_named(slot.compression).kinds
+        if not {"reduce", "low-rank"} & set(kinds) or grads.get(name) is None:
             continue
         param = parameters[name]
-        if kind == "reduce" and param.grad is not None:
+        if "reduce" in kinds and param.grad is not None:
             allowed = bf16_bound(ranks) * float(param.grad.abs().max())
             difference = float((grads[name] - param.grad).abs().max())
             excess = difference / allowed if allowed > 0 else \

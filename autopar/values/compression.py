@@ -20,9 +20,11 @@ a tuple of names those.
   the innermost axis it is gathered on alone (the node's fast link), kept from the
   forward's gather to the backward (ZeRO++'s hpZ: hierarchical partitioning). The backward
   then gathers over that axis only, at the price of the copy's memory. Exact: only where
-  the parameter is gathered from changes. Where both are allowed, a parameter may take
-  both: "int8-gather+hpz" (int8 gathers in the forward, the copy, cut from the
-  dequantized weight, gathered whole in the backward: ZeRO++'s qwZ with its hpZ).
+  the parameter is gathered from changes.
+- Several of "bf16-reduce", "int8-gather" and "hpz" may go on one parameter where each is
+  allowed, named together: "int8-gather+hpz" (int8 gathers in the forward, the copy, cut
+  from the dequantized weight, gathered whole in the backward: ZeRO++'s qwZ with its
+  hpZ), "bf16-reduce+int8-gather+hpz" (its gradients reduced in bfloat16 too).
 - "powersgd" / "powersgd-R": a data-parallel gradient all-reduce of a matrix (a parameter
   of two dims or more, viewed as dim 0 by the rest) sends a rank-R approximation P Q^T
   instead: two all-reduces of (n + m) x R elements (torch's PowerSGD communication hook,
@@ -34,7 +36,6 @@ a tuple of names those.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import re
@@ -58,13 +59,13 @@ _POWERSGD = re.compile(r"powersgd(?:-(-?\d+))?$")
 
 @dataclass(frozen=True)
 class Compression:
-    """One compressed collective: `name`, what it compresses (`compresses`, words), its
-    expected error in words (`error`), and its `kind`: "reduce" (gradient reductions run
-    in `reduce_dtype`), "gather" (parameter gathers in int8 blocks), "secondary" (the
-    backward's gathers from an in-node copy) or "low-rank" (PowerSGD of rank `rank`).
-    `keeps_copy`: the backward regathers from hpz's copy ("hpz", and "int8-gather+hpz":
-    int8 gathers in the forward, the copy gathered whole in the backward, as ZeRO++ runs
-    its qwZ with its hpZ)."""
+    """One compressed collective, or several on one parameter: `name`, what it compresses
+    (`compresses`, words), its expected error in words (`error`), and its `kind`:
+    "reduce" (gradient reductions run in `reduce_dtype`), "gather" (parameter gathers in
+    int8 blocks), "secondary" (the backward's gathers from an in-node copy,
+    `keeps_copy`) or "low-rank" (PowerSGD of rank `rank`). A combination (`combined`:
+    "bf16-reduce+int8-gather+hpz", ZeRO++'s three together) has the kinds of its `parts`
+    joined by "+" (`kinds`)."""
 
     name: str
     kind: str
@@ -73,11 +74,18 @@ class Compression:
     reduce_dtype: torch.dtype | None = None
     rank: int = 0
     keeps_copy: bool = False
+    parts: tuple[Compression, ...] = ()
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(self.kind.split(COMBINED))
 
     def applies_to(self, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
         """Whether it makes a parameter of `shape` and `dtype` move fewer bytes (gather: an
         fp16/bf16/fp32 tensor; low-rank: a matrix that PowerSGD compresses; secondary:
-        any, its bytes move over a faster link instead)."""
+        any, its bytes move over a faster link instead; a combination: every part)."""
+        if self.parts:
+            return all(part.applies_to(shape, dtype) for part in self.parts)
         if self.kind == "secondary":
             return True
         if not dtype.is_floating_point:
@@ -115,14 +123,21 @@ HPZ = Compression(
     "hpz", "secondary", "ZeRO-3 parameters' backward all-gathers, from a copy split over "
     "the innermost axis only", "none: exact (only what the backward gathers from changes)",
     keeps_copy=True)
-COPY_SUFFIX = "+hpz"
+# Names of compressions combined on one parameter are joined by this, in this order of
+# kinds (PowerSGD combines with none: it replaces the all-reduce the others would cast).
+COMBINED, COMBINABLE = "+", ("reduce", "gather", "secondary")
 
 
-def with_copy(compression: Compression) -> Compression:
-    """`compression` (int8 gathers) with hpz's copy for the backward: "int8-gather+hpz"."""
-    return dataclasses.replace(compression, name=compression.name + COPY_SUFFIX,
-                               compresses=f"{compression.compresses}, and {HPZ.compresses}",
-                               keeps_copy=True)
+def combined(parts: tuple[Compression, ...]) -> Compression:
+    """The compressions `parts` (of distinct combinable kinds) on one parameter."""
+    parts = tuple(sorted(parts, key=lambda c: COMBINABLE.index(c.kind)))
+    reduce = next((c.reduce_dtype for c in parts if c.reduce_dtype is not None), None)
+    return Compression(COMBINED.join(c.name for c in parts),
+                       COMBINED.join(c.kind for c in parts),
+                       "; ".join(c.compresses for c in parts),
+                       "; ".join(c.error for c in parts if c.kind != "secondary"),
+                       reduce_dtype=reduce, keeps_copy=any(c.keeps_copy for c in parts),
+                       parts=parts)
 
 
 def powersgd(rank: int) -> Compression:
@@ -134,7 +149,7 @@ def powersgd(rank: int) -> Compression:
 
 
 COMPRESSIONS = {c.name: c for c in (BF16_REDUCE, INT8_GATHER, HPZ)}
-NAMES = (*COMPRESSIONS, INT8_GATHER.name + COPY_SUFFIX, "powersgd", "powersgd-R")
+NAMES = (*COMPRESSIONS, "powersgd", "powersgd-R")
 
 
 @functools.lru_cache(maxsize=64)
@@ -144,9 +159,11 @@ def compression_named(name: str) -> Compression | None:
     edge."""
     if name in COMPRESSIONS:
         return COMPRESSIONS[name]
-    if name.endswith(COPY_SUFFIX):
-        base = compression_named(name[:-len(COPY_SUFFIX)])
-        return with_copy(base) if base is not None and base.kind == "gather" else None
+    if COMBINED in name:
+        parts = tuple(COMPRESSIONS.get(part) for part in name.split(COMBINED))
+        if None in parts or len({c.kind for c in parts}) < len(parts):
+            return None
+        return combined(parts)
     found = _POWERSGD.match(name)
     if found is None:
         return None

@@ -273,8 +273,8 @@ class EdgeCache:
 
     def _quantized(self, ids: np.ndarray) -> np.ndarray:
         """Per compression id, whether it gathers in int8."""
-        kinds = {i: compression_named(name).kind for name, i in self._compressions.items()}
-        return np.array([kinds.get(i) == "gather" for i in ids.tolist()], dtype=bool)
+        kinds = {i: compression_named(name).kinds for name, i in self._compressions.items()}
+        return np.array(["gather" in kinds.get(i, ()) for i in ids.tolist()], dtype=bool)
 
     def _compression_id(self, name: str | None) -> int:
         """The id of compression `name` in this cache, 0 for none."""

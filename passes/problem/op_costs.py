@@ -145,7 +145,7 @@ def compression_time(spec: TensorSpec, strategy: Strategy, mesh: Mesh, *, traine
                         secondary_pieces(strategy.output, mesh.shape))
     seconds = formulas.compute_time(codec_flops(compression, local), moved, spec.dtype,
                                     mesh.hardware)
-    if compression.kind == "low-rank":
+    if "low-rank" in compression.kinds:
         seconds += max((formulas.collective_time("all_reduce", 0, n, link)
                         for n, link, placement in zip(mesh.shape, mesh.axis_links,
                                                       strategy.output)

@@ -7,10 +7,11 @@ compression that makes it move fewer bytes (`autopar.values.compression`):
 - "reduce" (bf16-reduce): every strategy of an fp32 parameter (its gradient's reductions);
 - "gather" (int8-gather): a strategy that stores the parameter sharded (its gathers);
 - "secondary" (hpz): a strategy that gathers it at each use (ZeRO-3) from a piece stored
-  sharded over two axes or more; with int8-gather allowed too, such a strategy also gets
-  the two together ("int8-gather+hpz");
+  sharded over two axes or more;
 - "low-rank" (PowerSGD): a strategy that replicates it over some axis (its gradient's
-  all-reduce) where its piece is a matrix PowerSGD compresses.
+  all-reduce) where its piece is a matrix PowerSGD compresses;
+- several of the first three together (`values.compression.combined`: "int8-gather+hpz",
+  "bf16-reduce+int8-gather+hpz"), where each of them applies.
 
 The edge costs charge the twin's collectives the compressed bytes
 (`autopar.costs.compression`) and its node the encoding and decoding
@@ -21,18 +22,13 @@ compression`). Nothing is offered on a mesh of one device, where nothing is move
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import torch.fx as fx
 
 from autopar.passes.capturing.gradient_path import trained
 from autopar.passes.strategies.find_strategies import Strategy, StrategyTable
-from autopar.values.compression import (
-    COPY_SUFFIX,
-    HPZ,
-    Compression,
-    compression_named,
-    with_copy,
-)
+from autopar.values.compression import COMBINABLE, Compression, combined
 from autopar.values.placement import Replicate, Shard, local_shape
 from autopar.values.specs import ROLE, TENSOR, TensorSpec
 
@@ -53,27 +49,27 @@ def offer_compression(gm: fx.GraphModule, table: StrategyTable,
         key = (id(options), spec.shape, spec.dtype)
         if key not in twins:
             twins[key] = options + tuple(
-                dataclasses.replace(s, compression=c.name) for c in _with_pairs(compressions)
+                dataclasses.replace(s, compression=c.name) for c in _with_combinations(compressions)
                 for s in options if _applies(c, spec, s, mesh_shape))
         strategies[node.name] = twins[key]
     return dataclasses.replace(table, strategies=strategies)
 
 
-def _with_pairs(compressions: tuple[Compression, ...]) -> tuple[Compression, ...]:
-    """`compressions`, and each gather one with hpz's copy where hpz is among them."""
-    if HPZ not in compressions:
-        return compressions
-    return compressions + tuple(with_copy(c) for c in compressions if c.kind == "gather")
+def _with_combinations(compressions: tuple[Compression, ...]) -> tuple[Compression, ...]:
+    """`compressions`, and every combination of two or more of their combinable ones."""
+    singles = [c for c in compressions if c.kind in COMBINABLE]
+    return compressions + tuple(
+        combined(parts) for size in range(2, len(singles) + 1)
+        for parts in itertools.combinations(singles, size))
 
 
 def _applies(compression: Compression, spec: TensorSpec, strategy: Strategy,
              mesh_shape: tuple[int, ...]) -> bool:
-    """Whether `compression` makes the parameter move fewer bytes under `strategy`."""
+    """Whether `compression` makes the parameter move fewer bytes under `strategy` (a
+    combination: each of its parts does)."""
+    if compression.parts:
+        return all(_applies(part, spec, strategy, mesh_shape) for part in compression.parts)
     axes = [p for p, n in zip(strategy.output, mesh_shape) if n > 1]
-    if compression.keeps_copy and compression.kind != "secondary":
-        return _applies(HPZ, spec, strategy, mesh_shape) and _applies(
-            compression_named(compression.name.removesuffix(COPY_SUFFIX)), spec, strategy,
-            mesh_shape)
     if compression.kind == "gather":
         shape, moved = spec.shape, any(isinstance(p, Shard) for p in axes)
     elif compression.kind == "secondary":

@@ -51,10 +51,12 @@ def test_verify_applies_the_plans_rounding(compression, tmp_path):
 
 
 @pytest.mark.parametrize(("allowed", "chosen"), [
-    (("hpz",), "hpz"), (("int8-gather", "hpz"), "int8-gather+hpz")])
+    (("hpz",), "hpz"), (("int8-gather", "hpz"), "int8-gather+hpz"),
+    ("auto", "bf16-reduce+int8-gather+hpz")])
 def test_verify_over_two_axes_checks_every_gradient(allowed, chosen, tmp_path):
     # hpz is exact: nothing rounded or taken from the compiled model. int8 gathers over
-    # (node, gpu) round twice, once per axis: the reference rounds as they do.
+    # (node, gpu) round twice, once per axis: the reference rounds as they do. With all
+    # three (ZeRO++'s), the bf16 gradients are checked within their bound, then taken.
     model, inputs = load_model_file(MLP, hidden=512, ffn=2048)
     mesh = autopar.Mesh((2, 2), ("node", "gpu"), hardware="h100-ethernet",
                         links=("ethernet", "nvlink"))

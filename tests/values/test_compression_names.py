@@ -46,3 +46,20 @@ def test_compressions_apply_to_what_they_make_smaller():
     assert low_rank.applies_to((1024, 1024), torch.float32)
     assert not low_rank.applies_to((16, 16), torch.float32)  # (16 + 16) x 4 x 2 >= 256
     assert not low_rank.applies_to((4096,), torch.float32)
+
+
+def test_compressions_combine_on_one_parameter_in_a_fixed_order():
+    found = compression_named("hpz+bf16-reduce+int8-gather")
+    assert found.name == "bf16-reduce+int8-gather+hpz"
+    assert found.kinds == ("reduce", "gather", "secondary")
+    assert found.keeps_copy and found.reduce_dtype == torch.bfloat16
+    assert compression_named(found.name) == found  # a plan's record reads back
+    assert "hpz" not in found.error  # exact: only the rounding parts have an error
+    assert found.applies_to((4, 4), torch.float32) and not found.applies_to((4,), torch.int8)
+
+
+@pytest.mark.parametrize("name", ["int8-gather+int8-gather", "powersgd+hpz", "hpz+zip"])
+def test_combinations_of_a_kind_twice_or_with_powersgd_are_unknown(name):
+    assert compression_named(name) is None
+    with pytest.raises(PlanningError, match="unknown compression"):
+        check_compression((name,))
