@@ -207,6 +207,10 @@ def test_every_benchmark_is_tested_and_documents_quick(script: str) -> None:
 
 def test_compression() -> None:
     out = run_quick("compression.py")
+    row = r"^\| {} \| {} \| \d+\.\d \| \d+\.\d\dx \| \d+\.\d\d \| {} \|$"
+    assert has_line(row.format("data parallel", "none", "-"), out)
+    assert has_line(row.format(r"fully sharded \(ZeRO-3\)", "auto",
+                               r"bf16-reduce\+int8-gather\+hpz \d+.*"), out)
     assert has_line(r"^exact: 0 parameters compressed", out)
     assert has_line(r"^powersgd-4: [1-9]\d* parameters compressed", out)
     assert "## GPT (small), 30 AdamW steps on 2 gloo ranks, loss per step" in out
