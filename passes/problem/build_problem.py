@@ -308,7 +308,7 @@ class _Builder:
                                          self.optimizer, self.saving_uses.get(node.name, 0),
                                          self.uses.get(node.name, 0),
                                          gradient=not self.timed_gradients,
-                                         trained=trained(node)))
+                                         trained=trained(node), in_flight=self.in_flight))
         held = sum(formulas.local_bytes(uneven.cost_bytes(s, self.mesh), strategy.output,
                                         self.mesh.shape)
                    for s in tensor_outputs(node)) if node.op != "output" else 0

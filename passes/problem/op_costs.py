@@ -155,16 +155,17 @@ def compression_time(spec: TensorSpec, strategy: Strategy, mesh: Mesh, *, traine
 
 def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer: OptimizerState,
                     saving_uses: int, uses: int, *, gradient: bool = True,
-                    trained: bool = True) -> float:
+                    trained: bool = True, in_flight: int = 1) -> float:
     """Bytes one rank holds for a parameter: its stored piece, gradient (unless not
     `gradient`), master copy and optimizer states (all stored as `strategy.output`; a frozen
     parameter, not `trained`, has only its piece), plus, when it is kept gathered, one
     gathered copy for each use that saves it for the backward (ZeRO-2), or a gathered copy
     and its whole gradient for each of its `uses` (ZeRO-1, kept for the step), and what a
     compression keeps between steps (`compression.state_bytes`: PowerSGD's) or for the
-    backward ("hpz": its copy, cut n ways, for each use that saves it, charged for the
-    step as ZeRO-2's are, and as if gathered whole: an upper bound where a use reads it
-    split otherwise too)."""
+    backward ("hpz": its copy, cut n ways, for each use that saves it and each of the
+    `in_flight` micro-batches whose backward is pending, charged for the step as ZeRO-2's
+    are, and as if gathered whole: an upper bound where a use reads it split otherwise
+    too)."""
     stored, states = stored_parameter_bytes(spec, strategy.output, mesh.shape, optimizer)
     total = (2 if gradient else 1) * stored + states if trained else stored
     if strategy.compression is not None and trained:
@@ -173,7 +174,7 @@ def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer:
                              spec.itemsize)
         pieces = secondary_pieces(strategy.output, mesh.shape)
         if compression.keeps_copy and pieces > 1:
-            total += saving_uses * uneven.tensor_bytes(spec, mesh.shape) / pieces
+            total += in_flight * saving_uses * uneven.tensor_bytes(spec, mesh.shape) / pieces
     if strategy.gathered is not None:
         copies = (2 if trained else 1) * uses if strategy.whole_gradient else saving_uses
         total += copies * formulas.local_bytes(uneven.tensor_bytes(spec, mesh.shape),

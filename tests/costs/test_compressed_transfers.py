@@ -15,8 +15,13 @@ from autopar.costs.compression import (
     state_bytes,
 )
 from autopar.costs.formulas import Transfer, edge_transfers
+from autopar.costs.optimizer_state import optimizer_state
+from autopar.passes.problem.op_costs import parameter_bytes
+from autopar.passes.strategies.find_strategies import Strategy
 from autopar.values.compression import BF16_REDUCE, HPZ, INT8_GATHER, powersgd
+from autopar.values.mesh import Mesh
 from autopar.values.placement import Replicate, Shard
+from autopar.values.specs import TensorSpec
 
 
 def test_bf16_halves_the_backward_reductions_only():
@@ -83,3 +88,18 @@ def test_hpz_regathers_once_over_the_inner_axis_the_whole_read():
     assert again == [("all_gather", 1, nbytes)]
     assert [t for t in copied if not t.backward] == list(plain)
     assert codec_bytes(HPZ, 2**20, 4, 2, pieces=8) == 2 * 2**20 * 4 / 8
+
+
+def test_hpz_copies_are_charged_per_saving_use_and_micro_batch_in_flight():
+    # A 1 MiB fp32 weight stored S(0), S(0) on (2, 8): each copy is cut 8 ways (128 KiB).
+    spec, mesh = TensorSpec((512, 512), torch.float32), Mesh((2, 8), ("node", "gpu"))
+    optimizer = optimizer_state(torch.optim.SGD)
+    stored = (Shard(0), Shard(0))
+    plain = Strategy(inputs=(), output=stored)
+    copied = Strategy(inputs=(), output=stored, compression="hpz")
+    base = parameter_bytes(spec, plain, mesh, optimizer, 2, 2)
+    copy = 2**20 / 8
+    assert parameter_bytes(spec, copied, mesh, optimizer, 2, 2) == base + 2 * copy
+    assert parameter_bytes(spec, copied, mesh, optimizer, 2, 2, in_flight=3) == \
+        base + 3 * 2 * copy
+    assert parameter_bytes(spec, copied, mesh, optimizer, 0, 2) == base  # nothing saves it
