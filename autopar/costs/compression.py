@@ -157,6 +157,16 @@ def secondary_copy(output: Placements, read: Placements, mesh_shape: tuple[int, 
     return tuple(output[inner] if axis == inner else r for axis, r in enumerate(read))
 
 
+def regather_source(compression: Compression | None, regather: bool, output: Placements,
+                    read: Placements, mesh_shape: tuple[int, ...]) -> Placements | None:
+    """Where the backward gathers a parameter stored as `output`, read as `read`, from:
+    hpz's copy (`secondary_copy`) where `compression` keeps one and the edge is
+    `regather`ed; None for the stored piece (the cost model and the runtime both ask)."""
+    if not regather or compression is None or not compression.keeps_copy:
+        return None
+    return secondary_copy(output, read, mesh_shape)
+
+
 def secondary_pieces(output: Placements, mesh_shape: tuple[int, ...]) -> int:
     """How many pieces "hpz"'s copy of a parameter stored as `output` and gathered whole
     is cut into (the innermost axis it is sharded on; 1 where it has no copy)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from autopar.costs import formulas, uneven
-from autopar.costs.compression import compressed_transfers, secondary_copy
+from autopar.costs.compression import compressed_transfers, regather_source
 from autopar.runtime.errors import RedistributionError, UnsupportedRedistributionError
 from autopar.runtime.steps import Step, redistribution_steps
 from autopar.values.compression import Compression
@@ -76,9 +76,8 @@ class Redistribution:
                 expected="a float16, bfloat16 or float32 tensor", got=f"a {dtype} tensor",
                 fix="plan again from this model: a plan compresses float parameters only")
         nbytes = uneven.tensor_bytes(TensorSpec(shape, dtype), mesh_shape, shares)
-        regather_from = secondary_copy(src, dst, mesh_shape) if (
-            regather and requires_grad and compression is not None
-            and compression.keeps_copy) else None
+        regather_from = regather_source(compression, regather and requires_grad, src, dst,
+                                        mesh_shape)
         transfers = formulas.edge_transfers(nbytes, src, dst, tuple(consumer_output), mesh_shape,
                                             requires_grad=requires_grad, regather=regather,
                                             regather_from=regather_from)

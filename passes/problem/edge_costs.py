@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autopar.costs import formulas
-from autopar.costs.compression import compressed_transfers, secondary_copy
+from autopar.costs.compression import compressed_transfers, regather_source
 from autopar.passes.strategies.find_strategies import Strategy
 from autopar.values.compression import compression_named
 from autopar.values.mesh import Mesh
@@ -142,11 +142,9 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
     # bias).
     regather = ref.saved and ref.consumer_saves and src.gathered is None
     compression = None if src.compression is None else compression_named(src.compression)
-    regather_from = None
-    if compression is not None and compression.keeps_copy and regather:
-        if dst.recompute:  # a recomputation gathers again from the stored piece
-            return None
-        regather_from = secondary_copy(src.output, read, mesh_shape)
+    if regather and dst.recompute and compression is not None and compression.keeps_copy:
+        return None  # a recomputation gathers again from the stored piece
+    regather_from = regather_source(compression, regather, src.output, read, mesh_shape)
     transfers = formulas.edge_transfers(nbytes, src.output, read, dst.output,
                                         mesh_shape, requires_grad=ref.requires_grad,
                                         regather=regather,

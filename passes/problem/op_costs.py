@@ -172,9 +172,10 @@ def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer:
         compression = compression_named(strategy.compression)
         total += state_bytes(compression, local_shape(spec.shape, strategy.output, mesh.shape),
                              spec.itemsize)
-        pieces = secondary_pieces(strategy.output, mesh.shape)
-        if compression.keeps_copy and pieces > 1:
-            total += in_flight * saving_uses * uneven.tensor_bytes(spec, mesh.shape) / pieces
+        if compression.keeps_copy:  # 1 piece: no copy (`secondary_pieces`)
+            pieces = secondary_pieces(strategy.output, mesh.shape)
+            total += (in_flight * saving_uses * uneven.tensor_bytes(spec, mesh.shape) / pieces
+                      if pieces > 1 else 0)
     if strategy.gathered is not None:
         copies = (2 if trained else 1) * uses if strategy.whole_gradient else saving_uses
         total += copies * formulas.local_bytes(uneven.tensor_bytes(spec, mesh.shape),
