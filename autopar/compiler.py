@@ -297,7 +297,7 @@ def assemble_pipeline(model: nn.Module, gm: fx.GraphModule, plan: Plan,
     slots = tuple(slot for slot in state_slots(model, tuple(state.values()), len(
         record.sub_mesh.shape)) if slot.names[0] in state or not read_anywhere & set(slot.names))
     pieces = local_pieces(model, slots, micro.meta[CONSTANTS], record.sub_mesh.shape,
-                          inner_coordinate, here)
+                          inner_coordinate, here, record.sub_mesh.shares)
     trained = dict(model.named_parameters(remove_duplicate=False))
     shared = tuple((t.tensor, int(t.nbytes) // trained[t.tensor].element_size(),
                     trained[t.tensor].dtype) for t in record.transfers if t.kind == "all_reduce")
@@ -389,7 +389,8 @@ def assemble(model: nn.Module, gm: fx.GraphModule, plan: Plan,
         weights = loss_weights(split, gm)
     program = lower(gm, plan, coordinate, context, here)
     slots = state_slots(model, program.state, plan.mesh.ndim)
-    pieces = local_pieces(model, slots, gm.meta[CONSTANTS], plan.mesh.shape, coordinate, here)
+    pieces = local_pieces(model, slots, gm.meta[CONSTANTS], plan.mesh.shape, coordinate, here,
+                          plan.mesh.shares)
     return ParallelModule(program, plan, slots=slots, pieces=pieces,
                           persistent=set(model.state_dict(keep_vars=True)), context=context,
                           coordinate=coordinate, call_spec=gm.meta[CALL_SPEC],

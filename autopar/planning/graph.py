@@ -147,7 +147,7 @@ def strategy_tables(gm: fx.GraphModule, mesh: Mesh, *, fold_layers: bool = True,
     if microbatches > 1:
         found = offer_whole_gradient(found)
     if compression and mesh.size > 1:
-        found = offer_compression(gm, found, compression, mesh.shape)
+        found = offer_compression(gm, found, compression, mesh.shape, mesh.shares)
     table = searched(found)
     table = constrain(gm, table, mesh, constraints) if constraints else table
     return Tables(gm, found, table, saved)

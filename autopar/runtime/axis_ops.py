@@ -100,7 +100,30 @@ def start_all_gather(t: torch.Tensor, step: Step, mesh: DeviceMesh, *, async_op:
         work = all_gather_single(out, front, group=mesh.get_group(step.axis),
                                  async_op=async_op)
         nbytes = tensor_bytes(out)
-    return _collect(out, 0, lengths).movedim(0, dim), work, nbytes
+    if _full_first(lengths):  # the pieces lie end to end at the front: a view
+        return out.narrow(0, 0, sum(lengths)).movedim(0, dim), work, nbytes
+    collected = out.new_empty((sum(lengths), *out.shape[1:]))
+    work = CollectingWork(work, out, collected, lengths)
+    if not async_op:
+        work.wait()
+        work = None
+    return collected.movedim(0, dim), work, nbytes
+
+
+class CollectingWork:
+    """A gather in flight whose pieces (shares: longer ones after shorter) lie apart in its
+    padded buffer `gathered`: `wait` waits for it and writes them end to end into
+    `collected`, which is the gather's result."""
+
+    def __init__(self, work, gathered: torch.Tensor, collected: torch.Tensor,
+                 lengths: tuple[int, ...]) -> None:
+        self._work, self._gathered, self._collected = work, gathered, collected
+        self._lengths = lengths
+
+    def wait(self) -> None:
+        if self._work is not None:
+            self._work.wait()
+        self._collected.copy_(_collect(self._gathered, 0, self._lengths))
 
 
 def _start_quantized_gather(front: torch.Tensor, out: torch.Tensor, n: int, group, *,

@@ -22,7 +22,7 @@ from torch import nn
 from autopar.errors import InitializationError
 from autopar.runtime.program import StateSlot
 from autopar.runtime.shards import local_piece
-from autopar.values.placement import Replicate
+from autopar.values.placement import Replicate, Shares
 
 
 def state_slots(model: nn.Module, graph_state: tuple[StateSlot, ...],
@@ -84,10 +84,10 @@ class _Materializer:
 
 def local_pieces(model: nn.Module, slots: tuple[StateSlot, ...],
                  constants: dict[str, torch.Tensor], mesh_shape: tuple[int, ...],
-                 coordinate: tuple[int, ...],
-                 device: torch.device) -> dict[str, torch.Tensor]:
-    """This rank's piece of every slot, by canonical name (see the module docstring); meta
-    tensors are created on `device`."""
+                 coordinate: tuple[int, ...], device: torch.device,
+                 shares: Shares = None) -> dict[str, torch.Tensor]:
+    """This rank's piece of every slot, by canonical name (see the module docstring), on a
+    mesh of `mesh_shape` cut by `shares`; meta tensors are created on `device`."""
     materializer = _Materializer(model, device)
     pieces = {}
     # Grouped by owning module, so that each module is initialised once.
@@ -104,5 +104,5 @@ def local_pieces(model: nn.Module, slots: tuple[StateSlot, ...],
             full = model.get_buffer(name)
         if full.is_meta:
             full = materializer.full(name)
-        pieces[name] = local_piece(full, slot.placements, mesh_shape, coordinate)
+        pieces[name] = local_piece(full, slot.placements, mesh_shape, coordinate, shares)
     return pieces

@@ -325,7 +325,7 @@ class ParallelModule(nn.Module):
 
     def _gather(self, piece: torch.Tensor, slot: StateSlot) -> torch.Tensor:
         mesh = self._context.mesh if self._context is not None else None
-        return gather_full(piece, slot.placements, slot.shape, mesh)
+        return gather_full(piece, slot.placements, slot.shape, mesh, self.plan.mesh.shares)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full parameters and persistent buffers under every name the model's

@@ -282,8 +282,8 @@ class PipelinedModule(nn.Module):
         for slot in slots:
             value = self.value(slot)
             piece = value.grad if of_grad else value
-            full = None if piece is None else gather_full(piece, slot.placements, slot.shape,
-                                                          self._inner)
+            full = None if piece is None else gather_full(
+                piece, slot.placements, slot.shape, self._inner, self.plan.pipeline.sub_mesh.shares)
             mine.update({name: full for name in slot.names})
         every: list = [None] * self._ranks
         dist.all_gather_object(every, mine, group=self._group)

@@ -30,21 +30,24 @@ def chunk_of(full: torch.Tensor, placements: Placements, mesh_shape: tuple[int, 
 
 
 def local_piece(full: torch.Tensor, placements: Placements, mesh_shape: tuple[int, ...],
-                coordinate: tuple[int, ...]) -> torch.Tensor:
-    """The piece of `full` the rank at `coordinate` holds: a new tensor, no communication."""
+                coordinate: tuple[int, ...], shares: Shares = None) -> torch.Tensor:
+    """The piece of `full` the rank at `coordinate` holds, cut by the mesh's `shares`: a
+    new tensor, no communication."""
     assert not any(isinstance(p, Partial) for p in placements), placements
-    piece = chunk_of(full, placements, mesh_shape, coordinate)
+    piece = chunk_of(full, placements, mesh_shape, coordinate, shares)
     return piece.detach().clone(memory_format=torch.contiguous_format)
 
 
 def gather_full(piece: torch.Tensor, placements: Placements, shape: tuple[int, ...],
-                mesh: DeviceMesh | None) -> torch.Tensor:
-    """The full tensor from every rank's `piece` (collective: all ranks call it). The
-    collectives are counted on a private counter, not the program's."""
+                mesh: DeviceMesh | None, shares: Shares = None) -> torch.Tensor:
+    """The full tensor from every rank's `piece`, cut by the mesh's `shares` (collective:
+    all ranks call it). The collectives are counted on a private counter, not the
+    program's."""
     replicated = tuple(Replicate() for _ in placements)
     if tuple(placements) == replicated:
         return piece.detach().clone()
     assert mesh is not None, "a sharded tensor without a DeviceMesh"
-    steps = redistribution_steps(tuple(placements), replicated, tuple(shape), tuple(mesh.shape))
+    steps = redistribution_steps(tuple(placements), replicated, tuple(shape), tuple(mesh.shape),
+                                 shares)
     with torch.no_grad():
         return apply_steps(piece.detach(), steps, mesh, CommCounter(), "forward")

@@ -1,7 +1,8 @@
 """Sharded checkpoints of a compiled model and its optimizer, on torch.distributed.checkpoint.
 
 `save(path, pm, optimizer)` writes every rank's own pieces, as DTensors with the plan's
-placements on its DeviceMesh (no gather; DCP writes a replicated piece once), beside a
+placements on its DeviceMesh, or where a mesh axis's shares cut them at their own offsets
+(`autopar.tools.piece_at`) (no gather; DCP writes a replicated piece once), beside a
 `autopar.json` holding what the checkpoint is: the parameters and buffers (names, shapes,
 dtypes), the optimizer's class, hyperparameters and state kinds, the step, the plan, and
 the caller's `extra`. `load(path, pm, optimizer)` reads them into a ParallelModule of any
@@ -31,7 +32,7 @@ import os
 import shutil
 import warnings
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.tensor import DTensor
 
 from autopar.errors import CheckpointError
+from autopar.tools.piece_at import PieceAt, in_memory
+from autopar.values.placement import Shard, Shares, piece_offsets
 
 FORMAT = 1
 MANIFEST = "autopar.json"
@@ -108,15 +111,26 @@ def _slots(pm) -> list:
     return [s for s in pm.slots if s.role != "constant" and any(n in kept for n in s.names)]
 
 
-def _global_view(piece: torch.Tensor, slot, mesh) -> torch.Tensor:
+def _global_view(piece: torch.Tensor, slot, mesh, shares: Shares = None) -> torch.Tensor:
     """`piece` as the whole tensor DCP sees: a DTensor with the slot's placements on
-    `mesh`, or the piece itself when it is whole (one device, or replicated on every
-    axis)."""
+    `mesh`, a `PieceAt` its offset where the mesh's `shares` cut it, or the piece itself
+    when it is whole (one device, or replicated on every axis)."""
     if mesh is None or tuple(piece.shape) == tuple(slot.shape):
         return piece
+    if shares is not None and any(w is not None and isinstance(p, Shard)
+                                  for w, p in zip(shares, slot.placements)):
+        return PieceAt(piece, slot.shape, piece_offsets(
+            slot.shape, slot.placements, tuple(mesh.shape), tuple(mesh.get_coordinate()),
+            shares))
     return DTensor.from_local(piece, mesh, list(slot.placements), run_check=False,
                               shape=torch.Size(slot.shape),
                               stride=torch.empty(slot.shape, device="meta").stride())
+
+
+def _shares(pm) -> Shares:
+    """The shares of the mesh `pm`'s pieces are cut on (a pipelined plan's stage mesh)."""
+    plan = pm.plan
+    return (plan.pipeline.sub_mesh if plan.pipeline is not None else plan.mesh).shares
 
 
 def _optimizer_states(optimizer: torch.optim.Optimizer, pm) -> dict[str, dict[str, Any]]:
@@ -141,9 +155,9 @@ def _dcp_state(pm, optimizer: torch.optim.Optimizer | None,
     loads into it), and the kinds of optimizer state (per parameter: state name -> placed
     like the parameter). To save, `kinds` is None and comes from the optimizer's state; to
     load, it is the checkpoint's, and states the optimizer lacks are created (`_with_states`)."""
-    mesh = pm.device_mesh
+    mesh, shares = pm.device_mesh, _shares(pm)
     slots = {slot.names[0]: slot for slot in _slots(pm)}
-    state = {name: _global_view(pm.value(slot).detach(), slot, mesh)
+    state = {name: _global_view(pm.value(slot).detach(), slot, mesh, shares)
              for name, slot in slots.items()}
     found: dict[str, dict[str, bool]] = {}
     if optimizer is None:
@@ -160,7 +174,8 @@ def _dcp_state(pm, optimizer: torch.optim.Optimizer | None,
             values = _with_states(optimizer, parameter, found[name])
         for key, placed in found[name].items():
             value = values[key]
-            state[f"optim/{name}/{key}"] = _global_view(value, slot, mesh) if placed else value
+            state[f"optim/{name}/{key}"] = (_global_view(value, slot, mesh, shares) if placed
+                                            else value)
     return state, found
 
 
@@ -225,10 +240,16 @@ def save(path: str | os.PathLike, pm, optimizer: torch.optim.Optimizer | None = 
     # A group of its own: the background thread's collectives must not interleave with
     # the training's on the default group.
     group = dist.new_group(backend="gloo") if distributed else None
-    # DCP copies the pieces to memory before it returns (its stager): the training may
-    # change them while the thread writes.
-    future = dcp.async_save(state, checkpoint_id=str(staging), process_group=group,
-                            no_dist=not distributed)
+    # The pieces are copied to memory before it returns: the training may change them
+    # while the thread writes. DCP's own copy refuses pieces placed by shares.
+    if any(isinstance(value, PieceAt) for value in state.values()):
+        thread = ThreadPoolExecutor(max_workers=1)
+        future = thread.submit(dcp.save, in_memory(state), checkpoint_id=str(staging),
+                               process_group=group, no_dist=not distributed)
+        thread.shutdown(wait=False)  # its one job still runs
+    else:
+        future = dcp.async_save(state, checkpoint_id=str(staging), process_group=group,
+                                no_dist=not distributed)
     return PendingSave(future, commit, group)
 
 

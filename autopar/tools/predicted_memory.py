@@ -67,6 +67,7 @@ from autopar.passes.problem.build_problem import kept_reads, tensor_leaves
 from autopar.passes.problem.edge_costs import copy_bytes
 from autopar.passes.problem.op_costs import stored_parameter_bytes
 from autopar.passes.strategies.find_strategies import producer_of
+from autopar.values.mesh import Mesh
 from autopar.values.placement import parse_placements
 from autopar.values.plan import Plan
 from autopar.values.specs import NAMES, ROLE, TENSOR, TensorSpec
@@ -148,7 +149,6 @@ def predicted_memory(plan: Plan, graph: fx.GraphModule,
         raise ValueError(f"plan nodes {sorted(missing)[:5]} are not in the graph: "
                          "give the graph of the model and inputs the plan was made for")
     on_path = gradient_path(graph)
-    mesh_shape = plan.mesh.shape
     totals = dict.fromkeys(("parameters", "gathered", "gradients", "optimizer_states",
                             "buffers", "inputs", "activations", "transient", "copies"), 0.0)
     copies = _copies(plan, graph)
@@ -157,7 +157,7 @@ def predicted_memory(plan: Plan, graph: fx.GraphModule,
         fx_node = by_name[node.name]
         if node.role == "parameter":
             part = _parameter(node.name, fx_node, node.memory_bytes,
-                              parse_placements(node.output), mesh_shape, optimizer)
+                              parse_placements(node.output), plan.mesh, optimizer)
             per_parameter.append(part)
             totals["parameters"] += part.parameter
             totals["gradients"] += part.gradient
@@ -202,10 +202,10 @@ def _copies(plan: Plan, graph: fx.GraphModule) -> dict[str, float]:
 
 
 def _parameter(name: str, node: fx.Node, memory_bytes: float, placements,
-               mesh_shape: tuple[int, ...], optimizer: OptimizerState) -> ParameterMemory:
+               mesh: Mesh, optimizer: OptimizerState) -> ParameterMemory:
     spec: TensorSpec = node.meta[TENSOR]
-    stored, states = map(float, stored_parameter_bytes(spec, placements, mesh_shape,
-                                                       optimizer))
+    stored, states = map(float, stored_parameter_bytes(spec, placements, mesh.shape,
+                                                       optimizer, mesh.shares))
     gradient = stored
     if not trained(node):  # frozen: no gradient, master copy or optimizer states
         gradient = states = 0.0

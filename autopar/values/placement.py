@@ -137,6 +137,21 @@ def local_shape(shape: tuple[int, ...], placements: Placements, mesh_shape: tupl
     return tuple(local)
 
 
+def piece_offsets(shape: tuple[int, ...], placements: Placements,
+                  mesh_shape: tuple[int, ...], coordinate: tuple[int, ...],
+                  shares: Shares = None) -> tuple[int, ...]:
+    """Where, in a tensor of global `shape`, the piece the rank at `coordinate` holds
+    starts: per dim, the offsets of its pieces along the axes cutting it, outer first
+    (DTensor's order), each within what the axes before it left."""
+    offsets, lengths = [0] * len(shape), list(shape)
+    for axis, placement in enumerate(placements):
+        if isinstance(placement, Shard):
+            offset, lengths[placement.dim] = chunk_extent(
+                lengths[placement.dim], mesh_shape[axis], coordinate[axis], _weights(shares, axis))
+            offsets[placement.dim] += offset
+    return tuple(offsets)
+
+
 def smallest_piece(size: int, placements: Placements, mesh_shape: tuple[int, ...],
                    dim: int, shares: Shares = None) -> int:
     """The length of the shortest piece of `dim` (of `size`) under `placements`."""

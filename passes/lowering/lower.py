@@ -70,11 +70,10 @@ from autopar.values.compression import compression_named
 from autopar.values.placement import (
     Placements,
     Shard,
-    Shares,
-    chunk_extent,
     format_placements,
     local_shape,
     parse_placements,
+    piece_offsets,
 )
 from autopar.values.plan import Plan
 from autopar.values.specs import NAMES, ROLE, TENSOR, TensorSpec
@@ -116,19 +115,6 @@ def _placements(gm: fx.GraphModule, plan: Plan) -> dict[str, Strategy]:
 
 def _identifier(placements: Placements) -> str:
     return format_placements(placements).replace("(", "").replace(")", "").replace(",", "_")
-
-
-def _first_row(table: TensorSpec, placements: Placements, mesh_shape: tuple[int, ...],
-               coordinate: tuple[int, ...], shares: Shares) -> int:
-    # Axes cutting dim 0, outer first (DTensor's order): each moves the start by the
-    # offset of the rank's piece within what the outer axes left it.
-    start, rows = 0, table.shape[0]
-    for axis, placement in enumerate(placements):
-        if placement == Shard(0):
-            weights = None if shares is None else shares[axis]
-            offset, rows = chunk_extent(rows, mesh_shape[axis], coordinate[axis], weights)
-            start += offset
-    return start
 
 
 class _Lowering:
@@ -256,8 +242,8 @@ class _Lowering:
         args, kwargs = _substitute((args, kwargs), (local, local_kwargs))
         target, kwargs = _RELAXED.get(node.target, node.target), self._on_device(kwargs)
         if placed.inputs and any(is_vocab_split(op, p) for p in placed.inputs[0]):
-            start = _first_row(op.inputs[0], placed.inputs[0], self.mesh_shape, self.coordinate,
-                               self.shares)
+            start = piece_offsets(op.inputs[0].shape, placed.inputs[0], self.mesh_shape,
+                                  self.coordinate, self.shares)[0]
             padding = op.arg(2, "padding_idx", -1)
             target, args, kwargs = masked_embedding, (args[0], args[1], start, padding), {}
         ring = context_axis(op, placed.inputs)

@@ -23,7 +23,7 @@ from autopar.rules.attention import RING_TARGETS
 from autopar.values.compression import compression_named
 from autopar.values.hardware import HardwareProfile
 from autopar.values.mesh import Mesh
-from autopar.values.placement import Replicate, Shard, local_shape
+from autopar.values.placement import Replicate, Shard, Shares, local_shape
 from autopar.values.specs import FLOPS, TensorSpec
 
 
@@ -54,14 +54,20 @@ def op_compute_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differenti
 
 
 def _loads(node: fx.Node, strategy: Strategy, mesh: Mesh) -> set[tuple[HardwareProfile, float]]:
-    """(device kind, load) of the ranks whose time may be the op's: its load is its work
-    over an even share's, the most any of the op's tensors puts on it (`uneven.imbalance`).
-    On an axis with shares that splits the op, each index's pieces (of the tensors cut
+    """(device kind, load) of the ranks whose time may be the op's (`loads`, over its
+    tensors)."""
+    specs = [spec for _, spec in tensor_inputs(node)] + [tensor_outputs(node)[0]]
+    return loads([uneven.cost_bytes(spec, mesh) for spec in specs],
+                 [*strategy.inputs, strategy.output], mesh)
+
+
+def loads(sizes: list, placements: list, mesh: Mesh) -> set[tuple[HardwareProfile, float]]:
+    """(device kind, load) of the ranks whose work may take longest, for an op over
+    tensors of `sizes` (`uneven.cost_bytes`) placed `placements`: a rank's load is its work
+    over an even share's, the most any of the tensors puts on it (`uneven.imbalance`). On
+    an axis with shares that splits a tensor, each index's pieces (of the tensors cut
     there) on its own kind (the slowest there); elsewhere the largest pieces on the mesh's
     profile."""
-    specs = [spec for _, spec in tensor_inputs(node)] + [tensor_outputs(node)[0]]
-    placements = [*strategy.inputs, strategy.output]
-    sizes = [uneven.cost_bytes(spec, mesh) for spec in specs]
     weighted = [a for a in range(mesh.ndim) if mesh.shares and mesh.shares[a] is not None
                 and any(isinstance(p[a], Shard) for p in placements)]
     if not weighted:
@@ -69,14 +75,14 @@ def _loads(node: fx.Node, strategy: Strategy, mesh: Mesh) -> set[tuple[HardwareP
                                     for size, p in zip(sizes, placements)))}
     cut = [(size, p) for size, p in zip(sizes, placements)
            if any(isinstance(p[a], Shard) for a in weighted)]
-    loads = set()
+    found = set()
     for indices in itertools.product(*(range(mesh.shape[a]) for a in weighted)):
         coordinate = [None] * mesh.ndim
         for axis, index in zip(weighted, indices):
             coordinate[axis] = index
         load = max(uneven.imbalance(size, p, mesh.shape, tuple(coordinate)) for size, p in cut)
-        loads.add((mesh.slowest_at(dict(zip(weighted, indices))), load))
-    return loads
+        found.add((mesh.slowest_at(dict(zip(weighted, indices))), load))
+    return found
 
 
 def _slowest(times: list):
@@ -112,21 +118,24 @@ def op_time(node: fx.Node, strategy: Strategy, mesh: Mesh, *, differentiable: bo
 
 
 def stored_parameter_bytes(spec: TensorSpec, placements, mesh_shape: tuple[int, ...],
-                           optimizer: OptimizerState) -> tuple[float, float]:
+                           optimizer: OptimizerState, shares: Shares = None
+                           ) -> tuple[float, float]:
     """(bytes of a parameter's stored piece, which its gradient has too; bytes of its
-    master copy and optimizer states) on one rank, stored as `placements`."""
-    # Stored tensors are never cut by shares (`find_strategies`).
-    stored = formulas.local_bytes(uneven.tensor_bytes(spec, mesh_shape), placements, mesh_shape)
+    master copy and optimizer states) on the rank holding the largest, stored as
+    `placements` on a mesh of `mesh_shape` cut by `shares`."""
+    stored = formulas.local_bytes(uneven.tensor_bytes(spec, mesh_shape, shares), placements,
+                                  mesh_shape)
     return stored, stored // spec.itemsize * optimizer.element_bytes(spec.dtype)
 
 
 def parameter_step_time(spec: TensorSpec, placements, mesh: Mesh, optimizer: OptimizerState):
-    """Seconds of the optimizer's step for a parameter stored as `placements`: on one
-    rank, its stored piece (`formulas.optimizer_time`)."""
-    elements = formulas.local_bytes(uneven.tensor_bytes(spec, mesh.shape), placements,
-                                    mesh.shape) / spec.itemsize
-    return formulas.optimizer_time(elements, spec.dtype.itemsize,
-                                   optimizer.element_bytes(spec.dtype), mesh.hardware)
+    """Seconds of the optimizer's step for a parameter stored as `placements`: on the
+    slowest rank, its stored piece on its own kind (`formulas.optimizer_time`, `loads`)."""
+    size = uneven.cost_bytes(spec, mesh)
+    even = formulas.local_bytes(spec.nbytes, placements, mesh.shape) / spec.itemsize
+    return max(formulas.optimizer_time(even if load == 1 else even * load, spec.dtype.itemsize,
+                                       optimizer.element_bytes(spec.dtype), hardware)
+               for hardware, load in loads([size], [placements], mesh))
 
 
 def compression_time(spec: TensorSpec, strategy: Strategy, mesh: Mesh, *, trained: bool = True):
@@ -166,7 +175,8 @@ def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer:
     `in_flight` micro-batches whose backward is pending, charged for the step as ZeRO-2's
     are, and as if gathered whole: an upper bound where a use reads it split otherwise
     too)."""
-    stored, states = stored_parameter_bytes(spec, strategy.output, mesh.shape, optimizer)
+    stored, states = stored_parameter_bytes(spec, strategy.output, mesh.shape, optimizer,
+                                            mesh.shares)
     total = (2 if gradient else 1) * stored + states if trained else stored
     if strategy.compression is not None and trained:
         compression = compression_named(strategy.compression)
@@ -174,10 +184,10 @@ def parameter_bytes(spec: TensorSpec, strategy: Strategy, mesh: Mesh, optimizer:
                              spec.itemsize)
         if compression.keeps_copy:  # 1 piece: no copy (`secondary_pieces`)
             pieces = secondary_pieces(strategy.output, mesh.shape)
-            total += (in_flight * saving_uses * uneven.tensor_bytes(spec, mesh.shape) / pieces
+            total += (in_flight * saving_uses * uneven.cost_bytes(spec, mesh) / pieces
                       if pieces > 1 else 0)
     if strategy.gathered is not None:
         copies = (2 if trained else 1) * uses if strategy.whole_gradient else saving_uses
-        total += copies * formulas.local_bytes(uneven.tensor_bytes(spec, mesh.shape),
+        total += copies * formulas.local_bytes(uneven.cost_bytes(spec, mesh),
                                                strategy.gathered, mesh.shape)
     return total

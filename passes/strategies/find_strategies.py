@@ -15,8 +15,11 @@ one of them is cut unevenly they must all be cut at the same fractions of their 
 48 cut 32, 16) over the same axes. A cut that leaves a piece empty, and a context-parallel
 ring over uneven pieces, are dropped. An op without a rule keeps only the replicated
 strategy, and one warning per op names it. Parameters, buffers and constants may be stored
-replicated or sharded along any dim on each axis but one with shares (its pieces would be
-no DTensor's) (ZeRO-3/FSDP-style storage), and a sharded parameter may instead be kept
+replicated or sharded along any dim on each axis (ZeRO-3/FSDP-style storage), except that
+on an axis with shares only parameters are cut (in proportion, as the ops they feed are:
+tensor-parallel pieces sized by speed; checkpoints write their pieces by offset,
+`autopar.tools.checkpoint`), while buffers, constants and the tensors a caller or another
+stage receives stay DTensors, whole there, and a sharded parameter may instead be kept
 gathered over some of its split axes from its use to its backward (ZeRO-2); user inputs
 arrive whole on every rank, so they are replicated. A pipeline stage's boundary tensors
 (`autopar_boundary`: the inputs it receives, the outputs it sends), and the outputs of a
@@ -213,12 +216,15 @@ def _replicated(op: OpSpec) -> AxisStrategy:
     return AxisStrategy(tuple(Replicate() for _ in op.inputs), Replicate())
 
 
-def _stored_strategies(spec: TensorSpec, mesh: Mesh, *, parameter: bool) -> tuple[Strategy, ...]:
+def _stored_strategies(spec: TensorSpec, mesh: Mesh, *, parameter: bool,
+                       by_shares: bool = False) -> tuple[Strategy, ...]:
+    """A stored tensor's strategies (module docstring): `parameter` adds the kept-gathered
+    ones of a trained parameter, `by_shares` lets an axis with shares cut it."""
     choices = [Replicate(), *(Shard(d) for d in range(spec.ndim))]
     axis = [AxisStrategy((), c) for c in choices]
-    # Stored pieces are DTensors (checkpoints, sharded outputs): never cut by shares.
-    per_axis = [choices[:1] if mesh.shares and mesh.shares[a] is not None else choices
-                for a, choices in enumerate(_per_axis(axis, mesh))]
+    # A DTensor's pieces are DTensor's chunks: only a parameter's may follow shares.
+    per_axis = [choices[:1] if mesh.shares and mesh.shares[a] is not None and not by_shares
+                else choices for a, choices in enumerate(_per_axis(axis, mesh))]
     stored = _combine(per_axis, OpSpec(None, (), outputs=(spec,)), mesh)
     if not parameter:
         return stored
@@ -290,8 +296,9 @@ def find_strategies(gm: fx.GraphModule, mesh: Mesh) -> StrategyTable:
             role = node.meta.get(ROLE)
             key = repr((role, spec, node.meta.get(BOUNDARY)))
             if key not in known:
-                known[key] = (_stored_strategies(spec, mesh,
-                                                 parameter=role == "parameter" and backward)
+                parameter = role == "parameter" and not node.meta.get(BOUNDARY)
+                known[key] = (_stored_strategies(spec, mesh, parameter=parameter and backward,
+                                                 by_shares=parameter)
                               if role in STORED_ROLES or node.meta.get(BOUNDARY)
                               else (Strategy((), all_replicated),))
             strategies[node.name] = known[key]

@@ -16,7 +16,8 @@ compression that makes it move fewer bytes (`autopar.values.compression`):
 The edge costs charge the twin's collectives the compressed bytes
 (`autopar.costs.compression`) and its node the encoding and decoding
 (`op_costs.compression_time`); the runtime runs them compressed (`Redistribution.
-compression`). Nothing is offered on a mesh of one device, where nothing is moved.
+compression`). Nothing is offered on a mesh of one device, where nothing is moved, nor to
+a parameter cut by an axis's shares (its collectives run exact).
 """
 
 from __future__ import annotations
@@ -29,15 +30,15 @@ import torch.fx as fx
 from autopar.passes.capturing.gradient_path import trained
 from autopar.passes.strategies.find_strategies import Strategy, StrategyTable
 from autopar.values.compression import COMBINABLE, Compression, combined
-from autopar.values.placement import Replicate, Shard, local_shape
+from autopar.values.placement import Replicate, Shard, Shares, local_shape
 from autopar.values.specs import ROLE, TENSOR, TensorSpec
 
 
 def offer_compression(gm: fx.GraphModule, table: StrategyTable,
                       compressions: tuple[Compression, ...],
-                      mesh_shape: tuple[int, ...]) -> StrategyTable:
+                      mesh_shape: tuple[int, ...], shares: Shares = None) -> StrategyTable:
     """`table` with the twins of every trained parameter's strategies that a compression of
-    `compressions` applies to, on a mesh of `mesh_shape`."""
+    `compressions` applies to, on a mesh of `mesh_shape` cutting by `shares`."""
     twins: dict[tuple, tuple[Strategy, ...]] = {}  # shared tuples stay shared (build_problem)
     strategies = dict(table.strategies)
     for node in gm.graph.nodes:
@@ -50,7 +51,8 @@ def offer_compression(gm: fx.GraphModule, table: StrategyTable,
         if key not in twins:
             twins[key] = options + tuple(
                 dataclasses.replace(s, compression=c.name) for c in _with_combinations(compressions)
-                for s in options if _applies(c, spec, s, mesh_shape))
+                for s in options if _applies(c, spec, s, mesh_shape)
+                and not _by_shares(s, shares))
         strategies[node.name] = twins[key]
     return dataclasses.replace(table, strategies=strategies)
 
@@ -61,6 +63,11 @@ def _with_combinations(compressions: tuple[Compression, ...]) -> tuple[Compressi
     return compressions + tuple(
         combined(parts) for size in range(2, len(singles) + 1)
         for parts in itertools.combinations(singles, size))
+
+
+def _by_shares(strategy: Strategy, shares: Shares) -> bool:
+    return shares is not None and any(
+        w is not None and isinstance(p, Shard) for w, p in zip(shares, strategy.output))
 
 
 def _applies(compression: Compression, spec: TensorSpec, strategy: Strategy,

@@ -84,12 +84,14 @@ def run_and_save(rank: int, example: str, layout: Layout, plan: dict, path: str,
     return losses, {k: v.clone() for k, v in pm.full_state_dict().items()}
 
 
-def uneven_round_trip(rank: int, path: str) -> tuple[list[float], list[float], dict, dict]:
+def uneven_round_trip(rank: int, path: str, shares: tuple | None = None,
+                      async_save: bool = False) -> tuple[list[float], list[float], dict, dict,
+                                                         dict]:
     """An MLP of 66 and 130 features on 4 ranks, its weights pinned split unevenly (130 rows
-    in 4: 33, 33, 33, 31): STEPS steps, a save, STEPS more; then a model initialised
-    otherwise loads the checkpoint and trains STEPS steps. The losses after the save and
-    the final full states of both."""
-    mesh = autopar.Mesh((4,), ("tp",), hardware="cpu")
+    in 4: 33, 33, 33, 31; or by `shares`): STEPS steps, a save, STEPS more; then a model
+    initialised otherwise loads the checkpoint and trains STEPS steps. The losses after the
+    save, the final full states of both, and the full state saved."""
+    mesh = autopar.Mesh((4,), ("tp",), hardware="cpu", shares=shares)
     pins = {"fc1.weight": "S(0)", "fc2.weight": "S(1)", "fc1.bias": "S(0)"}
 
     def compiled(seed: int):  # weights drawn from `seed`, the data always from 0
@@ -101,13 +103,16 @@ def uneven_round_trip(rank: int, path: str) -> tuple[list[float], list[float], d
 
     pm, optimizer, inputs = compiled(0)
     _train(pm, optimizer, inputs, STEPS)
-    checkpoint.save(path, pm, optimizer, step=STEPS).wait()
+    pending = checkpoint.save(path, pm, optimizer, step=STEPS, async_save=async_save)
+    saved = {k: v.clone() for k, v in pm.full_state_dict().items()}
     after = _train(pm, optimizer, inputs, STEPS)
+    pending.wait()
     state = {k: v.clone() for k, v in pm.full_state_dict().items()}
     pm, optimizer, inputs = compiled(1)
     checkpoint.load(path, pm, optimizer)
     resumed = _train(pm, optimizer, inputs, STEPS)
-    return after, resumed, state, {k: v.clone() for k, v in pm.full_state_dict().items()}
+    return (after, resumed, state, {k: v.clone() for k, v in pm.full_state_dict().items()},
+            saved)
 
 
 def load_and_run(rank: int, example: str, layout: Layout, plan: dict, path: str

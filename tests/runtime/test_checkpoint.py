@@ -15,6 +15,8 @@ the same way, each pipeline rank its stages.
 
 from __future__ import annotations
 
+import importlib
+
 import checkpoint_workers as workers
 import pytest
 import torch
@@ -75,12 +77,22 @@ def test_a_run_resumes_under_another_plan_as_it_would_have_gone_on(example, tmp_
         assert _close(resumed, state), target
 
 
-def test_uneven_pieces_save_and_resume_bit_for_bit(tmp_path):
-    # DCP writes and reads the pieces as DTensors cut by DTensor's chunking.
-    after, resumed, state, loaded = launch(workers.uneven_round_trip, 4,
-                                           str(tmp_path / "uneven"))[0]
+@pytest.mark.parametrize("shares", [None, ((3, 3, 1, 1),)], ids=["chunks", "shares"])
+def test_uneven_pieces_save_and_resume_bit_for_bit(shares, tmp_path):
+    """DCP writes and reads the pieces as DTensors cut by DTensor's chunking, or where the
+    shares cut them (130 rows: 49, 49, 16, 16) at their own offsets, then asynchronously.
+    Loaded whole into one process, each piece lands where the plan placed it."""
+    path = str(tmp_path / "uneven")
+    after, resumed, state, loaded, saved = launch(workers.uneven_round_trip, 4, path, shares,
+                                                  shares is not None)[0]
     assert resumed == after
     assert all(torch.equal(loaded[k], state[k]) for k in state)
+    plain, _ = importlib.import_module("examples.mlp").build(hidden=66, ffn=130, seed=2)
+    checkpoint.load_full(path, plain)
+    assert all(torch.equal(plain.state_dict()[k], saved[k]) for k in saved)
+    pieces = [n.pieces for n in autopar.Plan.from_dict(checkpoint.info(path).plan).nodes
+              if n.name.endswith("fc1_weight")]
+    assert pieces == ["dim 0: 33 x3, 31" if shares is None else "dim 0: 49 x2, 16 x2"]
 
 
 def test_an_asynchronous_save_holds_the_state_it_was_called_with(tmp_path):

@@ -6,7 +6,9 @@
   split by rows; and a GPT-2 of 6 heads on 4 ranks under half its replicated peak;
 - a batch of 6 over 4 data-parallel ranks, cut 2, 2, 1, 1 by the mesh's shares;
 - a mesh declared half h100-sxm, half a100-sxm, whose batch the planner cuts by the kinds'
-  speed (the profile sizes the pieces; the numerics do not depend on it).
+  speed (the profile sizes the pieces; the numerics do not depend on it);
+- the same mixed mesh as one tensor-parallel group cut 3, 3, 1, 1, under half the
+  replicated peak: the parameters are stored in pieces sized by the shares.
 
 Each rank compiles the model and trains 3 AdamW steps: the loss and every gradient match
 the single-process model within `TOLERANCE`, and the bytes moved equal the plan's on the
@@ -48,12 +50,13 @@ LAUNCHES = {
         dataclasses.replace(_gpt2(vocab=VOCAB), constraints=((TABLE, "S(0),S(0)"),)),),
     ((4,), ("dp",), "cpu", ((2, 2, 1, 1),)): (_gpt2(batch=6),),
     ((4,), ("dp",), tuple(MIXED), None): (_gpt2(batch=32),),
+    ((4,), ("tp",), tuple(MIXED), ((3, 3, 1, 1),)): (_gpt2(batch=8, heads=4, width=128),),
 }
 
 
 def _budgeted(case: Case) -> Case:
-    """The 6-head GPT-2 under half its replicated peak (it must shard); the others as they
-    are (pinned, or data parallel: no parameter is stored cut by shares)."""
+    """The GPT-2s of given heads under half their replicated peak (they must shard); the
+    others as they are (pinned, or data parallel)."""
     return case if not dict(case.build).get("heads") else dataclasses.replace(
         case, memory_budget=BUDGET * replicated_peak(case))
 
@@ -88,7 +91,9 @@ def test_the_plans_split_unevenly(outcomes):
     for case, outcome in zip(cases, results[0]):
         plan = autopar.Plan.from_dict(outcome.plan)
         assert plan.comm_bytes(), case
-        if dict(case.build).get("heads"):
+        if key[3] is not None and key[1] == ("tp",):  # parameters stored cut by the shares
+            assert [n for n in plan.nodes if n.role == "parameter" and n.pieces], case
+        if dict(case.build).get("heads") == 6:
             continue  # 6 heads in 4 would leave a piece empty: other dims split
         assert [n for n in plan.nodes if n.pieces], case
         if case.constraints:
