@@ -77,6 +77,32 @@ def test_a_mixed_data_parallel_group_cuts_the_batch_by_speed():
     assert "dp pieces 3:3:3:3:1:1:1:1" in planned[None].mesh.describe()
 
 
+def test_a_mixed_tensor_parallel_group_sizes_its_pieces_by_speed():
+    """Two H100s and two A100s in one tensor-parallel group, under a budget that keeps
+    no parameter whole: cut by the kinds' speed, the weights' pieces on the H100s are
+    about 3x the A100s', and the step beats the even cut (where every device waits for
+    the A100s) by 1.3x or more."""
+    model, inputs = gpt.build(vocab=8192, seq=1024, hidden=4096, heads=32, layers=4, batch=4,
+                              device="meta", dtype=torch.bfloat16)
+    alone = autopar.plan(model, autopar.Mesh((1,), ("x",), hardware="h100-sxm"), inputs,
+                         time_limit=5.0)
+    planned = {shares: autopar.plan(
+        model, autopar.Mesh((4,), ("tp",), hardware=MIXED[2:6], shares=shares), inputs,
+        memory_budget=0.45 * alone.peak_memory_bytes, time_limit=10.0)
+        for shares in (None, "even")}
+    weights = planned[None].mesh.shares[0]
+    assert weights[0] == weights[1] >= 2.5 * weights[2] and weights[2] == weights[3]
+    cut = [n for n in planned[None].nodes if n.role == "parameter" and n.pieces]
+    for node in cut:  # "dim 0: 6159 x2, 2033 x2": the H100s' pieces first
+        fast, slow = (int(part.split()[0]) for part in node.pieces.split(": ")[1].split(", "))
+        assert fast >= 2.5 * slow, node.pieces
+    # Tensor parallel: the MLP's weights are used as their pieces, never gathered.
+    gathered = {t.tensor for n in planned[None].nodes for t in n.transfers
+                if t.kind == "all_gather"}
+    assert [n for n in cut if n.name.endswith("fc_weight") and n.name not in gathered]
+    assert planned["even"].step_time_s >= 1.3 * planned[None].step_time_s
+
+
 @pytest.mark.parametrize("shares", [((1, 2),), ((1, 0, 1, 1),), (None, None), "fast"])
 def test_bad_shares_are_refused(shares):
     with pytest.raises(MeshError, match="invalid mesh shares") as raised:
