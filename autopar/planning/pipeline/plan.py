@@ -57,6 +57,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping
 
+import torch
 import torch.fx as fx
 
 from autopar.costs.schedule import in_flight, rank_of, step_time
@@ -90,6 +91,7 @@ from autopar.planning.pipeline.stages import (
     screened_stages,
 )
 from autopar.values.device_kinds import slowest
+from autopar.values.hardware import HardwareProfile
 from autopar.values.mesh import Mesh
 from autopar.values.microbatch import ACCUMULATED, REFUSE
 from autopar.values.pipeline import Pipeline, Schedule
@@ -101,16 +103,22 @@ from autopar.values.plan import (
 
 
 def sub_mesh(mesh: Mesh, axis: int, rank: int | None = None) -> Mesh:
-    """`mesh` without axis `axis`, its other axes on the same links (one device, named
-    "stage", when nothing is left), costed with the mesh's profile, or with `rank`, that of
-    the devices at that index of the axis (of a mesh of several kinds, the slowest of
-    theirs: `autopar.values.device_kinds`)."""
-    hardware = mesh.hardware if rank is None else slowest(mesh.kinds_at(axis, rank))
+    """`mesh` without axis `axis`, its other axes on the same links and cut by the same
+    shares (one device, named "stage", when nothing is left), costed with the mesh's
+    profile, or with `rank`, with the kinds of the devices at that index of the axis (of
+    a stage of several kinds, each device's own: `autopar.values.device_kinds`)."""
+    kinds = mesh.kinds_at(axis, rank) if rank is not None else (mesh.hardware,)
     keep = [i for i in range(mesh.ndim) if i != axis]
     if not keep:
-        return Mesh((1,), ("stage",), hardware=hardware)
+        return Mesh((1,), ("stage",), hardware=slowest(kinds))
+    hardware: HardwareProfile | list = slowest(kinds)
+    if len(kinds) > 1:  # the stage's devices, row-major, each of its own kind
+        devices = torch.arange(mesh.size).reshape(mesh.shape).select(axis, rank).flatten()
+        hardware = [mesh.kinds[i] for i in devices.tolist()]
+    shares = None if mesh.shares is None else tuple(mesh.shares[i] for i in keep)
     return Mesh(tuple(mesh.shape[i] for i in keep), tuple(mesh.axis_names[i] for i in keep),
-                hardware=hardware, links=tuple(mesh.links[i] for i in keep))
+                hardware=hardware, links=tuple(mesh.links[i] for i in keep),
+                shares=shares if shares and any(w is not None for w in shares) else None)
 
 
 def pipeline_axis(mesh: Mesh, pipeline: Pipeline) -> int:

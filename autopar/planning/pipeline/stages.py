@@ -259,7 +259,7 @@ def costed(stages: tuple[Stage, ...], blocks: tuple[str, ...], stage_plans: list
         for name, placements in shares.items():
             pinned.setdefault(name, placements)
             spec = _state_node(stage.module, name).meta[TENSOR]
-            shared_bytes[name] = formulas.local_bytes(uneven.tensor_bytes(spec, inner.shape),
+            shared_bytes[name] = formulas.local_bytes(uneven.cost_bytes(spec, inner),
                                                       parse_placements(pinned[name]), inner.shape)
         per_microbatch, once = _split_time(plan, microbatches)
         records.append(StageRecord(
