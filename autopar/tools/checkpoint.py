@@ -44,11 +44,10 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.tensor import DTensor
 
 from autopar.errors import CheckpointError
-from autopar.tools.piece_at import PieceAt, in_memory
-from autopar.values.placement import Shard, Shares, piece_offsets
+from autopar.tools.piece_at import PieceAt, global_view, in_memory
+from autopar.values.placement import Shares
 
 FORMAT = 1
 MANIFEST = "autopar.json"
@@ -111,22 +110,6 @@ def _slots(pm) -> list:
     return [s for s in pm.slots if s.role != "constant" and any(n in kept for n in s.names)]
 
 
-def _global_view(piece: torch.Tensor, slot, mesh, shares: Shares = None) -> torch.Tensor:
-    """`piece` as the whole tensor DCP sees: a DTensor with the slot's placements on
-    `mesh`, a `PieceAt` its offset where the mesh's `shares` cut it, or the piece itself
-    when it is whole (one device, or replicated on every axis)."""
-    if mesh is None or tuple(piece.shape) == tuple(slot.shape):
-        return piece
-    if shares is not None and any(w is not None and isinstance(p, Shard)
-                                  for w, p in zip(shares, slot.placements)):
-        return PieceAt(piece, slot.shape, piece_offsets(
-            slot.shape, slot.placements, tuple(mesh.shape), tuple(mesh.get_coordinate()),
-            shares))
-    return DTensor.from_local(piece, mesh, list(slot.placements), run_check=False,
-                              shape=torch.Size(slot.shape),
-                              stride=torch.empty(slot.shape, device="meta").stride())
-
-
 def _shares(pm) -> Shares:
     """The shares of the mesh `pm`'s pieces are cut on (a pipelined plan's stage mesh)."""
     plan = pm.plan
@@ -157,7 +140,7 @@ def _dcp_state(pm, optimizer: torch.optim.Optimizer | None,
     load, it is the checkpoint's, and states the optimizer lacks are created (`_with_states`)."""
     mesh, shares = pm.device_mesh, _shares(pm)
     slots = {slot.names[0]: slot for slot in _slots(pm)}
-    state = {name: _global_view(pm.value(slot).detach(), slot, mesh, shares)
+    state = {name: global_view(pm.value(slot).detach(), slot.placements, slot.shape, mesh, shares)
              for name, slot in slots.items()}
     found: dict[str, dict[str, bool]] = {}
     if optimizer is None:
@@ -174,8 +157,9 @@ def _dcp_state(pm, optimizer: torch.optim.Optimizer | None,
             values = _with_states(optimizer, parameter, found[name])
         for key, placed in found[name].items():
             value = values[key]
-            state[f"optim/{name}/{key}"] = (_global_view(value, slot, mesh, shares) if placed
-                                            else value)
+            state[f"optim/{name}/{key}"] = (
+                global_view(value, slot.placements, slot.shape, mesh, shares) if placed
+                else value)
     return state, found
 
 

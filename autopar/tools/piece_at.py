@@ -9,8 +9,10 @@ own offset, so DCP saves it and reshards it on load (into any plan, DTensors inc
 as it does DTensors. It is a tensor of the whole tensor's size holding no data of its
 own: DCP reads its size and hooks, and every other op on it is refused.
 
-DCP's asynchronous save copies a state to memory with ops `PieceAt` refuses;
-`in_memory` makes that copy instead, every piece a `PieceAt`.
+`global_view` is what DCP is given of any piece: a `PieceAt` where shares cut it, a
+DTensor where DTensor's chunks do, the piece itself where it is whole. DCP's asynchronous
+save copies a state to memory with ops `PieceAt` refuses; `in_memory` makes that copy
+instead, every piece a `PieceAt`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from autopar.errors import CheckpointError
+from autopar.values.placement import Placements, Shares, cut_by_shares, piece_offsets
 
 
 class PieceAt(torch.Tensor):
@@ -67,6 +70,20 @@ class PieceAt(torch.Tensor):
     def __repr__(self) -> str:
         return (f"PieceAt(shape={tuple(self.shape)}, offsets={tuple(self._offsets)}, "
                 f"piece={tuple(self._piece.shape)})")
+
+
+def global_view(piece: torch.Tensor, placements: Placements, shape: tuple[int, ...], mesh,
+                shares: Shares = None) -> torch.Tensor:
+    """`piece`, placed `placements` on the DeviceMesh `mesh` cut by `shares`, as the whole
+    tensor of `shape` DCP sees (module docstring)."""
+    if mesh is None or tuple(piece.shape) == tuple(shape):
+        return piece
+    if cut_by_shares(placements, shares):
+        return PieceAt(piece, shape, piece_offsets(shape, placements, tuple(mesh.shape),
+                                                   tuple(mesh.get_coordinate()), shares))
+    return DTensor.from_local(piece, mesh, list(placements), run_check=False,
+                              shape=torch.Size(shape),
+                              stride=torch.empty(shape, device="meta").stride())
 
 
 def in_memory(state: dict) -> dict:

@@ -137,6 +137,12 @@ def local_shape(shape: tuple[int, ...], placements: Placements, mesh_shape: tupl
     return tuple(local)
 
 
+def cut_by_shares(placements: Placements, shares: Shares) -> bool:
+    """Whether `placements` split a tensor over an axis that cuts by its shares."""
+    return shares is not None and any(
+        weights is not None and isinstance(p, Shard) for weights, p in zip(shares, placements))
+
+
 def piece_offsets(shape: tuple[int, ...], placements: Placements,
                   mesh_shape: tuple[int, ...], coordinate: tuple[int, ...],
                   shares: Shares = None) -> tuple[int, ...]:

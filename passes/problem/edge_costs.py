@@ -142,9 +142,9 @@ def strategy_edge_transfers(ref: EdgeRef, src: Strategy, dst: Strategy, nbytes,
     # bias).
     regather = ref.saved and ref.consumer_saves and src.gathered is None
     compression = None if src.compression is None else compression_named(src.compression)
-    if regather and dst.recompute and compression is not None and compression.keeps_copy:
-        return None  # a recomputation gathers again from the stored piece
     regather_from = regather_source(compression, regather, src.output, read, mesh_shape)
+    if regather_from is not None and dst.recompute:
+        return None  # a recomputation gathers again from the stored piece
     transfers = formulas.edge_transfers(nbytes, src.output, read, dst.output,
                                         mesh_shape, requires_grad=ref.requires_grad,
                                         regather=regather,

@@ -133,7 +133,7 @@ def parameter_step_time(spec: TensorSpec, placements, mesh: Mesh, optimizer: Opt
     slowest rank, its stored piece on its own kind (`formulas.optimizer_time`, `loads`)."""
     size = uneven.cost_bytes(spec, mesh)
     even = formulas.local_bytes(spec.nbytes, placements, mesh.shape) / spec.itemsize
-    return max(formulas.optimizer_time(even if load == 1 else even * load, spec.dtype.itemsize,
+    return max(formulas.optimizer_time(even * load, spec.dtype.itemsize,
                                        optimizer.element_bytes(spec.dtype), hardware)
                for hardware, load in loads([size], [placements], mesh))
 

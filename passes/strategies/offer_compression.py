@@ -30,7 +30,7 @@ import torch.fx as fx
 from autopar.passes.capturing.gradient_path import trained
 from autopar.passes.strategies.find_strategies import Strategy, StrategyTable
 from autopar.values.compression import COMBINABLE, Compression, combined
-from autopar.values.placement import Replicate, Shard, Shares, local_shape
+from autopar.values.placement import Replicate, Shard, Shares, cut_by_shares, local_shape
 from autopar.values.specs import ROLE, TENSOR, TensorSpec
 
 
@@ -52,7 +52,7 @@ def offer_compression(gm: fx.GraphModule, table: StrategyTable,
             twins[key] = options + tuple(
                 dataclasses.replace(s, compression=c.name) for c in _with_combinations(compressions)
                 for s in options if _applies(c, spec, s, mesh_shape)
-                and not _by_shares(s, shares))
+                and not cut_by_shares(s.output, shares))
         strategies[node.name] = twins[key]
     return dataclasses.replace(table, strategies=strategies)
 
@@ -63,11 +63,6 @@ def _with_combinations(compressions: tuple[Compression, ...]) -> tuple[Compressi
     return compressions + tuple(
         combined(parts) for size in range(2, len(singles) + 1)
         for parts in itertools.combinations(singles, size))
-
-
-def _by_shares(strategy: Strategy, shares: Shares) -> bool:
-    return shares is not None and any(
-        w is not None and isinstance(p, Shard) for w, p in zip(shares, strategy.output))
 
 
 def _applies(compression: Compression, spec: TensorSpec, strategy: Strategy,
