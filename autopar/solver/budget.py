@@ -47,6 +47,9 @@ PLANNER_GAP = 1e-3
 GUIDED_PATIENCE = 400
 PRICE_NOISE = 0.5
 LNS_SLICE = 10.0
+# Where the penalty search runs, the guided search has this share of the time after the
+# Lagrangian, at the end, from the incumbent the crossings made.
+GUIDED_SHARE = 0.2
 
 
 def estimate_reduce_seconds(problem: ShardingProblem) -> float:

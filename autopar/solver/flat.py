@@ -133,8 +133,12 @@ class Flat:
         """Flat node costs plus usage times segment price (memory as a cost)."""
         if lam is None or self.term_node.size == 0:
             return self.cost_flat.copy()
-        prices = np.repeat(self.term_prices(lam), self.sizes[self.term_node])
-        extra = np.bincount(self.term_pos, prices * self.term_flat, self.cost_flat.size)
+        return self.priced_terms(self.term_prices(lam))
+
+    def priced_terms(self, prices: np.ndarray) -> np.ndarray:
+        """Flat node costs plus each term's usage times its own price per byte."""
+        per_cell = np.repeat(prices, self.sizes[self.term_node])
+        extra = np.bincount(self.term_pos, per_cell * self.term_flat, self.cost_flat.size)
         return self.cost_flat + extra
 
     @functools.cached_property

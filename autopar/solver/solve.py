@@ -28,6 +28,7 @@ from autopar.errors import ProblemFormatError
 from autopar.solver.bounds import simple_bound
 from autopar.solver.budget import (
     GUIDED_PATIENCE,
+    GUIDED_SHARE,
     LNS_SLICE,
     PLANNER_GAP,
     PRICE_NOISE,
@@ -43,6 +44,7 @@ from autopar.solver.flat import Flat
 from autopar.solver.guided import guided_search
 from autopar.solver.lagrange import Best, lagrangian
 from autopar.solver.lns import large_neighbourhoods
+from autopar.solver.penalties import penalties_apply, penalty_search
 from autopar.solver.problem import ShardingProblem
 from autopar.solver.progress import Progress
 from autopar.solver.reduced_problem import ReducedProblem
@@ -180,6 +182,12 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
         large_neighbourhoods(flat, best, deterministic=deterministic,
                              seed=seed, keep_going=searching, wall=left, report=report)
     else:
+        # The penalty search when toulbar2 is there and memory binds; the guided search
+        # has what it leaves (all of the time when it cannot run a round).
+        if best.x is not None and penalties_apply(flat):
+            guided = GUIDED_SHARE * left()
+            penalty_search(flat, best, workers=workers, seed=seed, keep_going=searching,
+                           wall=lambda: left() - guided, report=report)
         _alternate(flat, best, prices, seed=seed, keep_going=searching, wall=left,
                    report=report, restart=functools.partial(
                        _lagrangian_start, flat, budgets, searching))
