@@ -50,6 +50,9 @@ LNS_SLICE = 10.0
 # Where the penalty search runs, the guided search has this share of the time after the
 # Lagrangian, at the end, from the incumbent the crossings made.
 GUIDED_SHARE = 0.2
+# Where the penalty search runs, a whole-problem CP-SAT model has at most this share of
+# the time after the Lagrangian; the penalty search has the rest.
+EXACT_SHARE = 0.5
 
 
 def estimate_reduce_seconds(problem: ShardingProblem) -> float:

@@ -106,7 +106,7 @@ def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: 
         hot |= excess > 0
         dual = flat.objective(x) + float(prices.lam @ excess)
         fits = not (excess > 0).any()
-        if best.offer(flat, _repaired(flat, moves, x, fits, rng)):
+        if best.offer(flat, moves.fitted(x, fits, rng)):
             quiet, best_prices = 0, prices.lam
             report(f"lagrangian iteration {it}")
         else:
@@ -115,16 +115,6 @@ def lagrangian(flat: Flat, best: Best, *, iterations: int, patience: int, seed: 
             continue  # nothing (sensible) to price: later sweeps only refine the messages
         prices = prices.stepped(excess, dual, best.cost)
     return hot, done, best_prices
-
-
-def _repaired(flat: Flat, moves: MemoryMoves, x: np.ndarray, fits: bool,
-              rng: np.random.Generator) -> np.ndarray | None:
-    """`x` repaired to fit memory unless it `fits`, then polished by memory-safe descent;
-    None when the repair fails."""
-    fixed = x if fits else moves.repair(x, flat.cost_flat, 20)
-    if fixed is not None:
-        fixed = moves.descend(fixed, flat.cost_flat, rng.permutation(flat.num_nodes))
-    return fixed
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ between 0.972 and 0.987 at 240 s.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import multiprocessing.connection
 from collections.abc import Callable, Iterator
@@ -42,7 +43,7 @@ from autopar.solver.repair import MemoryMoves
 from autopar.solver.wcsp import Wcsp
 
 # Priced problems per round: the bisection's resolution per round (IOPDDL's S: 4 levels
-# on 2 workers, a round every 15 s).
+# on 2 workers, a round every 9 s).
 LEVELS = 4
 # The first round's ladder of price factors, and how the bracket of a term that never
 # (always) overflowed moves down (up) per round.
@@ -113,7 +114,7 @@ def penalty_search(flat: Flat, best: Best, *, workers: int, seed: int,
     moves, rng = MemoryMoves(flat), np.random.default_rng(seed)
     seconds = int(min(max(wall() / (ROUNDS * -(-LEVELS // workers)), 1), MAX_SECONDS))
     prices, brackets, recent = ladder(flat, best.x), None, []
-    for round_ in range(10**9):
+    for round_ in itertools.count():
         if not keep_going() or wall() < seconds + 1:
             return
         broken = np.zeros(prices.shape, dtype=bool)
@@ -124,10 +125,7 @@ def penalty_search(flat: Flat, best: Best, *, workers: int, seed: int,
             if x is None:
                 continue
             answered[j], broken[j] = True, broken_terms(flat, x)
-            fitted = None if broken[j].any() else x
-            fitted = moves.repair(x, flat.cost_flat, 20) if fitted is None else fitted
-            if fitted is not None:
-                fitted = moves.descend(fitted, flat.cost_flat, rng.permutation(flat.num_nodes))
+            fitted = moves.fitted(x, not broken[j].any(), rng)
             gained = best.offer(flat, fitted)
             for donor in [x, *([] if fitted is None else [fitted]), *recent]:
                 gained |= best.offer(flat, crossed(flat, moves, best.x, donor))
@@ -147,8 +145,8 @@ def _priced_solve(wcsp: Wcsp, costs: np.ndarray, seconds: int,
 def in_children(tasks: list[Callable[[], object]], *, workers: int,
                 seconds: Callable[[], float]) -> Iterator[tuple[int, object]]:
     """(index, result) of each task as it finishes, each run in a forked child, at most
-    `workers` at once; a child still running when `seconds()` (left) runs out is
-    stopped, and its result is None, as is one that failed. Forked, the children share
+    `workers` at once (None for one that failed); once `seconds()` (left) runs out,
+    the children still running are stopped and nothing more is yielded. Forked, the children share
     the parent's memory: nothing is pickled but their results."""
     context = multiprocessing.get_context("fork")
     pending, running = list(enumerate(tasks)), {}

@@ -128,6 +128,14 @@ class MemoryMoves:
                     return x
         return x if (prof <= flat.limit).all() else None
 
+    def fitted(self, x: np.ndarray, fits: bool, rng: np.random.Generator) -> np.ndarray | None:
+        """`x` repaired to fit memory unless it `fits`, then one pass of memory-safe
+        descent on the true costs in a random order; None when the repair fails."""
+        fixed = x if fits else self.repair(x, self.flat.cost_flat, 20)
+        if fixed is None:
+            return None
+        return self.descend(fixed, self.flat.cost_flat, rng.permutation(self.flat.num_nodes))
+
     def descend(self, x: np.ndarray, costs: np.ndarray, order: np.ndarray) -> np.ndarray:
         """One pass of memory-safe coordinate descent over `order` (x must fit): each node
         in turn takes its cheapest strategy that keeps every segment within the limit."""
