@@ -8,7 +8,8 @@ instances A, G, M, S: reduction, Lagrangian iteration and LNS round times within
 that stops a phase early if the machine is slower than the model assumes (only then can
 two runs of the same input differ; on a faster machine the solve ends before its limit).
 Otherwise only the Lagrangian phase has a budget, and the search after it runs until
-the limit.
+the limit: where the penalty search runs, a whole-problem model has at most
+`EXACT_SHARE` of it, and the guided search the last `GUIDED_SHARE`.
 """
 
 from __future__ import annotations

@@ -190,8 +190,8 @@ def _search(flat: Flat, best: Best, seconds: float, *, left: Callable[[], float]
         large_neighbourhoods(flat, best, deterministic=deterministic,
                              seed=seed, keep_going=searching, wall=left, report=report)
     else:
-        # The penalty search when toulbar2 is there and memory binds; the guided search
-        # has what it leaves (all of the time when it cannot run a round).
+        # The penalty search where it can run, but for the last GUIDED_SHARE of the time:
+        # the guided search's, from the incumbent the crossings made (elsewhere, all).
         if penalties:
             guided = GUIDED_SHARE * left()
             penalty_search(flat, best, workers=workers, seed=seed, keep_going=searching,
