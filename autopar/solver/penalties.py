@@ -35,13 +35,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.solver import wcsp
 from autopar.solver.crossover import CROSSED_OPTIMA, crossed
 from autopar.solver.flat import Flat
 from autopar.solver.lagrange import Best
 from autopar.solver.progress import Progress
 from autopar.solver.repair import MemoryMoves
-from autopar.solver.wcsp import Wcsp
+from autopar.solver.wcsp import Wcsp, toulbar2_available
 
 # Priced problems per round: the bisection's resolution per round (IOPDDL's S: 4 levels
 # on 2 workers, a round every 9 s).
@@ -102,7 +101,7 @@ def broken_terms(flat: Flat, x: np.ndarray) -> np.ndarray:
 def penalties_apply(flat: Flat) -> bool:
     """Whether the penalty search can run on `flat`: toulbar2 imports and a memory limit
     binds somewhere (the reductions drop the segments that can never exceed it)."""
-    return bool(np.isfinite(flat.limit) and flat.problem.base.size and wcsp.available())
+    return bool(np.isfinite(flat.limit) and flat.problem.base.size and toulbar2_available())
 
 
 def penalty_search(flat: Flat, best: Best, *, workers: int, seed: int,

@@ -24,7 +24,7 @@ from autopar.solver.scaling import Scales
 DISCREPANCIES = 4
 
 
-def available() -> bool:
+def toulbar2_available() -> bool:
     """Whether toulbar2's Python binding imports (a dependency; checked, not assumed)."""
     try:
         import pytoulbar2  # noqa: F401

@@ -36,7 +36,12 @@ from autopar.runtime.counter import Key
 from autopar.runtime.master_weights import master_weights
 from autopar.tools import checkpoint
 from autopar.tools.model_file import load_model_file
-from autopar.tools.rounded_reference import compressed_slots, rounded_weights, take_compressed
+from autopar.tools.rounded_reference import (
+    compressed_slots,
+    rounded_weights,
+    take_compressed,
+    take_gathered,
+)
 from autopar.values.mesh import Mesh
 from autopar.values.plan import Plan
 
@@ -337,6 +342,7 @@ def _verified(record: StepRecord, reference: nn.Module, reference_optimizer, inp
         expected.backward()
     reduced, name = take_compressed(reference, grads, compressed, pm.plan.mesh.size)
     relative, worst, absolute, excess = worst_gradient(grads, reference, accepted)
+    take_gathered(reference, grads, compressed)
     if reduced > excess:
         worst, excess = name, reduced
     record = StepRecord(record.step, record.loss, float(expected.detach()), relative,
