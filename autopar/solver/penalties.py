@@ -27,6 +27,7 @@ to 1.533e9 and 1.531e9 in two runs, below the contest's best.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing
 import multiprocessing.connection
@@ -119,8 +120,8 @@ def penalty_search(flat: Flat, best: Best, *, workers: int, seed: int,
             return
         broken = np.zeros(prices.shape, dtype=bool)
         answered = np.zeros(len(prices), dtype=bool)
-        solves = [_priced_solve(wcsp, flat.priced_terms(p), seconds, seed + j)
-                  for j, p in enumerate(prices)]
+        solves = [functools.partial(wcsp.answer, flat.priced_terms(p), seconds=seconds,
+                                    seed=seed + j) for j, p in enumerate(prices)]
         for j, x in in_children(solves, workers=workers, seconds=wall):
             if x is None:
                 continue
@@ -135,11 +136,6 @@ def penalty_search(flat: Flat, best: Best, *, workers: int, seed: int,
             brackets = (brackets or Brackets(prices[0] / LADDER, prices[-1])).narrowed(
                 prices[answered], broken[answered])
         prices = brackets.levels() if brackets is not None else prices
-
-
-def _priced_solve(wcsp: Wcsp, costs: np.ndarray, seconds: int,
-                  seed: int) -> Callable[[], np.ndarray | None]:
-    return lambda: wcsp.answer(costs, seconds=seconds, seed=seed)
 
 
 def in_children(tasks: list[Callable[[], object]], *, workers: int,

@@ -100,16 +100,12 @@ def test_toulbar2_answers_small_priced_problems_optimally():
     assert checked >= 25
 
 
-def _square(k: int) -> int:
-    return k * k
-
-
 def _fail() -> int:
     raise RuntimeError("a child's failure is its result None")
 
 
 def test_children_return_each_result_with_its_index_and_none_for_a_failure():
-    tasks = [lambda k=k: (os.getpid(), _square(k)) for k in range(5)] + [_fail]
+    tasks = [lambda k=k: (os.getpid(), k * k) for k in range(5)] + [_fail]
     results = dict(in_children(tasks, workers=2, seconds=lambda: 30.0))
     assert sorted(results) == list(range(6)) and results[5] is None
     assert [results[k][1] for k in range(5)] == [0, 1, 4, 9, 16]
